@@ -1,0 +1,117 @@
+#include "common/image_io.h"
+
+#include <csetjmp>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <jpeglib.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace wm {
+namespace {
+
+struct JpegError {
+  jpeg_error_mgr mgr;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void on_jpeg_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  longjmp(err->jump, 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> jpeg_encode(const uint8_t* rgb, int width, int height, int quality) {
+  if (width <= 0 || height <= 0 || quality < 1 || quality > 100)
+    return absl::InvalidArgumentError("jpeg_encode: bad size or quality");
+  jpeg_compress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = on_jpeg_error;
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  if (setjmp(err.jump)) {
+    jpeg_destroy_compress(&cinfo);
+    free(buf);
+    return absl::InternalError(absl::StrCat("jpeg encode: ", err.message));
+  }
+  jpeg_create_compress(&cinfo);
+  jpeg_mem_dest(&cinfo, &buf, &size);
+  cinfo.image_width = static_cast<JDIMENSION>(width);
+  cinfo.image_height = static_cast<JDIMENSION>(height);
+  cinfo.input_components = 3;
+  cinfo.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(rgb + static_cast<size_t>(cinfo.next_scanline) * width * 3);
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::string out(reinterpret_cast<char*>(buf), size);
+  free(buf);
+  return out;
+}
+
+absl::StatusOr<Rgb8Image> jpeg_decode(const void* data, size_t size, int64_t max_pixels) {
+  if (size == 0) return absl::InvalidArgumentError("jpeg decode: empty input");
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = on_jpeg_error;
+  Rgb8Image img;
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return absl::InvalidArgumentError(absl::StrCat("jpeg decode: ", err.message));
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, static_cast<const unsigned char*>(data), static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  if (static_cast<int64_t>(cinfo.image_width) * cinfo.image_height > max_pixels) {
+    jpeg_destroy_decompress(&cinfo);
+    return absl::InvalidArgumentError(
+        absl::StrCat("jpeg decode: image ", cinfo.image_width, "x", cinfo.image_height, " is too large"));
+  }
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  img.width = static_cast<int>(cinfo.output_width);
+  img.height = static_cast<int>(cinfo.output_height);
+  img.pixels.resize(static_cast<size_t>(img.width) * img.height * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = img.pixels.data() + static_cast<size_t>(cinfo.output_scanline) * img.width * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return img;
+}
+
+absl::Status write_file(const std::string& path, const void* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> read_file(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  const std::streamoff size = in.tellg();
+  if (size < 0 || static_cast<size_t>(size) > max_bytes)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file too large"));
+  in.seekg(0);
+  std::string out(static_cast<size_t>(size), '\0');
+  in.read(out.data(), size);
+  if (!in) return absl::DataLossError(absl::StrCat(path, ": short read"));
+  return out;
+}
+
+}  // namespace wm

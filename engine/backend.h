@@ -1,0 +1,94 @@
+// The compute backend: every op the model needs, on memory the backend owns.
+//
+// The CPU backend (backend_cpu.cc) implements every op and is the reference;
+// other backends (the CUDA plugin, loaded with dlopen behind the versioned C
+// ABI in plugin_api.h) answer supports(op) and are tested op by op against
+// the CPU (tests/engine/backend_ops_test.cc).
+//
+// Pointers passed to ops are backend memory (alloc()); on the CPU backend that
+// is host memory. Shapes are in the comments; all activations are fp32 rows.
+// Threading: a backend is used by one thread at a time (the engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace wm {
+
+enum class BackendOp : int32_t {
+  linear = 0,
+  layer_norm_modulate,
+  rms_norm_rope,
+  gelu,
+  gated_residual,
+  patchify,
+  unpatchify,
+  euler_step,
+  attention,
+  count
+};
+
+// a weight matrix W [out, in] (y = x W^T + b) uploaded once at load
+struct LinearWeight {
+  const void* w = nullptr;   // backend handle of W (fp32 on the CPU, bf16 on CUDA)
+  const float* b = nullptr;  // [out] or null, backend memory
+  int out = 0;
+  int in = 0;
+};
+
+struct RopeParams {
+  float theta = 10000.0f;
+  int t_pairs = 0, h_pairs = 0, w_pairs = 0;
+};
+
+struct FrameShape {
+  int height = 0, width = 0, channels = 0, patch = 0;
+  int grid_h() const { return height / patch; }
+  int grid_w() const { return width / patch; }
+  int tokens() const { return grid_h() * grid_w(); }
+  int patch_dim() const { return channels * patch * patch; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual absl::string_view name() const = 0;
+  virtual bool supports(BackendOp op) const = 0;
+
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
+  virtual void download(void* host, const void* src, size_t bytes) = 0;
+  // weight W [out, in] from host fp32; the handle lives until the backend dies
+  virtual const void* upload_weight(const float* host, int out, int in) = 0;
+
+  // y[n, out] = x[n, in] W^T + b
+  virtual void linear(const LinearWeight& w, const float* x, int n, float* y) = 0;
+  // y[n, d] = LN(x) * (1 + scale_f) + shift_f, f = token / tokens_per_frame;
+  // shift/scale rows of frame f at shift + f * mod_stride
+  virtual void layer_norm_modulate(const float* x, int n, int d, const float* shift, const float* scale,
+                                   int mod_stride, int tokens_per_frame, float eps, float* y) = 0;
+  // in place on x [n, heads, head_dim] (row stride `row_stride` floats):
+  // per-head RMSNorm with weight norm_w [head_dim], then 3-D RoPE at pos [n, 3] (t, row, col)
+  virtual void rms_norm_rope(float* x, int n, int heads, int head_dim, int row_stride, const float* norm_w,
+                             const int32_t* pos, const RopeParams& rope, float eps) = 0;
+  // x = GELU_tanh(x), count values
+  virtual void gelu(float* x, int64_t count) = 0;
+  // h[n, d] += gate_f * y[n, d], gate rows of frame f at gate + f * mod_stride
+  virtual void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
+                              int tokens_per_frame) = 0;
+  // frames [frames, H, W, C] -> tokens [frames * T, P]
+  virtual void patchify(const float* frames, int frames_count, const FrameShape& s, float* tokens) = 0;
+  virtual void unpatchify(const float* tokens, int frames_count, const FrameShape& s, float* frames) = 0;
+  // x += dt_f * v per frame (values_per_frame each); if clamp, x is clamped to [-1, 1] afterwards
+  virtual void euler_step(float* x, const float* v, const float* dt_per_frame, int frames_count,
+                          int64_t values_per_frame, bool clamp) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace wm

@@ -1,0 +1,161 @@
+// The CPU backend: OpenBLAS for the GEMMs, OpenMP loops for everything else.
+// It implements every op and is the oracle the other backends are tested against.
+#include <cblas.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/rope.h"
+
+namespace wm {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) {
+    if (threads > 0) {
+      omp_set_num_threads(threads);
+      openblas_set_num_threads(threads);
+    }
+  }
+  ~CpuBackend() override {
+    for (float* w : weights_) delete[] w;
+  }
+
+  absl::string_view name() const override { return "cpu"; }
+  bool supports(BackendOp) const override { return true; }
+
+  void* alloc(size_t bytes) override { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+  void free(void* p) override { std::free(p); }
+  void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  const void* upload_weight(const float* host, int out, int in) override {
+    const size_t n = static_cast<size_t>(out) * in;
+    float* w = new float[n];
+    std::memcpy(w, host, n * sizeof(float));
+    weights_.push_back(w);
+    return w;
+  }
+
+  void linear(const LinearWeight& w, const float* x, int n, float* y) override {
+    if (n == 0) return;
+    if (w.b != nullptr) {
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < n; ++i) std::memcpy(y + static_cast<size_t>(i) * w.out, w.b, sizeof(float) * w.out);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.out, w.in, 1.0f, x, w.in,
+                static_cast<const float*>(w.w), w.in, w.b != nullptr ? 1.0f : 0.0f, y, w.out);
+  }
+
+  void layer_norm_modulate(const float* x, int n, int d, const float* shift, const float* scale, int mod_stride,
+                           int tokens_per_frame, float eps, float* y) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      const float* xr = x + static_cast<size_t>(i) * d;
+      float* yr = y + static_cast<size_t>(i) * d;
+      double mean = 0, var = 0;
+      for (int j = 0; j < d; ++j) mean += xr[j];
+      mean /= d;
+      for (int j = 0; j < d; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+      var /= d;
+      const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+      const float m = static_cast<float>(mean);
+      const int f = i / tokens_per_frame;
+      const float* sh = shift + static_cast<size_t>(f) * mod_stride;
+      const float* sc = scale + static_cast<size_t>(f) * mod_stride;
+      for (int j = 0; j < d; ++j) yr[j] = (xr[j] - m) * inv * (1.0f + sc[j]) + sh[j];
+    }
+  }
+
+  void rms_norm_rope(float* x, int n, int heads, int head_dim, int row_stride, const float* norm_w,
+                     const int32_t* pos, const RopeParams& rope, float eps) override {
+    const RopeTable table(rope, head_dim);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + static_cast<size_t>(i) * row_stride + h * head_dim;
+        double ss = 0;
+        for (int d = 0; d < head_dim; ++d) ss += static_cast<double>(v[d]) * v[d];
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / head_dim + eps));
+        for (int d = 0; d < head_dim; ++d) v[d] = v[d] * inv * norm_w[d];
+        table.rotate(v, pos + 3 * i);
+      }
+    }
+  }
+
+  void gelu(float* x, int64_t count) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = x[i];
+      x[i] = 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    }
+  }
+
+  void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
+                      int tokens_per_frame) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      const float* g = gate + static_cast<size_t>(i / tokens_per_frame) * mod_stride;
+      float* hr = h + static_cast<size_t>(i) * d;
+      const float* yr = y + static_cast<size_t>(i) * d;
+      for (int j = 0; j < d; ++j) hr[j] += g[j] * yr[j];
+    }
+  }
+
+  void patchify(const float* frames, int frames_count, const FrameShape& s, float* tokens) override {
+    const int gw = s.grid_w(), T = s.tokens(), P = s.patch_dim(), p = s.patch, C = s.channels;
+    for (int f = 0; f < frames_count; ++f) {
+      const float* fr = frames + static_cast<size_t>(f) * s.height * s.width * C;
+      for (int n = 0; n < T; ++n) {
+        const int r = n / gw, c = n % gw;
+        float* tok = tokens + (static_cast<size_t>(f) * T + n) * P;
+        for (int py = 0; py < p; ++py)
+          for (int px = 0; px < p; ++px)
+            for (int ch = 0; ch < C; ++ch)
+              tok[(py * p + px) * C + ch] = fr[(static_cast<size_t>(r * p + py) * s.width + (c * p + px)) * C + ch];
+      }
+    }
+  }
+
+  void unpatchify(const float* tokens, int frames_count, const FrameShape& s, float* frames) override {
+    const int gw = s.grid_w(), T = s.tokens(), P = s.patch_dim(), p = s.patch, C = s.channels;
+    for (int f = 0; f < frames_count; ++f) {
+      float* fr = frames + static_cast<size_t>(f) * s.height * s.width * C;
+      for (int n = 0; n < T; ++n) {
+        const int r = n / gw, c = n % gw;
+        const float* tok = tokens + (static_cast<size_t>(f) * T + n) * P;
+        for (int py = 0; py < p; ++py)
+          for (int px = 0; px < p; ++px)
+            for (int ch = 0; ch < C; ++ch)
+              fr[(static_cast<size_t>(r * p + py) * s.width + (c * p + px)) * C + ch] = tok[(py * p + px) * C + ch];
+      }
+    }
+  }
+
+  void euler_step(float* x, const float* v, const float* dt_per_frame, int frames_count, int64_t values_per_frame,
+                  bool clamp) override {
+    for (int f = 0; f < frames_count; ++f) {
+      const float dt = dt_per_frame[f];
+      float* xf = x + f * values_per_frame;
+      const float* vf = v + f * values_per_frame;
+      for (int64_t i = 0; i < values_per_frame; ++i) {
+        float y = xf[i] + dt * vf[i];
+        if (clamp) y = std::fmin(1.0f, std::fmax(-1.0f, y));
+        xf[i] = y;
+      }
+    }
+  }
+
+ private:
+  std::vector<float*> weights_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace wm

@@ -1,0 +1,289 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/noise.h"
+#include "engine/safetensors.h"
+
+namespace wm {
+
+namespace {
+
+uint8_t to_u8(float x) {
+  const float c = std::fmin(1.0f, std::fmax(-1.0f, x));
+  return static_cast<uint8_t>(std::lround((c + 1.0f) * 127.5f));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  ModelConfig config;
+  HostWeights weights;
+  if (options.random_weights) {
+    WM_ASSIGN_OR_RETURN(config, load_model_config(options.config_path));
+    weights = random_host_weights(config, options.random_seed);
+  } else {
+    WM_ASSIGN_OR_RETURN(config, load_model_config(options.model_dir + "/config.json"));
+    WM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(options.model_dir + "/model.safetensors"));
+    WM_ASSIGN_OR_RETURN(weights, load_host_weights(config, *file));
+  }
+  if (options.device != "cpu" && options.device != "auto")
+    return absl::UnimplementedError(absl::StrCat("device '", options.device, "' is not available in this build"));
+  e->device_ = "cpu";
+  e->backend_ = make_cpu_backend(options.threads);
+  e->model_ = std::make_unique<Model>(*e->backend_, config, weights);
+  if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
+  return e;
+}
+
+Engine::~Engine() {
+  sessions_.clear();
+  if (backend_ != nullptr) {
+    for (float* p : {x_, v_, pixels_, dt_})
+      if (p != nullptr) backend_->free(p);
+  }
+}
+
+std::vector<std::string> Engine::cache_formats() const { return kv_formats(); }
+
+KvGeometry Engine::kv_geometry() const {
+  const ModelConfig& c = config();
+  KvGeometry g;
+  g.layers = c.layers;
+  g.heads = c.heads;
+  g.head_dim = c.head_dim;
+  g.tokens_per_frame = c.tokens_per_frame();
+  g.window_frames = c.window_frames;
+  g.sink_frames = c.sink_frames;
+  g.frames_per_block = c.frames_per_block;
+  return g;
+}
+
+int64_t Engine::session_reservation(absl::string_view format) const {
+  return kv_format_max_bytes(format, kv_geometry(), options_.kv_options);
+}
+
+void Engine::reserve_buffers(int frames) {
+  if (frames <= buffer_frames_) return;
+  for (float* p : {x_, v_, pixels_, dt_})
+    if (p != nullptr) backend_->free(p);
+  const ModelConfig& c = config();
+  const size_t values = static_cast<size_t>(frames) * c.frame_values();
+  x_ = static_cast<float*>(backend_->alloc(values * sizeof(float)));
+  v_ = static_cast<float*>(backend_->alloc(values * sizeof(float)));
+  pixels_ = static_cast<float*>(backend_->alloc(values * sizeof(float)));
+  dt_ = static_cast<float*>(backend_->alloc(static_cast<size_t>(frames) * sizeof(float)));
+  buffer_frames_ = frames;
+}
+
+absl::Status Engine::validate_image(const Rgb8Image& img) const {
+  const ModelConfig& c = config();
+  if (c.decoder != "pixels") return absl::InvalidArgumentError("this model takes no image frames (latent model)");
+  if (img.width != c.width || img.height != c.height ||
+      img.pixels.size() != static_cast<size_t>(c.width) * c.height * 3)
+    return absl::InvalidArgumentError(absl::StrCat("frame is ", img.width, "x", img.height, ", the model needs ",
+                                                   c.width, "x", c.height));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
+  if (!kv_format_known(options.cache_format))
+    return absl::NotFoundError(absl::StrCat("unknown cache format '", options.cache_format, "'"));
+  for (const auto& img : options.prompt) WM_RETURN_IF_ERROR(validate_image(img));
+  const int64_t need = session_reservation(options.cache_format);
+  if (reserved_ + need > options_.kv_budget_bytes)
+    return absl::ResourceExhaustedError(absl::StrCat("KV budget full: a ", options.cache_format, " session needs ", need,
+                                                     " bytes, ", options_.kv_budget_bytes - reserved_, " of ",
+                                                     options_.kv_budget_bytes, " are free"));
+  Session s;
+  s.seed = options.seed;
+  s.reserved = need;
+  WM_ASSIGN_OR_RETURN(s.cache, make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
+  const SessionId id = next_id_++;
+  Session* sp = &sessions_.emplace(id, std::move(s)).first->second;
+  reserved_ += need;
+  // the prompt goes in block by block, exactly as generated frames would
+  const int B = config().frames_per_block;
+  for (size_t i = 0; i < options.prompt.size(); i += B) {
+    std::vector<Rgb8Image> chunk(options.prompt.begin() + i,
+                                 options.prompt.begin() + std::min(options.prompt.size(), i + B));
+    Session* const one[] = {sp};
+    const std::vector<Rgb8Image>* const imgs[] = {&chunk};
+    if (auto st = write_frames(one, imgs); !st.ok()) {
+      close_session(id).IgnoreError();
+      return st;
+    }
+  }
+  return id;
+}
+
+absl::Status Engine::close_session(SessionId id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", id));
+  reserved_ -= it->second.reserved;
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::write_frames(std::span<Session* const> sessions,
+                                  std::span<const std::vector<Rgb8Image>* const> images) {
+  const ModelConfig& c = config();
+  int frames = 0;
+  for (const auto* imgs : images) frames += static_cast<int>(imgs->size());
+  reserve_buffers(frames);
+  std::vector<float> host(static_cast<size_t>(frames) * c.frame_values());
+  ForwardInput in;
+  int f = 0;
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    in.sessions.push_back({sessions[s]->cache.get(), f, static_cast<int>(images[s]->size())});
+    for (const auto& img : *images[s]) {
+      for (size_t i = 0; i < img.pixels.size(); ++i)
+        host[static_cast<size_t>(f) * c.frame_values() + i] = img.pixels[i] / 127.5f - 1.0f;
+      in.sigma.push_back(0.0f);
+      in.actions.push_back(Action{});
+      in.frame_index.push_back(sessions[s]->generated++);
+      ++f;
+    }
+  }
+  backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
+  const FrameShape shape{c.height, c.width, c.channels, c.patch};
+  backend_->patchify(pixels_, frames, shape, x_);
+  in.tokens = x_;
+  in.write_pass = true;
+  return model_->forward(in, nullptr, nullptr);
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest> requests, StepStats* stats,
+                                                     bool keep_values, const TraceFn* trace) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const ModelConfig& c = config();
+  const int B = c.frames_per_block;
+  std::set<SessionId> seen;
+  std::vector<Session*> sess;
+  bool any_forced = false;
+  for (const auto& r : requests) {
+    auto it = sessions_.find(r.session);
+    if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", r.session));
+    if (!seen.insert(r.session).second)
+      return absl::InvalidArgumentError(absl::StrCat("session ", r.session, " appears twice in one step"));
+    if (r.actions.size() != static_cast<size_t>(B))
+      return absl::InvalidArgumentError(absl::StrCat("a block takes ", B, " actions, got ", r.actions.size()));
+    for (const auto& a : r.actions) WM_RETURN_IF_ERROR(c.actions.validate(a));
+    if (!r.force_frames.empty()) {
+      if (r.force_frames.size() != static_cast<size_t>(B))
+        return absl::InvalidArgumentError(absl::StrCat("force_frames needs ", B, " frames"));
+      for (const auto& img : r.force_frames) WM_RETURN_IF_ERROR(validate_image(img));
+      any_forced = true;
+    }
+    sess.push_back(&it->second);
+  }
+  const int frames = static_cast<int>(requests.size()) * B;
+  if (frames == 0) return std::vector<StepResult>{};
+  reserve_buffers(frames);
+  const int64_t fv = c.frame_values();
+  const FrameShape shape{c.height, c.width, c.channels, c.patch};
+
+  // initial noise, a pure function of (seed, frame index)
+  std::vector<float> host(static_cast<size_t>(frames) * fv);
+  ForwardInput in;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    in.sessions.push_back({sess[r]->cache.get(), static_cast<int>(r) * B, B});
+    for (int b = 0; b < B; ++b) {
+      const int64_t index = sess[r]->generated + b;
+      noise_fill_frame(sess[r]->seed, index, host.data() + (r * B + b) * fv, fv);
+      in.actions.push_back(requests[r].actions[static_cast<size_t>(b)]);
+      in.frame_index.push_back(index);
+    }
+  }
+  backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
+  backend_->patchify(pixels_, frames, shape, x_);
+  in.tokens = x_;
+
+  OpTimes ops;
+  const size_t steps = c.sigmas.size();
+  std::vector<float> dt(static_cast<size_t>(frames));
+  for (size_t i = 0; i < steps; ++i) {
+    in.sigma.assign(static_cast<size_t>(frames), c.sigmas[i]);
+    WM_RETURN_IF_ERROR(model_->forward(in, v_, &ops, trace));
+    const float next = i + 1 < steps ? c.sigmas[i + 1] : 0.0f;
+    std::fill(dt.begin(), dt.end(), next - c.sigmas[i]);
+    backend_->upload(dt_, dt.data(), dt.size() * sizeof(float));
+    backend_->euler_step(x_, v_, dt_, frames, fv, /*clamp=*/i + 1 == steps);
+  }
+  backend_->unpatchify(x_, frames, shape, pixels_);
+  backend_->download(host.data(), pixels_, host.size() * sizeof(float));
+
+  std::vector<StepResult> results(requests.size());
+  for (size_t r = 0; r < requests.size(); ++r) {
+    results[r].session = requests[r].session;
+    for (int b = 0; b < B; ++b) {
+      Frame fr;
+      fr.index = sess[r]->generated + b;
+      fr.action_seq = requests[r].actions[static_cast<size_t>(b)].seq;
+      fr.width = c.width;
+      fr.height = c.height;
+      const float* src = host.data() + (r * B + b) * fv;
+      fr.rgb.resize(static_cast<size_t>(c.width) * c.height * 3);
+      const int C = c.channels;
+      for (int64_t p = 0; p < static_cast<int64_t>(c.width) * c.height; ++p)
+        for (int ch = 0; ch < 3; ++ch) fr.rgb[static_cast<size_t>(p * 3 + ch)] = to_u8(src[p * C + ch]);
+      if (keep_values) fr.values.assign(src, src + fv);
+      results[r].frames.push_back(std::move(fr));
+    }
+  }
+
+  if (any_forced) {
+    for (size_t r = 0; r < requests.size(); ++r)
+      for (size_t b = 0; b < requests[r].force_frames.size(); ++b) {
+        const auto& img = requests[r].force_frames[b];
+        float* dst = host.data() + (r * B + b) * fv;
+        for (size_t i = 0; i < img.pixels.size(); ++i) dst[i] = img.pixels[i] / 127.5f - 1.0f;
+      }
+    backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
+    backend_->patchify(pixels_, frames, shape, x_);
+  }
+  in.sigma.assign(static_cast<size_t>(frames), 0.0f);
+  in.write_pass = true;
+  WM_RETURN_IF_ERROR(model_->forward(in, nullptr, &ops, trace));
+  for (Session* s : sess) s->generated += B;
+
+  if (stats != nullptr) {
+    stats->sessions = static_cast<int>(requests.size());
+    stats->frames = frames;
+    stats->ops = ops;
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  }
+  return results;
+}
+
+absl::StatusOr<SessionInfo> Engine::session_info(SessionId id) const {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", id));
+  SessionInfo info;
+  info.cache_format = std::string(it->second.cache->format());
+  info.frames_generated = it->second.generated;
+  info.kv = it->second.cache->bytes();
+  info.kv_reserved = it->second.reserved;
+  info.state_bytes = static_cast<int64_t>(sizeof(Session));
+  return info;
+}
+
+KvCache* Engine::session_cache(SessionId id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.cache.get();
+}
+
+int64_t Engine::kv_used_bytes() const {
+  int64_t total = 0;
+  for (const auto& [id, s] : sessions_) total += s.cache->bytes().total();
+  return total;
+}
+
+}  // namespace wm

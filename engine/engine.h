@@ -1,0 +1,141 @@
+// The engine's public API, used by the server, wmgen, wmeval and wmquant:
+// open a session, step a batch of sessions (one block each), read the frames,
+// close. It never blocks on anything but its own compute.
+//
+// Threading: an Engine is not thread-safe. The server calls it from its one
+// engine thread only; tools call it from main.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/image_io.h"
+#include "engine/action.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "quant/kv_cache.h"
+
+namespace wm {
+
+using SessionId = uint64_t;
+
+struct EngineOptions {
+  std::string model_dir;             // config.json + model.safetensors
+  std::string device = "cpu";        // "cpu" (the only backend in this build without the plugin)
+  int threads = 0;                   // 0: the libraries' defaults
+  int64_t kv_budget_bytes = int64_t{2} << 30;
+  KvFormatOptions kv_options;
+  // random weights instead of a checkpoint (benchmarks of scale configs)
+  bool random_weights = false;
+  uint64_t random_seed = 0;
+  std::string config_path;           // with random_weights: the config to use
+};
+
+struct SessionOptions {
+  uint64_t seed = 0;
+  std::string cache_format = "fp16";
+  // ground-truth frames written into the cache before the first block
+  // (the prompt); each must be the model's frame size
+  std::vector<Rgb8Image> prompt;
+};
+
+struct Frame {
+  int64_t index = 0;                 // absolute frame index in the session
+  uint64_t action_seq = 0;           // seq of the action that produced it
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;          // [height, width, 3]
+  std::vector<float> values;         // [height, width, channels] in [-1, 1] (when asked for)
+};
+
+struct StepRequest {
+  SessionId session = 0;
+  std::vector<Action> actions;       // exactly frames_per_block
+  // when set (frames_per_block images), the block is still sampled and
+  // returned, but these frames are written into the cache instead (teacher
+  // forcing for evaluation)
+  std::vector<Rgb8Image> force_frames;
+};
+
+struct StepResult {
+  SessionId session = 0;
+  std::vector<Frame> frames;
+};
+
+struct StepStats {
+  int sessions = 0;
+  int frames = 0;
+  double seconds = 0;
+  OpTimes ops;
+};
+
+struct SessionInfo {
+  std::string cache_format;
+  int64_t frames_generated = 0;
+  KvBytes kv;                        // exact bytes held now
+  int64_t kv_reserved = 0;           // what admission set aside (the most it can hold)
+  int64_t state_bytes = 0;           // everything else the session holds
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const EngineOptions& options);
+  ~Engine();
+
+  const ModelConfig& config() const { return model_->config(); }
+  const std::string& device() const { return device_; }
+  std::vector<std::string> cache_formats() const;
+  int64_t parameter_count() const { return config().parameter_count(); }
+
+  // RESOURCE_EXHAUSTED when the session's worst-case cache does not fit the budget
+  absl::StatusOr<SessionId> open_session(const SessionOptions& options);
+  absl::Status close_session(SessionId id);
+  bool has_session(SessionId id) const { return sessions_.count(id) != 0; }
+  size_t session_count() const { return sessions_.size(); }
+
+  // one block for every request (at most one request per session), as one batch
+  absl::StatusOr<std::vector<StepResult>> step(std::span<const StepRequest> requests, StepStats* stats = nullptr,
+                                               bool keep_values = false, const TraceFn* trace = nullptr);
+
+  absl::StatusOr<SessionInfo> session_info(SessionId id) const;
+  KvCache* session_cache(SessionId id);  // for probes (audit mode, wmquant)
+
+  int64_t kv_capacity_bytes() const { return options_.kv_budget_bytes; }
+  int64_t kv_reserved_bytes() const { return reserved_; }
+  int64_t kv_used_bytes() const;
+  // bytes admission reserves for one session of this format
+  int64_t session_reservation(absl::string_view format) const;
+  KvGeometry kv_geometry() const;
+
+ private:
+  struct Session {
+    uint64_t seed = 0;
+    int64_t generated = 0;
+    int64_t reserved = 0;
+    std::unique_ptr<KvCache> cache;
+  };
+  Engine() = default;
+  absl::Status write_frames(std::span<Session* const> sessions, std::span<const std::vector<Rgb8Image>* const> images);
+  absl::Status validate_image(const Rgb8Image& img) const;
+
+  EngineOptions options_;
+  std::string device_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::map<SessionId, Session> sessions_;
+  SessionId next_id_ = 1;
+  int64_t reserved_ = 0;
+  float* x_ = nullptr;              // backend [frames * T, P] tokens being denoised
+  float* v_ = nullptr;              // backend [frames * T, P] velocity
+  float* pixels_ = nullptr;         // backend [frames, H, W, C]
+  float* dt_ = nullptr;             // backend [frames]
+  int buffer_frames_ = 0;
+  void reserve_buffers(int frames);
+};
+
+}  // namespace wm

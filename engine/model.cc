@@ -1,0 +1,203 @@
+#include "engine/model.h"
+
+#include <cblas.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace wm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// y[out] = W[out, in] x[in] + b
+void host_linear(const std::vector<float>& w, const std::vector<float>& b, const float* x, int out, int in, float* y) {
+  std::copy(b.begin(), b.end(), y);
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data(), in, x, 1, 1.0f, y, 1);
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+enum Buf : size_t { kH = 0, kU, kQ, kK, kV, kAtt, kY, kF, kCount };
+
+}  // namespace
+
+Model::Model(Backend& backend, const ModelConfig& config, const HostWeights& weights)
+    : backend_(backend), config_(config), weights_(backend, config, weights) {}
+
+Model::~Model() {
+  for (float* b : bufs_) backend_.free(b);
+  if (mods_ != nullptr) backend_.free(mods_);
+  if (pos_ != nullptr) backend_.free(pos_);
+}
+
+void Model::reserve(int tokens, int frames) {
+  if (tokens <= capacity_tokens_ && frames <= capacity_frames_) return;
+  for (float* b : bufs_) backend_.free(b);
+  if (mods_ != nullptr) backend_.free(mods_);
+  if (pos_ != nullptr) backend_.free(pos_);
+  bufs_.clear();
+  capacity_tokens_ = std::max(tokens, capacity_tokens_);
+  capacity_frames_ = std::max(frames, capacity_frames_);
+  const size_t n = static_cast<size_t>(capacity_tokens_);
+  const size_t D = config_.dim, Q = config_.qkv_dim(), F = config_.ffn;
+  const size_t widths[kCount] = {D, D, Q, Q, Q, Q, std::max(D, static_cast<size_t>(config_.patch_dim())), F};
+  for (size_t i = 0; i < kCount; ++i) bufs_.push_back(static_cast<float*>(backend_.alloc(n * widths[i] * sizeof(float))));
+  const size_t mod_floats = (static_cast<size_t>(config_.layers) * 6 + 2) * D * capacity_frames_;
+  mods_ = static_cast<float*>(backend_.alloc(mod_floats * sizeof(float)));
+  pos_ = static_cast<int32_t*>(backend_.alloc(n * 3 * sizeof(int32_t)));
+}
+
+void Model::conditioning(float sigma, const Action& a, float* c, float* e) const {
+  const int D = config_.dim, half = config_.freq_dim / 2;
+  std::vector<float> temb(static_cast<size_t>(config_.freq_dim)), t1(static_cast<size_t>(D)), t2(static_cast<size_t>(D));
+  const double s = 1000.0 * sigma;
+  for (int i = 0; i < half; ++i) {
+    const double freq = std::exp(-std::log(10000.0) * i / half);
+    temb[static_cast<size_t>(i)] = static_cast<float>(std::cos(s * freq));
+    temb[static_cast<size_t>(i + half)] = static_cast<float>(std::sin(s * freq));
+  }
+  const auto& w = weights_;
+  host_linear(w.time0_w, w.time0_b, temb.data(), D, config_.freq_dim, t1.data());
+  for (float& x : t1) x = silu(x);
+  host_linear(w.time2_w, w.time2_b, t1.data(), D, D, c);
+  std::vector<float> a_in(static_cast<size_t>(config_.actions.input_width()));
+  config_.actions.embed_input(a, a_in.data());
+  host_linear(w.action0_w, w.action0_b, a_in.data(), D, config_.actions.input_width(), t1.data());
+  for (float& x : t1) x = silu(x);
+  host_linear(w.action2_w, w.action2_b, t1.data(), D, D, t2.data());
+  for (int i = 0; i < D; ++i) c[i] += t2[static_cast<size_t>(i)];
+  for (int i = 0; i < D; ++i) t1[static_cast<size_t>(i)] = silu(c[i]);
+  host_linear(w.cond_w, w.cond_b, t1.data(), 6 * D, D, e);
+}
+
+absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace) {
+  const ModelConfig& c = config_;
+  const int frames = static_cast<int>(in.sigma.size());
+  const int T = c.tokens_per_frame(), N = frames * T, D = c.dim, Q = c.qkv_dim(), H = c.heads, Dh = c.head_dim;
+  const int L = c.layers, P = c.patch_dim();
+  if (in.actions.size() != static_cast<size_t>(frames) || in.frame_index.size() != static_cast<size_t>(frames))
+    return absl::InvalidArgumentError("forward: sigma, actions and frame_index differ in length");
+  reserve(N, frames);
+  OpTimes local;
+  OpTimes& tm = times != nullptr ? *times : local;
+  auto t0 = Clock::now();
+
+  // conditioning and modulation on the host (tiny), then one upload
+  const size_t per_layer = static_cast<size_t>(frames) * 6 * D;
+  std::vector<float> mods(per_layer * L + static_cast<size_t>(frames) * 2 * D);
+  std::vector<float> cond(static_cast<size_t>(frames) * D), e(6 * static_cast<size_t>(D));
+  for (int f = 0; f < frames; ++f) {
+    float* cf = cond.data() + static_cast<size_t>(f) * D;
+    conditioning(in.sigma[static_cast<size_t>(f)], in.actions[static_cast<size_t>(f)], cf, e.data());
+    for (int l = 0; l < L; ++l) {
+      float* m = mods.data() + per_layer * l + static_cast<size_t>(f) * 6 * D;
+      const auto& mod = weights_.layers[static_cast<size_t>(l)].modulation;
+      for (int i = 0; i < 6 * D; ++i) m[i] = e[static_cast<size_t>(i)] + mod[static_cast<size_t>(i)];
+    }
+    float* hm = mods.data() + per_layer * L + static_cast<size_t>(f) * 2 * D;
+    for (int i = 0; i < 2 * D; ++i) hm[i] = weights_.head_modulation[static_cast<size_t>(i)] + cf[i % D];
+  }
+  if (trace != nullptr) (*trace)("cond", cond.data(), static_cast<int64_t>(cond.size()));
+  backend_.upload(mods_, mods.data(), mods.size() * sizeof(float));
+  std::vector<int32_t> pos(static_cast<size_t>(N) * 3);
+  for (int f = 0; f < frames; ++f)
+    for (int n = 0; n < T; ++n) {
+      int32_t* p = pos.data() + (static_cast<size_t>(f) * T + n) * 3;
+      p[0] = static_cast<int32_t>(in.frame_index[static_cast<size_t>(f)]);
+      p[1] = n / c.grid_w();
+      p[2] = n % c.grid_w();
+    }
+  backend_.upload(pos_, pos.data(), pos.size() * sizeof(int32_t));
+  tm.other += seconds_since(t0);
+
+  float *h = buf(kH), *u = buf(kU), *q = buf(kQ), *k = buf(kK), *v = buf(kV), *att = buf(kAtt), *y = buf(kY),
+        *ff = buf(kF);
+  const RopeParams rope{c.rope_theta, c.t_pairs, c.h_pairs, c.w_pairs};
+  const int stride6 = 6 * D;
+  std::vector<float> host_trace;
+  auto emit = [&](absl::string_view name, const float* dev, int64_t count) {
+    if (trace == nullptr) return;
+    host_trace.resize(static_cast<size_t>(count));
+    backend_.download(host_trace.data(), dev, static_cast<size_t>(count) * sizeof(float));
+    (*trace)(name, host_trace.data(), count);
+  };
+
+  t0 = Clock::now();
+  backend_.linear(weights_.patch_embed, in.tokens, N, h);
+  tm.gemm += seconds_since(t0);
+  for (int l = 0; l < L; ++l) {
+    const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
+    const float* m = mods_ + per_layer * l;
+    t0 = Clock::now();
+    backend_.layer_norm_modulate(h, N, D, m, m + D, stride6, T, c.norm_eps, u);
+    tm.other += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.linear(lw.q, u, N, q);
+    backend_.linear(lw.k, u, N, k);
+    backend_.linear(lw.v, u, N, v);
+    tm.gemm += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.rms_norm_rope(q, N, H, Dh, Q, lw.q_norm, pos_, rope, c.norm_eps);
+    backend_.rms_norm_rope(k, N, H, Dh, Q, lw.k_norm, pos_, rope, c.norm_eps);
+    tm.other += seconds_since(t0);
+    t0 = Clock::now();
+    for (const SessionSlice& s : in.sessions) {
+      const size_t off = static_cast<size_t>(s.batch_frame) * T * Q;
+      const int n = s.frames * T;
+      s.cache->observe_queries(l, q + off, n);
+      s.cache->attend(l, q + off, k + off, v + off, n, att + off);
+    }
+    tm.attention += seconds_since(t0);
+    if (in.write_pass) {
+      t0 = Clock::now();
+      for (const SessionSlice& s : in.sessions) {
+        const size_t off = static_cast<size_t>(s.batch_frame) * T * Q;
+        WM_RETURN_IF_ERROR(s.cache->append(l, k + off, v + off, in.frame_index[static_cast<size_t>(s.batch_frame)],
+                                           s.frames));
+      }
+      tm.other += seconds_since(t0);
+      // the last layer's output feeds nothing once its K/V are cached
+      if (l == L - 1) break;
+    }
+    t0 = Clock::now();
+    backend_.linear(lw.o, att, N, y);
+    tm.gemm += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.gated_residual(h, y, m + 2 * D, stride6, N, D, T);
+    backend_.layer_norm_modulate(h, N, D, m + 3 * D, m + 4 * D, stride6, T, c.norm_eps, u);
+    tm.other += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.linear(lw.ffn0, u, N, ff);
+    tm.gemm += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.gelu(ff, static_cast<int64_t>(N) * c.ffn);
+    tm.other += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.linear(lw.ffn2, ff, N, y);
+    tm.gemm += seconds_since(t0);
+    t0 = Clock::now();
+    backend_.gated_residual(h, y, m + 5 * D, stride6, N, D, T);
+    tm.other += seconds_since(t0);
+    emit(absl::StrCat("layer", l), h, static_cast<int64_t>(N) * D);
+  }
+  if (in.write_pass) return absl::OkStatus();
+  const float* hm = mods_ + per_layer * L;
+  t0 = Clock::now();
+  backend_.layer_norm_modulate(h, N, D, hm, hm + D, 2 * D, T, c.norm_eps, u);
+  tm.other += seconds_since(t0);
+  t0 = Clock::now();
+  backend_.linear(weights_.head, u, N, out);
+  tm.gemm += seconds_since(t0);
+  emit("velocity", out, static_cast<int64_t>(N) * P);
+  return absl::OkStatus();
+}
+
+}  // namespace wm

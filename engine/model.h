@@ -1,0 +1,79 @@
+// The causal latent DiT forward pass (docs/MODEL_FORMAT.md) over a batch of
+// sessions: dense layers run once over every session's tokens, attention runs
+// per session against that session's KV cache.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "engine/action.h"
+#include "engine/backend.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
+#include "quant/kv_cache.h"
+
+namespace wm {
+
+// time spent by op group, seconds
+struct OpTimes {
+  double gemm = 0, attention = 0, other = 0;
+  double total() const { return gemm + attention + other; }
+  OpTimes& operator+=(const OpTimes& o) {
+    gemm += o.gemm;
+    attention += o.attention;
+    other += o.other;
+    return *this;
+  }
+};
+
+// a session's frames inside a batch
+struct SessionSlice {
+  KvCache* cache = nullptr;
+  int batch_frame = 0;        // first frame of this session in the batch
+  int frames = 0;
+};
+
+struct ForwardInput {
+  const float* tokens = nullptr;          // backend memory [frames * T, P]
+  std::vector<float> sigma;               // [frames]
+  std::vector<Action> actions;            // [frames]
+  std::vector<int64_t> frame_index;       // [frames] absolute index in its session
+  std::vector<SessionSlice> sessions;
+  bool write_pass = false;                // append K/V to the caches, no output
+};
+
+// name, host data, count: intermediate tensors for parity tests
+using TraceFn = std::function<void(absl::string_view name, const float* data, int64_t count)>;
+
+class Model {
+ public:
+  Model(Backend& backend, const ModelConfig& config, const HostWeights& weights);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() { return backend_; }
+
+  // velocity [frames * T, P] into `out` (backend memory) unless write_pass
+  absl::Status forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace = nullptr);
+
+  // c_f [D] and the modulations of every layer and of the head, on the host
+  void conditioning(float sigma, const Action& a, float* c, float* e) const;
+
+ private:
+  void reserve(int tokens, int frames);
+  float* buf(size_t i) { return bufs_[i]; }
+
+  Backend& backend_;
+  ModelConfig config_;
+  DeviceWeights weights_;
+  int capacity_tokens_ = 0, capacity_frames_ = 0;
+  std::vector<float*> bufs_;
+  float* mods_ = nullptr;       // [L, frames, 6D] + head [frames, 2D]
+  int32_t* pos_ = nullptr;      // [tokens, 3]
+};
+
+}  // namespace wm

@@ -1,0 +1,284 @@
+#include "engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/half.h"
+
+namespace wm {
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference implementation's limit
+constexpr int kMaxJsonDepth = 16;
+constexpr int kMaxDims = 8;
+
+bool parse_dtype(absl::string_view s, DType* d) {
+  static const std::pair<absl::string_view, DType> table[] = {
+      {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16},
+      {"U8", DType::u8},   {"I32", DType::i32}, {"I64", DType::i64}};
+  for (const auto& [name, dt] : table) {
+    if (s == name) {
+      *d = dt;
+      return true;
+    }
+  }
+  return false;
+}
+
+// rejects deeply nested json before the recursive parser sees it
+bool json_depth_ok(absl::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') {
+      if (++depth > kMaxJsonDepth) return false;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+}  // namespace
+
+absl::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::u8: return "U8";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::u8: return 1;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->source_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file is ", size, " bytes, shorter than the 8-byte header length"));
+  }
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
+  f->map_ = map;
+  f->map_size_ = size;
+  if (auto st2 = f->init(static_cast<const uint8_t*>(map), size); !st2.ok()) return st2;
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(absl::string_view bytes, std::string source) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->source_ = std::move(source);
+  f->owned_.assign(bytes.data(), bytes.size());
+  if (auto st = f->init(reinterpret_cast<const uint8_t*>(f->owned_.data()), f->owned_.size()); !st.ok()) return st;
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) munmap(map_, map_size_);
+}
+
+absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
+  auto fail = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(source_, ": ", why)); };
+  if (size < 8) return fail(absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
+  if (header_len > kMaxHeaderBytes) return fail(absl::StrCat("header length ", header_len, " exceeds the 100 MiB limit"));
+  if (header_len > size - 8)
+    return fail(absl::StrCat("header length ", header_len, " runs past the end of the ", size, "-byte file (truncated?)"));
+  absl::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
+  if (!json_depth_ok(header)) return fail("header JSON nested too deeply");
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return fail("header is not valid JSON");
+  if (!j.is_object()) return fail("header is not a JSON object");
+  const uint8_t* data = base + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
+
+  struct Range {
+    uint64_t begin, end;
+    size_t index;
+  };
+  std::vector<Range> ranges;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      if (!it->is_object()) return fail("__metadata__ is not an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) return fail(absl::StrCat("__metadata__ value for '", m.key(), "' is not a string"));
+        metadata_[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    auto tfail = [&](absl::string_view why) { return fail(absl::StrCat("tensor '", name, "': ", why)); };
+    const nlohmann::json& e = *it;
+    if (!e.is_object()) return tfail("entry is not an object");
+    if (!e.contains("dtype") || !e["dtype"].is_string()) return tfail("missing dtype");
+    TensorView t;
+    t.name = name;
+    if (!parse_dtype(e["dtype"].get<std::string>(), &t.dtype))
+      return tfail(absl::StrCat("unsupported dtype ", e["dtype"].get<std::string>()));
+    if (!e.contains("shape") || !e["shape"].is_array()) return tfail("missing shape");
+    if (e["shape"].size() > kMaxDims) return tfail("too many dimensions");
+    uint64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_unsigned()) return tfail("shape holds a value that is not a non-negative integer");
+      const uint64_t v = d.get<uint64_t>();
+      if (v > (1ull << 40) || (v != 0 && numel > (1ull << 48) / v)) return tfail("shape is absurdly large");
+      numel *= v;
+      t.shape.push_back(static_cast<int64_t>(v));
+    }
+    if (!e.contains("data_offsets") || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2 ||
+        !e["data_offsets"][0].is_number_unsigned() || !e["data_offsets"][1].is_number_unsigned())
+      return tfail("data_offsets must be two non-negative integers");
+    const uint64_t begin = e["data_offsets"][0].get<uint64_t>();
+    const uint64_t end = e["data_offsets"][1].get<uint64_t>();
+    if (begin > end) return tfail(absl::StrCat("data_offsets [", begin, ", ", end, "] are reversed"));
+    if (end > data_size)
+      return tfail(absl::StrCat("data_offsets end ", end, " is past the ", data_size, "-byte data area (truncated?)"));
+    const uint64_t expect = numel * dtype_size(t.dtype);
+    if (end - begin != expect)
+      return tfail(absl::StrCat("holds ", end - begin, " bytes but ", dtype_name(t.dtype), " ", shape_str(t.shape),
+                                " needs ", expect));
+    t.data = data + begin;
+    t.bytes = static_cast<size_t>(expect);
+    ranges.push_back({begin, end, tensors_.size()});
+    tensors_.push_back(std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end && ranges[i].end > ranges[i].begin)
+      return fail(absl::StrCat("tensors '", tensors_[ranges[i - 1].index].name, "' and '",
+                               tensors_[ranges[i].index].name, "' overlap"));
+  }
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
+  return absl::OkStatus();
+}
+
+const TensorView* SafetensorsFile::find(absl::string_view name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const TensorView& t, absl::string_view n) { return t.name < n; });
+  if (it == tensors_.end() || it->name != name) return nullptr;
+  return &*it;
+}
+
+void convert_to_f32(DType d, const void* src, int64_t count, float* out) {
+  switch (d) {
+    case DType::f32:
+      std::memcpy(out, src, static_cast<size_t>(count) * 4);
+      break;
+    case DType::f16: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+      break;
+    }
+    case DType::bf16: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+      break;
+    }
+    default:
+      for (int64_t i = 0; i < count; ++i) out[i] = 0.0f;
+  }
+}
+
+absl::Status SafetensorsFile::read_f32(absl::string_view name, const std::vector<int64_t>& expected_shape,
+                                       float* out) const {
+  const TensorView* t = find(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat(source_, ": tensor '", name, "' is missing"));
+  if (t->shape != expected_shape)
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": tensor '", name, "' has shape ", shape_str(t->shape),
+                                                   ", the config needs ", shape_str(expected_shape)));
+  if (t->dtype != DType::f32 && t->dtype != DType::f16 && t->dtype != DType::bf16)
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": tensor '", name, "' has dtype ", dtype_name(t->dtype), ", need F32, F16 or BF16"));
+  convert_to_f32(t->dtype, t->data, t->numel(), out);
+  return absl::OkStatus();
+}
+
+absl::Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    uint64_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    const uint64_t bytes = n * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  uint8_t len[8];
+  uint64_t hl = h.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(hl >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const auto& t : tensors) {
+    uint64_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(n * dtype_size(t.dtype)));
+  }
+  if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace wm

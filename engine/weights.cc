@@ -1,0 +1,170 @@
+#include "engine/weights.h"
+
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/image_io.h"
+#include "common/status_macros.h"
+
+namespace wm {
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c) {
+  const int64_t D = c.dim, P = c.patch_dim(), A = c.actions.input_width(), Q = c.qkv_dim(), F = c.ffn;
+  std::vector<TensorSpec> s = {
+      {"patch_embed.weight", {D, P}},      {"patch_embed.bias", {D}},
+      {"time_embed.0.weight", {D, c.freq_dim}}, {"time_embed.0.bias", {D}},
+      {"time_embed.2.weight", {D, D}},     {"time_embed.2.bias", {D}},
+      {"action_embed.0.weight", {D, A}},   {"action_embed.0.bias", {D}},
+      {"action_embed.2.weight", {D, D}},   {"action_embed.2.bias", {D}},
+      {"cond_proj.weight", {6 * D, D}},    {"cond_proj.bias", {6 * D}},
+  };
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = absl::StrCat("blocks.", l, ".");
+    s.push_back({p + "modulation", {6, D}});
+    for (const char* m : {"q", "k", "v"}) {
+      s.push_back({absl::StrCat(p, "attn.", m, ".weight"), {Q, D}});
+      s.push_back({absl::StrCat(p, "attn.", m, ".bias"), {Q}});
+    }
+    s.push_back({p + "attn.q_norm.weight", {c.head_dim}});
+    s.push_back({p + "attn.k_norm.weight", {c.head_dim}});
+    s.push_back({p + "attn.o.weight", {D, Q}});
+    s.push_back({p + "attn.o.bias", {D}});
+    s.push_back({p + "ffn.0.weight", {F, D}});
+    s.push_back({p + "ffn.0.bias", {F}});
+    s.push_back({p + "ffn.2.weight", {D, F}});
+    s.push_back({p + "ffn.2.bias", {D}});
+  }
+  s.push_back({"head.modulation", {2, D}});
+  s.push_back({"head.weight", {P, D}});
+  s.push_back({"head.bias", {P}});
+  return s;
+}
+
+const std::vector<float>& HostWeights::get(const std::string& name) const {
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].name == name) return values[i];
+  static const std::vector<float> empty;
+  return empty;
+}
+
+absl::StatusOr<HostWeights> load_host_weights(const ModelConfig& c, const SafetensorsFile& file) {
+  HostWeights w;
+  w.specs = model_tensor_specs(c);
+  std::map<std::string, bool> expected;
+  for (const auto& s : w.specs) expected[s.name] = true;
+  for (const auto& t : file.tensors())
+    if (!expected.count(t.name))
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.source(), ": tensor '", t.name, "' is not part of this config (wrong model?)"));
+  w.values.resize(w.specs.size());
+  for (size_t i = 0; i < w.specs.size(); ++i) {
+    w.values[i].resize(static_cast<size_t>(w.specs[i].numel()));
+    WM_RETURN_IF_ERROR(file.read_f32(w.specs[i].name, w.specs[i].shape, w.values[i].data()));
+    for (float v : w.values[i])
+      if (!std::isfinite(v))
+        return absl::InvalidArgumentError(
+            absl::StrCat(file.source(), ": tensor '", w.specs[i].name, "' holds a non-finite value"));
+  }
+  return w;
+}
+
+HostWeights random_host_weights(const ModelConfig& c, uint64_t seed) {
+  HostWeights w;
+  w.specs = model_tensor_specs(c);
+  w.values.resize(w.specs.size());
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < w.specs.size(); ++i) {
+    const auto& s = w.specs[i];
+    auto& v = w.values[i];
+    v.resize(static_cast<size_t>(s.numel()));
+    const bool is_norm = s.name.find("_norm.weight") != std::string::npos;
+    if (is_norm) {
+      std::fill(v.begin(), v.end(), 1.0f);
+      continue;
+    }
+    float stddev = 0.02f;
+    if (s.shape.size() == 2 && s.name.find("modulation") == std::string::npos)
+      stddev = 1.0f / std::sqrt(static_cast<float>(s.shape[1]));  // fan-in scaling keeps activations bounded
+    if (s.shape.size() == 1) stddev = 0.01f;
+    std::normal_distribution<float> dist(0.0f, stddev);
+    for (float& x : v) x = dist(rng);
+  }
+  return w;
+}
+
+absl::Status save_checkpoint(const ModelConfig& c, const HostWeights& w, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  const std::string cfg = model_config_to_json(c);
+  WM_RETURN_IF_ERROR(write_file(dir + "/config.json", cfg.data(), cfg.size()));
+  std::vector<TensorToWrite> out;
+  for (size_t i = 0; i < w.specs.size(); ++i)
+    out.push_back({w.specs[i].name, DType::f32, w.specs[i].shape, w.values[i].data()});
+  return write_safetensors(dir + "/model.safetensors", out, {{"format", "wmserve-cldit"}});
+}
+
+DeviceWeights::DeviceWeights(Backend& backend, const ModelConfig& c, const HostWeights& h) : backend_(backend) {
+  auto lin = [&](const std::string& name, bool bias = true) {
+    const TensorSpec* spec = nullptr;
+    for (const auto& s : h.specs)
+      if (s.name == name + ".weight") spec = &s;
+    LinearWeight lw;
+    lw.out = static_cast<int>(spec->shape[0]);
+    lw.in = static_cast<int>(spec->shape[1]);
+    lw.w = backend.upload_weight(h.get(name + ".weight").data(), lw.out, lw.in);
+    if (bias) lw.b = upload_vector(h.get(name + ".bias"));
+    return lw;
+  };
+  patch_embed = lin("patch_embed");
+  head.out = c.patch_dim();
+  head.in = c.dim;
+  head.w = backend.upload_weight(h.get("head.weight").data(), head.out, head.in);
+  head.b = upload_vector(h.get("head.bias"));
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = absl::StrCat("blocks.", l, ".");
+    LayerWeights lw;
+    lw.q = lin(p + "attn.q");
+    lw.k = lin(p + "attn.k");
+    lw.v = lin(p + "attn.v");
+    lw.o = lin(p + "attn.o");
+    lw.ffn0 = lin(p + "ffn.0");
+    lw.ffn2 = lin(p + "ffn.2");
+    lw.q_norm = upload_vector(h.get(p + "attn.q_norm.weight"));
+    lw.k_norm = upload_vector(h.get(p + "attn.k_norm.weight"));
+    lw.modulation = h.get(p + "modulation");
+    layers.push_back(std::move(lw));
+  }
+  time0_w = h.get("time_embed.0.weight");
+  time0_b = h.get("time_embed.0.bias");
+  time2_w = h.get("time_embed.2.weight");
+  time2_b = h.get("time_embed.2.bias");
+  action0_w = h.get("action_embed.0.weight");
+  action0_b = h.get("action_embed.0.bias");
+  action2_w = h.get("action_embed.2.weight");
+  action2_b = h.get("action_embed.2.bias");
+  cond_w = h.get("cond_proj.weight");
+  cond_b = h.get("cond_proj.bias");
+  head_modulation = h.get("head.modulation");
+}
+
+DeviceWeights::~DeviceWeights() {
+  for (void* p : owned_) backend_.free(p);
+}
+
+const float* DeviceWeights::upload_vector(const std::vector<float>& v) {
+  void* p = backend_.alloc(v.size() * sizeof(float));
+  backend_.upload(p, v.data(), v.size() * sizeof(float));
+  owned_.push_back(p);
+  return static_cast<const float*>(p);
+}
+
+}  // namespace wm

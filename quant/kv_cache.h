@@ -1,0 +1,103 @@
+// The per-session KV cache: one object per session, one storage format per
+// object. The engine talks to every format through this interface; formats
+// live in quant/ (fp32/fp16 here, the 2-bit formats beside them).
+//
+// Threading: a KvCache is used by one thread at a time (the engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace wm {
+
+struct KvGeometry {
+  int layers = 0;
+  int heads = 0;             // kv heads (= query heads in this model family)
+  int head_dim = 0;
+  int tokens_per_frame = 0;
+  int window_frames = 0;     // most recent frames kept
+  int sink_frames = 0;       // first frames kept forever
+  int frames_per_block = 1;
+  int64_t values_per_frame() const {  // K and V, all layers
+    return int64_t{2} * layers * heads * head_dim * tokens_per_frame;
+  }
+  int max_frames() const { return window_frames + sink_frames; }
+};
+
+// exact bytes held, by component (docs/QUANT.md defines each)
+struct KvBytes {
+  int64_t fp_values = 0;    // K/V kept in fp16/fp32 (recent window, sinks, the fp formats)
+  int64_t codes = 0;        // packed low-bit codes
+  int64_t scales = 0;       // per-group scales
+  int64_t zeros = 0;        // per-group zero points
+  int64_t centroids = 0;    // k-means centroids
+  int64_t ids = 0;          // centroid ids
+  int64_t bases = 0;        // PSAC eigenbases
+  int64_t coeffs = 0;       // PSAC coefficients + their scales
+  int64_t total() const { return fp_values + codes + scales + zeros + centroids + ids + bases + coeffs; }
+  KvBytes& operator+=(const KvBytes& o);
+};
+
+struct KvFormatOptions {
+  // KIVI
+  int kivi_group = 32;        // G: tokens per key group / channels per value group
+  int kivi_residual = 32;     // R: recent tokens kept fp16
+  // QVG / QuantWM
+  int span_frames = 4;        // frames quantized together (one k-means per span)
+  int centroids = 256;        // k-means centroids per span
+  int block = 64;             // B: channels per residual scale
+  int kmeans_iters = 4;
+  uint64_t kmeans_seed = 1;
+  // QuantWM
+  bool qsac = true;           // query-sensitivity-aware clustering
+  bool psac = true;           // principal-subspace logit correction
+  int psac_rank = 8;
+  int psac_bits = 8;          // 8 or 4
+  int qsac_candidates = 4;    // nearest centroids tried for the int2-friendly choice
+  // which of K and V are quantized (ablations); fp16 otherwise
+  bool quantize_keys = true;
+  bool quantize_values = true;
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  virtual absl::string_view format() const = 0;
+  virtual const KvGeometry& geometry() const = 0;
+
+  // attention of the current block for one layer: every query sees every
+  // cached token and every token of its own block.
+  //   q, k_cur, v_cur, out: [n, heads, head_dim]
+  virtual void attend(int layer, const float* q, const float* k_cur, const float* v_cur, int n, float* out) = 0;
+
+  // the write pass: clean K/V of `frames` consecutive frames starting at the
+  // absolute frame index `first_frame`; frames older than the window (and not
+  // sinks) are evicted. k, v: [frames * tokens_per_frame, heads, head_dim]
+  virtual absl::Status append(int layer, const float* k, const float* v, int64_t first_frame, int frames) = 0;
+
+  // every query the model computed for this session, in order (causal
+  // statistics for query-aware formats). q: [n, heads, head_dim]
+  virtual void observe_queries(int layer, const float* q, int n) {}
+
+  virtual KvBytes bytes() const = 0;
+  // absolute indices of the cached frames of one layer, ascending
+  virtual std::vector<int64_t> frames(int layer) const = 0;
+  // reconstruction of the cached K/V of one layer, [tokens, heads, head_dim]
+  // in frame order: for probes and tests, never on the attention path
+  virtual void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const = 0;
+};
+
+// "fp32", "fp16", "kivi2", "qvg2", "quantwm2" (the ones built so far)
+std::vector<std::string> kv_formats();
+bool kv_format_known(absl::string_view format);
+absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& geometry,
+                                                       const KvFormatOptions& options = {});
+// the most bytes a session in this format can ever hold (admission reserves it)
+int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& geometry, const KvFormatOptions& options = {});
+
+}  // namespace wm

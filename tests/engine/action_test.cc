@@ -1,0 +1,62 @@
+#include "engine/action.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace wm {
+namespace {
+
+TEST(ActionScript, ParsesKeysMouseAndRepeats) {
+  const ActionSpace s = default_action_space();
+  auto a = parse_action_script("# walk\nW 0 0 *3\n- 15\nad -5 2\n\n", s);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->size(), 5u);
+  EXPECT_EQ((*a)[0].keys, 1u);
+  EXPECT_EQ((*a)[3].keys, 0u);
+  EXPECT_EQ((*a)[3].mouse[0], 15.0f);
+  EXPECT_EQ((*a)[4].keys, 2u | 8u);
+  EXPECT_EQ((*a)[4].mouse[1], 2.0f);
+  auto again = parse_action_script(format_action_script(*a, s), s);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *a);
+}
+
+TEST(ActionScript, RejectsBadLinesWithLineNumber) {
+  const ActionSpace s = default_action_space();
+  for (const char* bad : {"Q", "W x", "W 1 2 3", "W 99", "W *0", "W *abc", "W nan"}) {
+    auto a = parse_action_script(std::string("W\n") + bad, s);
+    ASSERT_FALSE(a.ok()) << bad;
+    EXPECT_NE(std::string(a.status().message()).find("line 2"), std::string::npos) << a.status();
+  }
+}
+
+TEST(ActionSpace, ValidatesAndEmbeds) {
+  const ActionSpace s = default_action_space();
+  Action a;
+  a.keys = 0b1010;
+  a.mouse[0] = 20;
+  EXPECT_TRUE(s.validate(a).ok());
+  float in[6];
+  s.embed_input(a, in);
+  EXPECT_EQ(in[0], 0.0f);
+  EXPECT_EQ(in[1], 1.0f);
+  EXPECT_EQ(in[3], 1.0f);
+  EXPECT_FLOAT_EQ(in[4], 2.0f);
+  Action bad = a;
+  bad.keys = 1u << 4;
+  EXPECT_FALSE(s.validate(bad).ok());
+  bad = a;
+  bad.mouse[1] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(s.validate(bad).ok());
+  bad = a;
+  bad.mouse[2] = 1;
+  EXPECT_FALSE(s.validate(bad).ok());
+  bad = a;
+  bad.mouse[0] = -45.5f;
+  EXPECT_FALSE(s.validate(bad).ok());
+}
+
+}  // namespace
+}  // namespace wm

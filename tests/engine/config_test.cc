@@ -1,0 +1,69 @@
+#include "engine/model_config.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/image_io.h"
+
+namespace wm {
+namespace {
+
+std::string base_text() {
+  auto t = read_file(std::string(WM_SOURCE_DIR) + "/configs/default.json");
+  EXPECT_TRUE(t.ok());
+  return *t;
+}
+
+TEST(ModelConfig, ParsesShippedConfigs) {
+  for (const char* name : {"default", "tiny-test", "mg2-shape"}) {
+    auto c = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/" + name + ".json");
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+  }
+  auto mg2 = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/mg2-shape.json");
+  EXPECT_EQ(mg2->tokens_per_frame(), 880);
+  EXPECT_EQ(mg2->qkv_dim(), 1536);
+}
+
+TEST(ModelConfig, RoundTripsThroughJson) {
+  auto c = parse_model_config(base_text(), "x");
+  ASSERT_TRUE(c.ok());
+  auto again = parse_model_config(model_config_to_json(*c), "y");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->parameter_count(), c->parameter_count());
+}
+
+TEST(ModelConfig, RejectsBadFieldsNamingThem) {
+  struct Case {
+    const char* pointer;
+    nlohmann::json value;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"/format", "other", "format"},
+      {"/frame/patch", 7, "frame.height"},
+      {"/head_dim", 63, "head_dim"},
+      {"/rope/t_pairs", 13, "rope"},
+      {"/sampling/sigmas", nlohmann::json::array({0.5, 0.2}), "sampling.sigmas"},
+      {"/sampling/sigmas", nlohmann::json::array({1.0, 0.5, 0.7}), "sampling.sigmas"},
+      {"/cache/window_frames", 0, "cache.window_frames"},
+      {"/dim", "wide", "dim"},
+      {"/layers", -1, "layers"},
+      {"/frame/decoder", "vae", "frame.decoder"},
+      {"/actions/keys", nlohmann::json::array({"WW"}), "actions.keys"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j = nlohmann::json::parse(base_text());
+    j[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    auto r = parse_model_config(j.dump(), "cfg.json");
+    ASSERT_FALSE(r.ok()) << c.pointer;
+    EXPECT_NE(std::string(r.status().message()).find(c.field), std::string::npos) << r.status();
+  }
+  EXPECT_FALSE(parse_model_config("{", "cfg.json").ok());
+  nlohmann::json j = nlohmann::json::parse(base_text());
+  j.erase("ffn");
+  EXPECT_FALSE(parse_model_config(j.dump(), "cfg.json").ok());
+}
+
+}  // namespace
+}  // namespace wm

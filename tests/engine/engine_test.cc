@@ -1,0 +1,204 @@
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/noise.h"
+
+namespace wm {
+namespace {
+
+std::unique_ptr<Engine> make_engine(int64_t budget = int64_t{1} << 30, const std::string& config = "tiny-test") {
+  EngineOptions o;
+  o.random_weights = true;
+  o.random_seed = 5;
+  o.config_path = std::string(WM_SOURCE_DIR) + "/configs/" + config + ".json";
+  o.kv_budget_bytes = budget;
+  o.threads = 1;
+  auto e = Engine::create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+Action act(uint32_t keys, float yaw, float pitch = 0) {
+  Action a;
+  a.keys = keys;
+  a.mouse[0] = yaw;
+  a.mouse[1] = pitch;
+  return a;
+}
+
+std::vector<Action> script(int n) {
+  std::vector<Action> s;
+  for (int i = 0; i < n; ++i) s.push_back(act(1u << (i % 4), static_cast<float>((i * 7) % 30 - 15), 1.0f));
+  return s;
+}
+
+std::vector<Frame> rollout(Engine& e, SessionId id, const std::vector<Action>& actions) {
+  std::vector<Frame> out;
+  for (const Action& a : actions) {
+    StepRequest r{id, {a}, {}};
+    auto res = e.step(std::span<const StepRequest>(&r, 1), nullptr, /*keep_values=*/true);
+    EXPECT_TRUE(res.ok()) << res.status();
+    out.push_back((*res)[0].frames[0]);
+  }
+  return out;
+}
+
+TEST(Engine, SameSeedAndActionsGiveSameFrames) {
+  auto e1 = make_engine(), e2 = make_engine();
+  auto a = *e1->open_session({7, "fp16", {}});
+  auto b = *e2->open_session({7, "fp16", {}});
+  auto c = *e2->open_session({8, "fp16", {}});
+  const auto s = script(6);
+  auto fa = rollout(*e1, a, s), fb = rollout(*e2, b, s), fc = rollout(*e2, c, s);
+  for (size_t i = 0; i < fa.size(); ++i) {
+    EXPECT_EQ(fa[i].rgb, fb[i].rgb) << "frame " << i;
+    EXPECT_EQ(fa[i].index, static_cast<int64_t>(i));
+  }
+  EXPECT_NE(fa[0].rgb, fc[0].rgb);
+}
+
+TEST(Engine, BatchedStepMatchesSteppingAlone) {
+  auto alone = make_engine(), batched = make_engine();
+  const auto s = script(12);
+  std::vector<SessionId> ia, ib;
+  // three sessions at different cache lengths: 0, 3 and 6 frames (window 4 + sink 1 evicts)
+  for (int k = 0; k < 3; ++k) {
+    ia.push_back(*alone->open_session({static_cast<uint64_t>(100 + k), "fp32", {}}));
+    ib.push_back(*batched->open_session({static_cast<uint64_t>(100 + k), "fp32", {}}));
+    rollout(*alone, ia.back(), std::vector<Action>(s.begin(), s.begin() + 3 * k));
+    rollout(*batched, ib.back(), std::vector<Action>(s.begin(), s.begin() + 3 * k));
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<StepRequest> reqs;
+    std::vector<Frame> ref;
+    for (int k = 0; k < 3; ++k) {
+      const Action a = s[static_cast<size_t>(step + k)];
+      reqs.push_back({ib[static_cast<size_t>(k)], {a}, {}});
+      ref.push_back(rollout(*alone, ia[static_cast<size_t>(k)], {a})[0]);
+    }
+    auto res = batched->step(reqs, nullptr, /*keep_values=*/true);
+    ASSERT_TRUE(res.ok()) << res.status();
+    for (int k = 0; k < 3; ++k) {
+      const Frame& got = (*res)[static_cast<size_t>(k)].frames[0];
+      float max_diff = 0;
+      for (size_t i = 0; i < got.values.size(); ++i)
+        max_diff = std::max(max_diff, std::fabs(got.values[i] - ref[static_cast<size_t>(k)].values[i]));
+      // the documented tolerance: 1e-4 on values in [-1, 1]
+      EXPECT_LT(max_diff, 1e-4f) << "session " << k << " step " << step;
+      EXPECT_EQ(got.index, ref[static_cast<size_t>(k)].index);
+    }
+  }
+}
+
+TEST(Engine, SamplerIsEulerOverTheSigmas) {
+  auto e = make_engine();
+  const ModelConfig& c = e->config();
+  auto id = *e->open_session({11, "fp32", {}});
+  std::vector<std::vector<float>> velocities;
+  TraceFn trace = [&](absl::string_view name, const float* d, int64_t n) {
+    if (name == "velocity") velocities.emplace_back(d, d + n);
+  };
+  StepRequest r{id, {act(1, 3)}, {}};
+  auto res = e->step(std::span<const StepRequest>(&r, 1), nullptr, true, &trace);
+  ASSERT_TRUE(res.ok());
+  ASSERT_EQ(velocities.size(), c.sigmas.size());
+  // replay Euler in token space from the documented noise
+  const int fv = c.frame_values();
+  std::vector<float> noise(static_cast<size_t>(fv)), tok(static_cast<size_t>(fv)), out(static_cast<size_t>(fv));
+  noise_fill_frame(11, 0, noise.data(), fv);
+  auto be = make_cpu_backend(1);
+  const FrameShape s{c.height, c.width, c.channels, c.patch};
+  be->patchify(noise.data(), 1, s, tok.data());
+  for (size_t i = 0; i < c.sigmas.size(); ++i) {
+    const float next = i + 1 < c.sigmas.size() ? c.sigmas[i + 1] : 0.0f;
+    for (int j = 0; j < fv; ++j) tok[static_cast<size_t>(j)] += (next - c.sigmas[i]) * velocities[i][static_cast<size_t>(j)];
+  }
+  for (float& x : tok) x = std::fmin(1.0f, std::fmax(-1.0f, x));
+  be->unpatchify(tok.data(), 1, s, out.data());
+  for (int j = 0; j < fv; ++j) ASSERT_FLOAT_EQ((*res)[0].frames[0].values[static_cast<size_t>(j)], out[static_cast<size_t>(j)]);
+}
+
+TEST(Engine, CacheBytesFollowTheWindowAndSinks) {
+  auto e = make_engine();
+  const ModelConfig& c = e->config();
+  auto id = *e->open_session({1, "fp16", {}});
+  const int64_t per_frame = int64_t{2} * c.layers * c.heads * c.head_dim * c.tokens_per_frame() * 2;
+  for (int n = 1; n <= 8; ++n) {
+    rollout(*e, id, {act(0, 0)});
+    auto info = e->session_info(id);
+    ASSERT_TRUE(info.ok());
+    const int held = std::min(n, c.window_frames + c.sink_frames);
+    EXPECT_EQ(info->kv.total(), held * per_frame) << "after " << n << " frames";
+    EXPECT_EQ(info->frames_generated, n);
+    std::vector<int64_t> expect;
+    for (int f = 0; f < n; ++f)
+      if (f < c.sink_frames || f >= n - c.window_frames) expect.push_back(f);
+    EXPECT_EQ(e->session_cache(id)->frames(0), expect);
+  }
+  EXPECT_EQ(e->session_info(id)->kv_reserved, (c.window_frames + c.sink_frames) * per_frame);
+  EXPECT_EQ(e->kv_used_bytes(), e->session_info(id)->kv.total());
+}
+
+TEST(Engine, AdmissionRespectsTheBudget) {
+  auto probe = make_engine();
+  const int64_t one = probe->session_reservation("fp16");
+  auto e = make_engine(one * 2 + one / 2);
+  auto a = e->open_session({1, "fp16", {}});
+  auto b = e->open_session({2, "fp16", {}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = e->open_session({3, "fp16", {}});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(e->kv_reserved_bytes(), 2 * one);
+  ASSERT_TRUE(e->close_session(*a).ok());
+  EXPECT_TRUE(e->open_session({3, "fp16", {}}).ok());
+  EXPECT_EQ(e->close_session(999).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Engine, BadRequestsFailCleanlyAndHarmNothing) {
+  auto e = make_engine();
+  auto id = *e->open_session({1, "fp16", {}});
+  EXPECT_EQ(e->open_session({1, "int7", {}}).status().code(), absl::StatusCode::kNotFound);
+  Rgb8Image small{4, 4, std::vector<uint8_t>(48)};
+  EXPECT_EQ(e->open_session({1, "fp16", {small}}).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<StepRequest> two_actions = {{id, {act(0, 0), act(0, 0)}, {}}};
+  EXPECT_EQ(e->step(two_actions).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<StepRequest> bad_action = {{id, {act(1u << 9, 0)}, {}}};
+  EXPECT_EQ(e->step(bad_action).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<StepRequest> unknown = {{id + 100, {act(0, 0)}, {}}};
+  EXPECT_EQ(e->step(unknown).status().code(), absl::StatusCode::kNotFound);
+  std::vector<StepRequest> dup = {{id, {act(0, 0)}, {}}, {id, {act(0, 0)}, {}}};
+  EXPECT_EQ(e->step(dup).status().code(), absl::StatusCode::kInvalidArgument);
+  // the session is untouched and still works
+  EXPECT_EQ(e->session_info(id)->frames_generated, 0);
+  EXPECT_EQ(rollout(*e, id, {act(0, 0)}).size(), 1u);
+}
+
+TEST(Engine, PromptAndTeacherForcingShapeTheCache) {
+  auto e = make_engine();
+  const ModelConfig& c = e->config();
+  Rgb8Image img{c.width, c.height, std::vector<uint8_t>(static_cast<size_t>(c.width) * c.height * 3)};
+  for (size_t i = 0; i < img.pixels.size(); ++i) img.pixels[i] = static_cast<uint8_t>((i * 37) % 256);
+  auto plain = *e->open_session({3, "fp16", {}});
+  auto prompted = *e->open_session({3, "fp16", {img}});
+  EXPECT_EQ(e->session_info(prompted)->frames_generated, 1);
+  EXPECT_EQ(e->session_cache(prompted)->frames(0), std::vector<int64_t>{0});
+  const auto fp = rollout(*e, prompted, {act(1, 0)});
+  EXPECT_EQ(fp[0].index, 1);
+  // forcing a frame returns the sampled frame but caches the forced one
+  auto a = *e->open_session({4, "fp16", {}});
+  auto b = *e->open_session({4, "fp16", {}});
+  std::vector<StepRequest> ra = {{a, {act(0, 0)}, {}}};
+  std::vector<StepRequest> rb = {{b, {act(0, 0)}, {img}}};
+  auto fa = e->step(ra);
+  auto fb = e->step(rb);
+  EXPECT_EQ((*fa)[0].frames[0].rgb, (*fb)[0].frames[0].rgb);
+  EXPECT_NE(rollout(*e, a, {act(0, 0)})[0].rgb, rollout(*e, b, {act(0, 0)})[0].rgb);
+  (void)plain;
+}
+
+}  // namespace
+}  // namespace wm

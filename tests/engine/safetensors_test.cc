@@ -1,0 +1,141 @@
+#include "engine/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "engine/model_config.h"
+#include "engine/weights.h"
+
+namespace wm {
+namespace {
+
+std::string make_file(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  return out + header + data;
+}
+
+std::string floats(std::initializer_list<float> v) {
+  std::string s(v.size() * 4, '\0');
+  std::memcpy(s.data(), std::data(v), s.size());
+  return s;
+}
+
+TEST(Safetensors, ParsesValidFile) {
+  const std::string f = make_file(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[1,1],"data_offsets":[8,10]},"__metadata__":{"k":"v"}})",
+      floats({1.0f, 2.0f}) + std::string("\x00\x3c", 2));
+  auto st = SafetensorsFile::parse(f, "mem");
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ((*st)->tensors().size(), 2u);
+  EXPECT_EQ((*st)->metadata().at("k"), "v");
+  float out[2];
+  ASSERT_TRUE((*st)->read_f32("a", {2}, out).ok());
+  EXPECT_EQ(out[1], 2.0f);
+  float one;
+  ASSERT_TRUE((*st)->read_f32("b", {1, 1}, &one).ok());
+  EXPECT_EQ(one, 1.0f);
+  EXPECT_FALSE((*st)->read_f32("a", {3}, out).ok());
+  EXPECT_FALSE((*st)->read_f32("missing", {1}, out).ok());
+}
+
+void expect_error(const std::string& file, const std::string& needle) {
+  auto st = SafetensorsFile::parse(file, "bad.safetensors");
+  ASSERT_FALSE(st.ok()) << "accepted a file that should fail with: " << needle;
+  EXPECT_NE(std::string(st.status().message()).find(needle), std::string::npos) << st.status();
+  EXPECT_NE(std::string(st.status().message()).find("bad.safetensors"), std::string::npos) << st.status();
+}
+
+TEST(Safetensors, RejectsDamagedFiles) {
+  expect_error("abc", "shorter than the 8-byte");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", floats({1.0f})), "past the");
+  std::string huge(8, '\xff');
+  expect_error(huge + "{}", "exceeds");
+  std::string trunc = make_file("{}", "");
+  trunc[0] = 100;
+  expect_error(trunc, "runs past the end");
+  expect_error(make_file("not json", ""), "not valid JSON");
+  expect_error(make_file("[1,2]", ""), "not a JSON object");
+  expect_error(make_file(std::string(100, '[') + std::string(100, ']'), ""), "nested");
+  expect_error(make_file(R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})", floats({1})), "unsupported dtype");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", floats({1, 2})), "needs 12");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", floats({1})), "non-negative");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", floats({1, 2})), "reversed");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                         floats({1})),
+               "overlap");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", floats({1})),
+               "absurdly large");
+  expect_error(make_file(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", floats({1})), "missing dtype");
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", floats({1})), "data_offsets");
+}
+
+// random mutations of a valid checkpoint never crash or read out of bounds (ASan/valgrind find the latter)
+TEST(Safetensors, FuzzedMutationsFailCleanly) {
+  ModelConfig c;
+  auto cfg = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  HostWeights w = random_host_weights(*cfg, 1);
+  const std::string dir = ::testing::TempDir() + "/fuzz_ckpt";
+  ASSERT_TRUE(save_checkpoint(*cfg, w, dir).ok());
+  std::string good;
+  {
+    FILE* f = std::fopen((dir + "/model.safetensors").c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) good.append(buf, n);
+    std::fclose(f);
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(good[static_cast<size_t>(i)]);
+  std::mt19937 rng(7);
+  int accepted = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string m = good;
+    const int kind = iter % 4;
+    if (kind == 0) {  // flip bytes inside the header
+      for (int j = 0; j < 3; ++j) m[8 + rng() % header_len] = static_cast<char>(rng());
+    } else if (kind == 1) {  // truncate anywhere
+      m.resize(rng() % m.size());
+    } else if (kind == 2) {  // corrupt the length prefix
+      m[rng() % 8] = static_cast<char>(rng());
+    } else {  // digits inside the header changed
+      for (size_t j = 8; j < 8 + header_len; ++j)
+        if (std::isdigit(static_cast<unsigned char>(m[j])) && rng() % 20 == 0) m[j] = static_cast<char>('0' + rng() % 10);
+    }
+    auto st = SafetensorsFile::parse(m, "fuzz");
+    if (!st.ok()) continue;
+    auto hw = load_host_weights(*cfg, **st);
+    if (hw.ok()) ++accepted;
+  }
+  // some mutations are harmless (e.g. inside string values); most must fail
+  EXPECT_LT(accepted, 3000);
+}
+
+TEST(Safetensors, CheckpointRejectsExtraAndMismatchedTensors) {
+  auto cfg = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
+  ASSERT_TRUE(cfg.ok());
+  HostWeights w = random_host_weights(*cfg, 2);
+  const std::string dir = ::testing::TempDir() + "/mismatch_ckpt";
+  ASSERT_TRUE(save_checkpoint(*cfg, w, dir).ok());
+  auto file = SafetensorsFile::open(dir + "/model.safetensors");
+  ASSERT_TRUE(file.ok());
+  ModelConfig other = *cfg;
+  other.ffn = 96;
+  auto bad = load_host_weights(other, **file);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("ffn.0.weight"), std::string::npos) << bad.status();
+  ModelConfig fewer = *cfg;
+  fewer.layers = 1;
+  auto extra = load_host_weights(fewer, **file);
+  ASSERT_FALSE(extra.ok());
+  EXPECT_NE(std::string(extra.status().message()).find("not part of this config"), std::string::npos);
+  EXPECT_FALSE(SafetensorsFile::open(dir + "/nope.safetensors").ok());
+}
+
+}  // namespace
+}  // namespace wm
