@@ -15,7 +15,10 @@
 #include <string>
 #include "absl/strings/string_view.h"
 
+#include <span>
+
 #include "absl/status/statusor.h"
+#include "quant/kv_cache.h"
 
 namespace wm {
 
@@ -53,6 +56,13 @@ struct FrameShape {
   int patch_dim() const { return channels * patch * patch; }
 };
 
+// a session's frames inside a batch
+struct SessionSlice {
+  KvCache* cache = nullptr;
+  int batch_frame = 0;        // first frame of this session in the batch
+  int frames = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -87,6 +97,25 @@ class Backend {
   // x += dt_f * v per frame (values_per_frame each); if clamp, x is clamped to [-1, 1] afterwards
   virtual void euler_step(float* x, const float* v, const float* dt_per_frame, int frames_count,
                           int64_t values_per_frame, bool clamp) = 0;
+
+  // a KV cache whose storage lives on this backend (the CPU backend: quant/'s formats)
+  virtual absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
+                                                                 const KvFormatOptions& options) {
+    return wm::make_kv_cache(format, g, options);
+  }
+  // attention of one layer for every session of a batch (one launch where the
+  // backend can); q, k, v, out: [tokens, heads, head_dim], sessions' tokens in
+  // batch order. The default runs each session's cache in turn.
+  virtual void attention(int layer, std::span<const SessionSlice> sessions, int tokens_per_frame, const float* q,
+                         const float* k, const float* v, float* out) {
+    for (const SessionSlice& s : sessions) {
+      const KvGeometry& g = s.cache->geometry();
+      const size_t off = static_cast<size_t>(s.batch_frame) * tokens_per_frame * g.heads * g.head_dim;
+      const int n = s.frames * tokens_per_frame;
+      s.cache->observe_queries(layer, q + off, n);
+      s.cache->attend(layer, q + off, k + off, v + off, n, out + off);
+    }
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);

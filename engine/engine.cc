@@ -105,7 +105,7 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   Session s;
   s.seed = options.seed;
   s.reserved = need;
-  WM_ASSIGN_OR_RETURN(s.cache, make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
+  WM_ASSIGN_OR_RETURN(s.cache, backend_->make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
   const SessionId id = next_id_++;
   Session* sp = &sessions_.emplace(id, std::move(s)).first->second;
   reserved_ += need;
@@ -284,6 +284,17 @@ int64_t Engine::kv_used_bytes() const {
   int64_t total = 0;
   for (const auto& [id, s] : sessions_) total += s.cache->bytes().total();
   return total;
+}
+
+}  // namespace wm
+
+namespace wm {
+
+std::map<std::string, DriftStats> Engine::drift_by_format() const {
+  std::map<std::string, DriftStats> out;
+  for (const auto& [id, s] : sessions_)
+    if (const DriftStats* d = s.cache->drift(); d != nullptr) out[std::string(s.cache->format())] += *d;
+  return out;
 }
 
 }  // namespace wm

@@ -43,6 +43,8 @@ struct SessionOptions {
   // ground-truth frames written into the cache before the first block
   // (the prompt); each must be the model's frame size
   std::vector<Rgb8Image> prompt;
+  // keep a full-precision shadow of the cache and measure drift against it
+  bool audit = false;
 };
 
 struct Frame {
@@ -111,6 +113,8 @@ class Engine {
   // bytes admission reserves for one session of this format
   int64_t session_reservation(absl::string_view format) const;
   KvGeometry kv_geometry() const;
+  // drift of every audited session, summed per cache format
+  std::map<std::string, DriftStats> drift_by_format() const;
 
  private:
   struct Session {

@@ -149,12 +149,7 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
     backend_.rms_norm_rope(k, N, H, Dh, Q, lw.k_norm, pos_, rope, c.norm_eps);
     tm.other += seconds_since(t0);
     t0 = Clock::now();
-    for (const SessionSlice& s : in.sessions) {
-      const size_t off = static_cast<size_t>(s.batch_frame) * T * Q;
-      const int n = s.frames * T;
-      s.cache->observe_queries(l, q + off, n);
-      s.cache->attend(l, q + off, k + off, v + off, n, att + off);
-    }
+    backend_.attention(l, in.sessions, T, q, k, v, att);
     tm.attention += seconds_since(t0);
     if (in.write_pass) {
       t0 = Clock::now();

@@ -28,13 +28,6 @@ struct OpTimes {
   }
 };
 
-// a session's frames inside a batch
-struct SessionSlice {
-  KvCache* cache = nullptr;
-  int batch_frame = 0;        // first frame of this session in the batch
-  int frames = 0;
-};
-
 struct ForwardInput {
   const float* tokens = nullptr;          // backend memory [frames * T, P]
   std::vector<float> sigma;               // [frames]

@@ -64,6 +64,27 @@ struct KvFormatOptions {
   bool quantize_values = true;
 };
 
+// fidelity of a quantized cache against a full-precision shadow of the same
+// history, over sampled (layer, head, query) tuples (docs/QUANT.md)
+struct DriftStats {
+  int64_t queries = 0;            // sampled tuples
+  int64_t top1_mismatches = 0;    // argmax over cached tokens differs
+  double topk_overlap_sum = 0;    // sum of |top-k ∩ top-k_ref| / k
+  double logit_sq_err_sum = 0;    // sum of squared logit errors
+  int64_t logits = 0;             // logits compared
+  double output_rel_err_sum = 0;  // sum of ||o - o_ref|| / ||o_ref||
+  double drift() const { return queries > 0 ? static_cast<double>(top1_mismatches) / queries : 0.0; }
+  DriftStats& operator+=(const DriftStats& o) {
+    queries += o.queries;
+    top1_mismatches += o.top1_mismatches;
+    topk_overlap_sum += o.topk_overlap_sum;
+    logit_sq_err_sum += o.logit_sq_err_sum;
+    logits += o.logits;
+    output_rel_err_sum += o.output_rel_err_sum;
+    return *this;
+  }
+};
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -90,6 +111,8 @@ class KvCache {
   // reconstruction of the cached K/V of one layer, [tokens, heads, head_dim]
   // in frame order: for probes and tests, never on the attention path
   virtual void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const = 0;
+  // drift measured so far, for audited caches (others: null)
+  virtual const DriftStats* drift() const { return nullptr; }
 };
 
 // "fp32", "fp16", "kivi2", "qvg2", "quantwm2" (the ones built so far)
