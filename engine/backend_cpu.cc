@@ -1,5 +1,6 @@
 // The CPU backend: OpenBLAS for the GEMMs, OpenMP loops for everything else.
 // It implements every op and is the oracle the other backends are tested against.
+#include <Eigen/Dense>
 #include <cblas.h>
 #include <omp.h>
 
@@ -73,25 +74,36 @@ class CpuBackend final : public Backend {
 
   void rms_norm_rope(float* x, int n, int heads, int head_dim, int row_stride, const float* norm_w,
                      const int32_t* pos, const RopeParams& rope, float eps) override {
-    const RopeTable table(rope, head_dim);
+    const float* cs = rope_angles(n, head_dim, pos, rope);
+    const int pairs = head_dim / 2;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) {
+      const float* ci = cs + static_cast<size_t>(i) * pairs * 2;
       for (int h = 0; h < heads; ++h) {
         float* v = x + static_cast<size_t>(i) * row_stride + h * head_dim;
         double ss = 0;
         for (int d = 0; d < head_dim; ++d) ss += static_cast<double>(v[d]) * v[d];
         const float inv = static_cast<float>(1.0 / std::sqrt(ss / head_dim + eps));
         for (int d = 0; d < head_dim; ++d) v[d] = v[d] * inv * norm_w[d];
-        table.rotate(v, pos + 3 * i);
+        for (int j = 0; j < pairs; ++j) {
+          const float c = ci[2 * j], s = ci[2 * j + 1];
+          const float x0 = v[2 * j], x1 = v[2 * j + 1];
+          v[2 * j] = x0 * c - x1 * s;
+          v[2 * j + 1] = x0 * s + x1 * c;
+        }
       }
     }
   }
 
   void gelu(float* x, int64_t count) override {
+    // Eigen's vectorised tanh: libm's scalar tanhf was a third of the step time
+    constexpr int64_t kChunk = 4096;
+    const int64_t chunks = (count + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      const float v = x[i];
-      x[i] = 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t begin = c * kChunk, n = std::min(kChunk, count - begin);
+      Eigen::Map<Eigen::ArrayXf> v(x + begin, n);
+      v = 0.5f * v * (1.0f + (0.7978845608028654f * (v + 0.044715f * v.cube())).tanh());
     }
   }
 
@@ -151,7 +163,30 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // cos/sin per (token, pair), [n, pairs, 2]; every layer of a forward uses the
+  // same positions, so the table is kept until the positions change
+  const float* rope_angles(int n, int head_dim, const int32_t* pos, const RopeParams& rope) {
+    const bool same = rope_pos_.size() == static_cast<size_t>(n) * 3 && rope_head_dim_ == head_dim &&
+                      std::memcmp(rope_pos_.data(), pos, rope_pos_.size() * sizeof(int32_t)) == 0 &&
+                      rope_params_.theta == rope.theta && rope_params_.t_pairs == rope.t_pairs &&
+                      rope_params_.h_pairs == rope.h_pairs && rope_params_.w_pairs == rope.w_pairs;
+    if (same) return rope_cs_.data();
+    rope_pos_.assign(pos, pos + static_cast<size_t>(n) * 3);
+    rope_head_dim_ = head_dim;
+    rope_params_ = rope;
+    const RopeTable table(rope, head_dim);
+    const int pairs = head_dim / 2;
+    rope_cs_.resize(static_cast<size_t>(n) * pairs * 2);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) table.angles(pos + 3 * i, rope_cs_.data() + static_cast<size_t>(i) * pairs * 2);
+    return rope_cs_.data();
+  }
+
   std::vector<float*> weights_;
+  std::vector<int32_t> rope_pos_;
+  std::vector<float> rope_cs_;
+  int rope_head_dim_ = 0;
+  RopeParams rope_params_;
 };
 
 }  // namespace

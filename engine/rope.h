@@ -24,6 +24,14 @@ class RopeTable {
         axis_[static_cast<size_t>(j)] = a;
       }
   }
+  // cos and sin of every pair's angle at position pos = (t, row, col), [pairs, 2]
+  void angles(const int32_t* pos, float* cs) const {
+    for (int j = 0; j < pairs_; ++j) {
+      const double phi = pos[axis_[static_cast<size_t>(j)]] * freq_[static_cast<size_t>(j)];
+      cs[2 * j] = static_cast<float>(std::cos(phi));
+      cs[2 * j + 1] = static_cast<float>(std::sin(phi));
+    }
+  }
   // rotates the pairs of one head vector at position pos = (t, row, col)
   void rotate(float* v, const int32_t* pos) const {
     for (int j = 0; j < pairs_; ++j) {

@@ -1,0 +1,154 @@
+// Engine throughput on the CPU: frames/s for batches of sessions against the
+// same sessions stepped one by one, the time split by op group, and memory
+// per session. Prints a Markdown table and one JSON line per case.
+//
+//   engine_bench [--config configs/default.json] [--frames 16] [--threads 0]
+//   engine_bench --config configs/mg2-shape.json --forward-only   (one forward, empty cache)
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+
+namespace {
+
+struct Args {
+  std::string config = "configs/default.json";
+  int frames = 16;
+  int threads = 0;
+  bool forward_only = false;
+  std::string format = "fp16";
+};
+
+wm::Action action(int i) {
+  wm::Action a;
+  a.keys = 1u << (i % 4);
+  a.mouse[0] = static_cast<float>((i * 7) % 20 - 10) * 0.01f;
+  return a;
+}
+
+std::unique_ptr<wm::Engine> make(const Args& args) {
+  wm::EngineOptions o;
+  o.random_weights = true;
+  o.random_seed = 1;
+  o.config_path = args.config;
+  o.threads = args.threads;
+  o.kv_budget_bytes = int64_t{64} << 30;
+  auto e = wm::Engine::create(o);
+  if (!e.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", e.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*e);
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "engine_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--config") args.config = next();
+    else if (a == "--frames") args.frames = std::stoi(next());
+    else if (a == "--threads") args.threads = std::stoi(next());
+    else if (a == "--format") args.format = next();
+    else if (a == "--forward-only") args.forward_only = true;
+    else {
+      std::fprintf(stderr, "usage: engine_bench [--config F] [--frames N] [--threads T] [--format F] [--forward-only]\n");
+      return 2;
+    }
+  }
+  auto engine = make(args);
+  const wm::ModelConfig& c = engine->config();
+  const int B = c.frames_per_block;
+  std::printf("model %s: %lld parameters, %d tokens/frame, %d frames/block, %zu denoising steps + write pass\n",
+              c.name.c_str(), static_cast<long long>(c.parameter_count()), c.tokens_per_frame(), B, c.sigmas.size());
+
+  if (args.forward_only) {
+    auto id = *engine->open_session({1, args.format, {}});
+    wm::StepRequest r{id, std::vector<wm::Action>(static_cast<size_t>(B), action(0)), {}};
+    wm::StepStats st;
+    const double t0 = now();
+    auto res = engine->step(std::span<const wm::StepRequest>(&r, 1), &st);
+    if (!res.ok()) {
+      std::fprintf(stderr, "%s\n", res.status().ToString().c_str());
+      return 1;
+    }
+    const double block = now() - t0;
+    const double forward = block / static_cast<double>(c.sigmas.size() + 1);
+    nlohmann::json j = {{"case", "block_empty_cache"}, {"config", c.name}, {"block_s", block},
+                        {"forward_s_mean", forward}, {"gemm_s", st.ops.gemm}, {"attention_s", st.ops.attention},
+                        {"other_s", st.ops.other}, {"kv_bytes_after", engine->session_info(id)->kv.total()}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+
+  std::printf("\n| sessions | mode | frames/s | ms/block | gemm %% | attention %% | other %% | KV bytes/session |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  double single_rate = 0;
+  for (int n : {1, 2, 4, 8}) {
+    for (int batched = 0; batched < 2; ++batched) {
+      if (n == 1 && batched == 0) continue;
+      auto e = make(args);
+      std::vector<wm::SessionId> ids;
+      for (int s = 0; s < n; ++s) ids.push_back(*e->open_session({static_cast<uint64_t>(s + 1), args.format, {}}));
+      wm::OpTimes ops;
+      int frames = 0;
+      // warm up one block so buffers exist, then measure
+      const int blocks = std::max(1, args.frames / B);
+      double t0 = 0;
+      for (int b = -1; b < blocks; ++b) {
+        if (b == 0) {
+          t0 = now();
+          ops = {};
+          frames = 0;
+        }
+        std::vector<wm::StepRequest> reqs;
+        for (int s = 0; s < n; ++s)
+          reqs.push_back({ids[static_cast<size_t>(s)], std::vector<wm::Action>(static_cast<size_t>(B), action(b + s)), {}});
+        if (batched || n == 1) {
+          wm::StepStats st;
+          auto r = e->step(reqs, &st);
+          if (!r.ok()) return 1;
+          ops += st.ops;
+          frames += st.frames;
+        } else {
+          for (const auto& rq : reqs) {
+            wm::StepStats st;
+            auto r = e->step(std::span<const wm::StepRequest>(&rq, 1), &st);
+            if (!r.ok()) return 1;
+            ops += st.ops;
+            frames += st.frames;
+          }
+        }
+      }
+      const double dt = now() - t0;
+      const double rate = frames / dt;
+      if (n == 1) single_rate = rate;
+      const double tot = std::max(ops.total(), 1e-12);
+      const int64_t kv = e->session_info(ids[0])->kv.total();
+      const char* mode = n == 1 ? "single" : (batched ? "batched" : "one by one");
+      std::printf("| %d | %s | %.1f | %.1f | %.0f | %.0f | %.0f | %lld |\n", n, mode, rate, 1000.0 * dt / blocks,
+                  100 * ops.gemm / tot, 100 * ops.attention / tot, 100 * ops.other / tot, static_cast<long long>(kv));
+      nlohmann::json j = {{"case", "throughput"}, {"config", c.name}, {"sessions", n}, {"mode", mode},
+                          {"frames_per_s", rate}, {"speedup_vs_single", rate / std::max(single_rate, 1e-12)},
+                          {"gemm_s", ops.gemm}, {"attention_s", ops.attention}, {"other_s", ops.other},
+                          {"kv_bytes_per_session", kv}, {"kv_reserved_per_session", e->session_reservation(args.format)}};
+      std::fprintf(stderr, "%s\n", j.dump().c_str());
+    }
+  }
+  return 0;
+}
