@@ -56,6 +56,14 @@ struct FrameShape {
   int patch_dim() const { return channels * patch * patch; }
 };
 
+// device memory, for metrics and admission (all zero on the CPU backend)
+struct BackendMemory {
+  int64_t device_total = 0, device_free = 0;
+  int64_t kv_pool_capacity = 0;   // bytes of KV pages the backend holds
+  int64_t kv_pool_reserved = 0;   // promised to open caches (their worst case)
+  int64_t kv_pool_used = 0;       // holding data now
+};
+
 // a session's frames inside a batch
 struct SessionSlice {
   KvCache* cache = nullptr;
@@ -103,6 +111,13 @@ class Backend {
                                                                  const KvFormatOptions& options) {
     return wm::make_kv_cache(format, g, options);
   }
+  // the bytes a session's cache of this format reserves here (admission):
+  // device backends round to their pages; 0 when the format cannot be made
+  virtual int64_t kv_reservation_bytes(absl::string_view format, const KvGeometry& g,
+                                       const KvFormatOptions& options) const {
+    return kv_format_max_bytes(format, g, options);
+  }
+  virtual BackendMemory memory() const { return {}; }
   // attention of one layer for every session of a batch (one launch where the
   // backend can); q, k, v, out: [tokens, heads, head_dim], sessions' tokens in
   // batch order. The default runs each session's cache in turn.

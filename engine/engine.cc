@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/noise.h"
+#include "engine/plugin_loader.h"
 #include "engine/safetensors.h"
+#include "quant/kv_audit.h"
 
 namespace wm {
 
@@ -20,6 +22,44 @@ uint8_t to_u8(float x) {
 }
 
 }  // namespace
+
+// "cpu", "cuda" or "auto" (engine.h, EngineOptions::device)
+static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const ModelConfig& c,
+                                                      std::string* device, std::string* note) {
+  if (o.device == "cpu") {
+    *device = "cpu";
+    return make_cpu_backend(o.threads);
+  }
+  if (o.device != "cuda" && o.device != "auto")
+    return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "': expected cpu, cuda or auto"));
+  PluginBackendOptions p;
+  p.path = o.cuda_plugin;
+  p.device = o.cuda_device;
+  p.kv_pool_bytes = o.kv_budget_bytes;
+  p.kv_page_bytes = o.kv_page_bytes;
+  p.reserve_bytes = c.parameter_count() * 2;  // bf16 weights; activations come out of the headroom
+  absl::StatusOr<std::unique_ptr<PluginBackend>> b = make_plugin_backend(p);
+  if (b.ok()) {
+    // auto only picks a GPU that can hold this model's cache
+    KvGeometry g;
+    g.layers = c.layers;
+    g.heads = c.heads;
+    g.head_dim = c.head_dim;
+    g.tokens_per_frame = c.tokens_per_frame();
+    g.window_frames = c.window_frames;
+    g.sink_frames = c.sink_frames;
+    g.frames_per_block = c.frames_per_block;
+    if (o.device == "cuda" || (*b)->kv_reservation_bytes("fp16", g, o.kv_options) > 0) {
+      *device = "cuda";
+      return std::unique_ptr<Backend>(std::move(*b));
+    }
+    b = absl::UnimplementedError(absl::StrCat("no CUDA attention kernel for head_dim ", c.head_dim));
+  }
+  if (o.device == "cuda") return b.status();
+  *device = "cpu";
+  *note = absl::StrCat("device auto: no CUDA backend (", b.status().message(), "); running on the CPU");
+  return make_cpu_backend(o.threads);
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
@@ -34,12 +74,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     WM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(options.model_dir + "/model.safetensors"));
     WM_ASSIGN_OR_RETURN(weights, load_host_weights(config, *file));
   }
-  if (options.device != "cpu" && options.device != "auto")
-    return absl::UnimplementedError(absl::StrCat("device '", options.device, "' is not available in this build"));
-  e->device_ = "cpu";
-  e->backend_ = make_cpu_backend(options.threads);
-  e->model_ = std::make_unique<Model>(*e->backend_, config, weights);
   if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
+  WM_ASSIGN_OR_RETURN(e->backend_, make_backend(options, config, &e->device_, &e->device_note_));
+  // on a device the KV budget is the page pool: admission counts its real bytes
+  if (const int64_t pool = e->backend_->memory().kv_pool_capacity; pool > 0)
+    e->options_.kv_budget_bytes = std::min(e->options_.kv_budget_bytes, pool);
+  e->model_ = std::make_unique<Model>(*e->backend_, config, weights);
   return e;
 }
 
@@ -67,7 +107,7 @@ KvGeometry Engine::kv_geometry() const {
 }
 
 int64_t Engine::session_reservation(absl::string_view format) const {
-  return kv_format_max_bytes(format, kv_geometry(), options_.kv_options);
+  return backend_->kv_reservation_bytes(format, kv_geometry(), options_.kv_options);
 }
 
 void Engine::reserve_buffers(int frames) {
@@ -105,7 +145,14 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   Session s;
   s.seed = options.seed;
   s.reserved = need;
+  // the audit shadow reads K/V on the host: not on a device backend yet
+  if (options.audit && device_ != "cpu")
+    return absl::UnimplementedError("audit mode runs on the CPU backend only for now");
   WM_ASSIGN_OR_RETURN(s.cache, backend_->make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
+  // audit mode: a full-precision shadow beside the cache measures drift
+  // (quant/kv_audit.h; the shadow's memory is outside the KV budget)
+  if (options.audit) s.cache = make_audited_cache(std::move(s.cache));
+  if (options.wrap_cache) s.cache = options.wrap_cache(std::move(s.cache));
   const SessionId id = next_id_++;
   Session* sp = &sessions_.emplace(id, std::move(s)).first->second;
   reserved_ += need;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -27,7 +28,12 @@ using SessionId = uint64_t;
 
 struct EngineOptions {
   std::string model_dir;             // config.json + model.safetensors
-  std::string device = "cpu";        // "cpu" (the only backend in this build without the plugin)
+  // "cpu", "cuda" (the plugin libwm_cuda.so and a GPU, or an error) or "auto"
+  // (cuda when the plugin loads and a GPU is there, else cpu; device_note() says why)
+  std::string device = "cpu";
+  std::string cuda_plugin;           // libwm_cuda.so; empty: beside the executable, then the loader's search path
+  int cuda_device = 0;
+  int64_t kv_page_bytes = int64_t{64} << 10;  // CUDA KV page size (a multiple of 32 KiB)
   int threads = 0;                   // 0: the libraries' defaults
   int64_t kv_budget_bytes = int64_t{2} << 30;
   KvFormatOptions kv_options;
@@ -45,6 +51,8 @@ struct SessionOptions {
   std::vector<Rgb8Image> prompt;
   // keep a full-precision shadow of the cache and measure drift against it
   bool audit = false;
+  // wraps the session's cache once it is created (wmquant's capture); may be empty
+  std::function<std::unique_ptr<KvCache>(std::unique_ptr<KvCache>)> wrap_cache = nullptr;
 };
 
 struct Frame {
@@ -91,6 +99,10 @@ class Engine {
 
   const ModelConfig& config() const { return model_->config(); }
   const std::string& device() const { return device_; }
+  // why "auto" fell back to the CPU (empty otherwise)
+  const std::string& device_note() const { return device_note_; }
+  // GPU memory and the device KV pool (zeros on the CPU)
+  BackendMemory device_memory() const { return backend_->memory(); }
   std::vector<std::string> cache_formats() const;
   int64_t parameter_count() const { return config().parameter_count(); }
 
@@ -129,6 +141,7 @@ class Engine {
 
   EngineOptions options_;
   std::string device_;
+  std::string device_note_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::map<SessionId, Session> sessions_;

@@ -17,10 +17,11 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// y[out] = W[out, in] x[in] + b
-void host_linear(const std::vector<float>& w, const std::vector<float>& b, const float* x, int out, int in, float* y) {
-  std::copy(b.begin(), b.end(), y);
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data(), in, x, 1, 1.0f, y, 1);
+// y[rows, out] = x[rows, in] W[out, in]^T + b: one GEMM over every frame of the batch
+void host_linear(const std::vector<float>& w, const std::vector<float>& b, const float* x, int rows, int out, int in,
+                 float* y) {
+  for (int r = 0; r < rows; ++r) std::copy(b.begin(), b.end(), y + static_cast<size_t>(r) * out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w.data(), in, 1.0f, y, out);
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
@@ -55,27 +56,34 @@ void Model::reserve(int tokens, int frames) {
   pos_ = static_cast<int32_t*>(backend_.alloc(n * 3 * sizeof(int32_t)));
 }
 
-void Model::conditioning(float sigma, const Action& a, float* c, float* e) const {
-  const int D = config_.dim, half = config_.freq_dim / 2;
-  std::vector<float> temb(static_cast<size_t>(config_.freq_dim)), t1(static_cast<size_t>(D)), t2(static_cast<size_t>(D));
-  const double s = 1000.0 * sigma;
-  for (int i = 0; i < half; ++i) {
-    const double freq = std::exp(-std::log(10000.0) * i / half);
-    temb[static_cast<size_t>(i)] = static_cast<float>(std::cos(s * freq));
-    temb[static_cast<size_t>(i + half)] = static_cast<float>(std::sin(s * freq));
+void Model::conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c,
+                         float* e) const {
+  const int F = static_cast<int>(sigma.size()), D = config_.dim, half = config_.freq_dim / 2;
+  const int A = config_.actions.input_width();
+  std::vector<float> temb(static_cast<size_t>(F) * config_.freq_dim), a_in(static_cast<size_t>(F) * A);
+  std::vector<float> t1(static_cast<size_t>(F) * D), t2(static_cast<size_t>(F) * D);
+  for (int f = 0; f < F; ++f) {
+    const double s = 1000.0 * sigma[static_cast<size_t>(f)];
+    float* row = temb.data() + static_cast<size_t>(f) * config_.freq_dim;
+    for (int i = 0; i < half; ++i) {
+      const double freq = std::exp(-std::log(10000.0) * i / half);
+      row[i] = static_cast<float>(std::cos(s * freq));
+      row[i + half] = static_cast<float>(std::sin(s * freq));
+    }
+    config_.actions.embed_input(actions[static_cast<size_t>(f)], a_in.data() + static_cast<size_t>(f) * A);
   }
   const auto& w = weights_;
-  host_linear(w.time0_w, w.time0_b, temb.data(), D, config_.freq_dim, t1.data());
+  host_linear(w.time0_w, w.time0_b, temb.data(), F, D, config_.freq_dim, t1.data());
   for (float& x : t1) x = silu(x);
-  host_linear(w.time2_w, w.time2_b, t1.data(), D, D, c);
-  std::vector<float> a_in(static_cast<size_t>(config_.actions.input_width()));
-  config_.actions.embed_input(a, a_in.data());
-  host_linear(w.action0_w, w.action0_b, a_in.data(), D, config_.actions.input_width(), t1.data());
+  host_linear(w.time2_w, w.time2_b, t1.data(), F, D, D, c);
+  host_linear(w.action0_w, w.action0_b, a_in.data(), F, D, A, t1.data());
   for (float& x : t1) x = silu(x);
-  host_linear(w.action2_w, w.action2_b, t1.data(), D, D, t2.data());
-  for (int i = 0; i < D; ++i) c[i] += t2[static_cast<size_t>(i)];
-  for (int i = 0; i < D; ++i) t1[static_cast<size_t>(i)] = silu(c[i]);
-  host_linear(w.cond_w, w.cond_b, t1.data(), 6 * D, D, e);
+  host_linear(w.action2_w, w.action2_b, t1.data(), F, D, D, t2.data());
+  for (size_t i = 0; i < t2.size(); ++i) {
+    c[i] += t2[i];
+    t1[i] = silu(c[i]);
+  }
+  host_linear(w.cond_w, w.cond_b, t1.data(), F, 6 * D, D, e);
 }
 
 absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace) {
@@ -93,14 +101,15 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
   // conditioning and modulation on the host (tiny), then one upload
   const size_t per_layer = static_cast<size_t>(frames) * 6 * D;
   std::vector<float> mods(per_layer * L + static_cast<size_t>(frames) * 2 * D);
-  std::vector<float> cond(static_cast<size_t>(frames) * D), e(6 * static_cast<size_t>(D));
+  std::vector<float> cond(static_cast<size_t>(frames) * D), e(static_cast<size_t>(frames) * 6 * D);
+  conditioning(in.sigma, in.actions, cond.data(), e.data());
   for (int f = 0; f < frames; ++f) {
-    float* cf = cond.data() + static_cast<size_t>(f) * D;
-    conditioning(in.sigma[static_cast<size_t>(f)], in.actions[static_cast<size_t>(f)], cf, e.data());
+    const float* cf = cond.data() + static_cast<size_t>(f) * D;
+    const float* ef = e.data() + static_cast<size_t>(f) * 6 * D;
     for (int l = 0; l < L; ++l) {
       float* m = mods.data() + per_layer * l + static_cast<size_t>(f) * 6 * D;
       const auto& mod = weights_.layers[static_cast<size_t>(l)].modulation;
-      for (int i = 0; i < 6 * D; ++i) m[i] = e[static_cast<size_t>(i)] + mod[static_cast<size_t>(i)];
+      for (int i = 0; i < 6 * D; ++i) m[i] = ef[i] + mod[static_cast<size_t>(i)];
     }
     float* hm = mods.data() + per_layer * L + static_cast<size_t>(f) * 2 * D;
     for (int i = 0; i < 2 * D; ++i) hm[i] = weights_.head_modulation[static_cast<size_t>(i)] + cf[i % D];

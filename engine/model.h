@@ -53,8 +53,8 @@ class Model {
   // velocity [frames * T, P] into `out` (backend memory) unless write_pass
   absl::Status forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace = nullptr);
 
-  // c_f [D] and the modulations of every layer and of the head, on the host
-  void conditioning(float sigma, const Action& a, float* c, float* e) const;
+  // for every frame: c_f [frames, D] and e_f = cond_proj(SiLU(c_f)) [frames, 6D], on the host
+  void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e) const;
 
  private:
   void reserve(int tokens, int frames);

@@ -43,22 +43,27 @@ struct KvBytes {
   KvBytes& operator+=(const KvBytes& o);
 };
 
+// format options (docs/QUANT.md explains each choice and its cost)
 struct KvFormatOptions {
   // KIVI
-  int kivi_group = 32;        // G: tokens per key group / channels per value group
-  int kivi_residual = 32;     // R: recent tokens kept fp16
+  int kivi_group = 32;        // G: tokens per key group / channels per value group (32, 64 or 128)
+  int kivi_residual = 32;     // R: recent tokens kept fp16, quantized when R have gathered (a multiple of G)
   // QVG / QuantWM
-  int span_frames = 4;        // frames quantized together (one k-means per span)
-  int centroids = 256;        // k-means centroids per span
-  int block = 64;             // B: channels per residual scale
+  int span_frames = 0;        // a span (one k-means) closes once this many frames are pending; 0: every append is a span (one block)
+  int centroids = 256;        // at most this many k-means centroids per span ...
+  int tokens_per_centroid = 64;  // ... and at most one per this many tokens (fp16 centroids: <= 0.25 bit/value)
+  int block = 64;             // B: channels per residual scale (16, 32, 64, 128; capped at head_dim, divides it)
   int kmeans_iters = 4;
   uint64_t kmeans_seed = 1;
+  bool quantize_sinks = false;  // sink frames stay fp16 (QVG's policy) unless set
   // QuantWM
   bool qsac = true;           // query-sensitivity-aware clustering
   bool psac = true;           // principal-subspace logit correction
-  int psac_rank = 8;
+  int psac_rank = 8;          // must be 8: the coefficient layout (quant/kv_layouts.h) is built for r = 8
   int psac_bits = 8;          // 8 or 4
+  int psac_refresh_frames = 16;  // a new PSAC basis per this many (absolute) frames; spans in between share it
   int qsac_candidates = 4;    // nearest centroids tried for the int2-friendly choice
+  float qsac_weight_floor = 0.01f;  // channel weights (mean 1) never drop below this
   // which of K and V are quantized (ablations); fp16 otherwise
   bool quantize_keys = true;
   bool quantize_values = true;
@@ -115,12 +120,20 @@ class KvCache {
   virtual const DriftStats* drift() const { return nullptr; }
 };
 
-// "fp32", "fp16", "kivi2", "qvg2", "quantwm2" (the ones built so far)
+// the formats a client may pick: "fp32", "fp16", "kivi2", "qvg2", "quantwm2"
 std::vector<std::string> kv_formats();
+// every name make_kv_cache accepts: the formats plus their ablations,
+// "<format>-k" (keys quantized, values fp16), "<format>-v" (values only),
+// "quantwm2-qsac" (QSAC without PSAC), "quantwm2-psac" (PSAC without QSAC)
+// and those two with -k / -v
+std::vector<std::string> kv_format_variants();
 bool kv_format_known(absl::string_view format);
+// the options a format name implies on top of `base` (error: unknown name)
+absl::StatusOr<KvFormatOptions> kv_format_options(absl::string_view format, const KvFormatOptions& base = {});
 absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& geometry,
                                                        const KvFormatOptions& options = {});
-// the most bytes a session in this format can ever hold (admission reserves it)
+// the most bytes a session in this format can ever hold (admission reserves
+// it); 0 for an unknown name or options the format rejects
 int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& geometry, const KvFormatOptions& options = {});
 
 }  // namespace wm

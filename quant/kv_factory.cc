@@ -1,9 +1,16 @@
+// The format registry: names, the options a name implies, construction and
+// the worst-case bytes admission reserves.
 #include <algorithm>
+#include <numeric>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "quant/kv_cache.h"
 #include "quant/kv_fp.h"
+#include "quant/kv_kivi.h"
+#include "quant/kv_ledger.h"
+#include "quant/kv_span.h"
 
 namespace wm {
 
@@ -19,27 +26,142 @@ KvBytes& KvBytes::operator+=(const KvBytes& o) {
   return *this;
 }
 
-std::vector<std::string> kv_formats() { return {"fp32", "fp16"}; }
+namespace {
 
-bool kv_format_known(absl::string_view format) {
-  const auto f = kv_formats();
-  return std::find(f.begin(), f.end(), format) != f.end();
+enum class Family { fp32, fp16, kivi, qvg, quantwm };
+
+struct Parsed {
+  Family family;
+  KvFormatOptions options;
+};
+
+absl::StatusOr<Parsed> parse(absl::string_view name, const KvFormatOptions& base) {
+  Parsed p{Family::fp16, base};
+  if (name == "fp32") return Parsed{Family::fp32, base};
+  if (name == "fp16") return Parsed{Family::fp16, base};
+  absl::string_view rest = name;
+  // side suffix: -k keys only, -v values only
+  if (absl::EndsWith(rest, "-k")) {
+    p.options.quantize_values = false;
+    rest.remove_suffix(2);
+  } else if (absl::EndsWith(rest, "-v")) {
+    p.options.quantize_keys = false;
+    rest.remove_suffix(2);
+  }
+  if (rest == "kivi2") {
+    p.family = Family::kivi;
+  } else if (rest == "qvg2") {
+    p.family = Family::qvg;
+  } else if (rest == "quantwm2") {
+    p.family = Family::quantwm;
+  } else if (rest == "quantwm2-qsac") {
+    p.family = Family::quantwm;
+    p.options.psac = false;
+  } else if (rest == "quantwm2-psac") {
+    p.family = Family::quantwm;
+    p.options.qsac = false;
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat("unknown cache format '", name, "'; known: ", absl::StrJoin(kv_format_variants(), ", ")));
+  }
+  return p;
+}
+
+absl::Status validate(const Parsed& p, const KvGeometry& g) {
+  if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0 || g.tokens_per_frame <= 0 || g.window_frames <= 0 ||
+      g.sink_frames < 0 || g.frames_per_block <= 0)
+    return absl::InvalidArgumentError("kv cache: bad geometry");
+  if (g.head_dim % 8 != 0) return absl::InvalidArgumentError("kv cache: head_dim must be a multiple of 8");
+  switch (p.family) {
+    case Family::kivi: return kivi_validate(g, p.options);
+    case Family::qvg:
+    case Family::quantwm: return span_validate(g, p.options);
+    default: return absl::OkStatus();
+  }
+}
+
+// enough frames for the ledger to pass through every state it can reach
+int64_t horizon_frames(const KvGeometry& g, const KvFormatOptions& o) {
+  const int64_t span = std::max(o.span_frames, g.frames_per_block);
+  const int64_t period = std::lcm(std::lcm<int64_t>(span, o.psac_refresh_frames), g.frames_per_block);
+  return g.sink_frames + 4 * static_cast<int64_t>(g.window_frames) + 4 * period + 2 * o.kivi_residual + 64;
+}
+
+}  // namespace
+
+std::vector<std::string> kv_formats() { return {"fp32", "fp16", "kivi2", "qvg2", "quantwm2"}; }
+
+std::vector<std::string> kv_format_variants() {
+  std::vector<std::string> out = {"fp32", "fp16"};
+  for (const char* base : {"kivi2", "qvg2", "quantwm2", "quantwm2-qsac", "quantwm2-psac"})
+    for (const char* side : {"", "-k", "-v"}) out.push_back(absl::StrCat(base, side));
+  return out;
+}
+
+bool kv_format_known(absl::string_view format) { return parse(format, {}).ok(); }
+
+absl::StatusOr<KvFormatOptions> kv_format_options(absl::string_view format, const KvFormatOptions& base) {
+  auto p = parse(format, base);
+  if (!p.ok()) return p.status();
+  return p->options;
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
                                                        const KvFormatOptions& options) {
-  if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0 || g.tokens_per_frame <= 0 || g.window_frames <= 0)
-    return absl::InvalidArgumentError("kv cache: bad geometry");
-  if (format == "fp32") return make_fp32_cache(g);
-  if (format == "fp16") return make_fp16_cache(g);
-  return absl::NotFoundError(
-      absl::StrCat("unknown cache format '", format, "'; known: ", absl::StrJoin(kv_formats(), ", ")));
+  auto p = parse(format, options);
+  if (!p.ok()) return p.status();
+  if (auto st = validate(*p, g); !st.ok()) return absl::InvalidArgumentError(absl::StrCat(format, ": ", st.message()));
+  switch (p->family) {
+    case Family::fp32: return make_fp32_cache(g);
+    case Family::fp16: return make_fp16_cache(g);
+    case Family::kivi: return make_kivi_cache(std::string(format), g, p->options);
+    case Family::qvg: return make_span_cache(std::string(format), g, p->options, false);
+    case Family::quantwm: return make_span_cache(std::string(format), g, p->options, true);
+  }
+  return absl::InternalError("unreachable");
 }
 
 int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const KvFormatOptions& options) {
+  auto p = parse(format, options);
+  if (!p.ok() || !validate(*p, g).ok()) return 0;
   const int64_t values = g.values_per_frame() * g.max_frames();
-  if (format == "fp32") return values * 4;
-  return values * 2;
+  if (p->family == Family::fp32) return values * 4;
+  if (p->family == Family::fp16) return values * 2;
+  // every layer holds the same frames: replay one layer's ledger over a
+  // session long enough to reach every state and read the bytes held between
+  // appends (the transient inside one append -- a span's fp16 frames while
+  // they are coded -- is never held between engine calls). The engine
+  // appends whole blocks, except that a prompt's last chunk may be shorter:
+  // every position and length of that one short append is replayed too.
+  const int64_t horizon = horizon_frames(g, p->options);
+  const int B = g.frames_per_block;
+  std::vector<std::vector<int>> patterns;
+  for (int r = 0; r < B; ++r)
+    for (int64_t q = 0; q == 0 || (r > 0 && q * B < horizon / 2); ++q) {
+      std::vector<int> calls(static_cast<size_t>(q), B);
+      if (r > 0) calls.push_back(r);
+      patterns.push_back(std::move(calls));
+    }
+  int64_t most = 0;
+  for (const auto& prefix : patterns) {
+    auto call_size = [&](size_t i) { return i < prefix.size() ? prefix[i] : B; };
+    if (p->family == Family::kivi) {
+      KiviLedger ledger(kivi_plan(g, p->options));
+      for (size_t i = 0; ledger.frames_appended() < horizon; ++i) {
+        for (int f = 0; f < call_size(i); ++f) ledger.add_frame(ledger.frames_appended());
+        most = std::max(most, ledger.bytes().total());
+      }
+    } else {
+      // with PSAC the worst case has a basis from the first span on
+      SpanLedger ledger(span_plan(g, p->options, p->family == Family::quantwm));
+      for (size_t i = 0; ledger.frames_appended() < horizon; ++i) {
+        for (int f = 0; f < call_size(i); ++f) ledger.add_frame(ledger.frames_appended());
+        ledger.end_append(/*queries_seen=*/true);
+        most = std::max(most, ledger.bytes().total());
+      }
+    }
+  }
+  return most * g.layers;
 }
 
 }  // namespace wm

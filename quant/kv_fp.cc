@@ -1,26 +1,18 @@
 // Full-precision formats: fp32 (exact) and fp16 (the reference cache).
 // Storage: one page per (layer, frame), K and V each [heads, tokens, head_dim]
 // so that a head's tile is contiguous.
-#include <immintrin.h>
-
 #include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
 #include "quant/attention_cpu.h"
+#include "quant/fp16_rows.h"
 #include "quant/frame_window.h"
 #include "quant/kv_fp.h"
 
 namespace wm {
 namespace {
 
-inline void load_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
-inline void load_row(const uint16_t* src, float* dst, int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
-}
 inline void store_value(float x, float* dst) { *dst = x; }
 inline void store_value(float x, uint16_t* dst) { *dst = f32_to_f16(x); }
 

@@ -1,0 +1,140 @@
+// Attention over a long paged fp16 KV cache, one session, 12 heads x 128,
+// through Backend::attention (the path the model runs: input conversion,
+// fused kernel, split combine). One JSON line per (cached tokens, query
+// tokens): time, cache bandwidth against 4.8 TB/s HBM, FLOP rate against the
+// bf16 dense peak (790 TFLOP/s measured on the H200, 989 datasheet).
+// The side-by-side PyTorch numbers come from ../shared/research/torch_attn.py
+// run in the same device call (tools/gpu-run.sh).
+//
+//   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
+//                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench/bench_util.h"
+
+namespace wm::bench {
+namespace {
+
+constexpr double kHbmBytesPerSecond = 4.8e12;
+constexpr double kBf16MeasuredFlops = 790e12;
+constexpr double kBf16DatasheetFlops = 989e12;
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+int run(int argc, char** argv) {
+  const Flags f(argc, argv);
+  const int heads = static_cast<int>(f.num("heads", 12)), hd = static_cast<int>(f.num("head_dim", 128));
+  const int reps = static_cast<int>(f.num("reps", 20));
+  const std::vector<int> cached = f.list("cached", "1024,2048,4096,8192,16384,32768,65536");
+  const std::vector<int> queries = f.list("queries", "64,2640");
+  int max_cached = 0;
+  for (int c : cached) max_cached = std::max(max_cached, c);
+  // one cache alive at a time; whole pages plus a frame of slack
+  const int64_t pool = (static_cast<int64_t>(max_cached) + 2 * 880) * heads * hd * 4 + (int64_t{256} << 20);
+  Device dev = open_device(f, pool, int64_t{1} << 30);
+  Backend& b = *dev.backend;
+  for (int tq : queries) {
+    // a query block is one frame of 64 tokens (the default model) or 3 frames of 880 (Matrix-Game-2)
+    const int T = tq == 2640 ? 880 : tq, fpb = tq == 2640 ? 3 : 1;
+    const size_t q_vals = static_cast<size_t>(tq) * heads * hd;
+    std::vector<void*> owned;
+    auto put = [&](const std::vector<float>& h) {
+      void* p = b.alloc(h.size() * sizeof(float));
+      b.upload(p, h.data(), h.size() * sizeof(float));
+      owned.push_back(p);
+      return static_cast<float*>(p);
+    };
+    float* q = put(randn(q_vals, 1));
+    float* k = put(randn(q_vals, 2));
+    float* v = put(randn(q_vals, 3));
+    float* out = put(std::vector<float>(q_vals, 0.0f));
+    // random frames appended in chunks, as the write pass does
+    const int chunk_frames = std::max(1, 4096 / T);
+    float* chunk_k = put(randn(static_cast<size_t>(chunk_frames) * T * heads * hd, 4));
+    float* chunk_v = put(randn(static_cast<size_t>(chunk_frames) * T * heads * hd, 5));
+    for (int n_cached : cached) {
+      const int frames = std::max(1, (n_cached + T / 2) / T);
+      KvGeometry g;
+      g.layers = 1;
+      g.heads = heads;
+      g.head_dim = hd;
+      g.tokens_per_frame = T;
+      g.window_frames = frames;
+      g.sink_frames = 0;
+      g.frames_per_block = fpb;
+      for (const int64_t split : {int64_t{-1}, int64_t{1}}) {
+        if (split == 1 && (dev.plugin == nullptr || tq != 64)) continue;  // no-split contrast for the small block only
+        if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", split).IgnoreError();
+        auto cache = b.make_kv_cache("fp16", g, KvFormatOptions{});
+        if (!cache.ok()) {
+          std::fprintf(stderr, "cache: %s\n", cache.status().ToString().c_str());
+          return 1;
+        }
+        for (int fr = 0; fr < frames; fr += chunk_frames) {
+          const absl::Status s = (*cache)->append(0, chunk_k, chunk_v, fr, std::min(chunk_frames, frames - fr));
+          if (!s.ok()) {
+            std::fprintf(stderr, "append: %s\n", s.ToString().c_str());
+            return 1;
+          }
+        }
+        const SessionSlice slice{cache->get(), 0, fpb};
+        const std::span<const SessionSlice> slices(&slice, 1);
+        for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
+        dev.sync();
+        double ms = 0;
+        const int n = dev.plugin != nullptr ? reps : 1;
+        if (dev.plugin != nullptr) {
+          dev.plugin->timer_start().IgnoreError();
+          for (int i = 0; i < n; ++i) b.attention(0, slices, T, q, k, v, out);
+          ms = dev.plugin->timer_stop_ms().value_or(-1.0);
+        } else {
+          const double t0 = now_s();
+          b.attention(0, slices, T, q, k, v, out);
+          ms = (now_s() - t0) * 1e3;
+        }
+        const double s = ms / 1e3 / n;
+        const int64_t tokens = static_cast<int64_t>(frames) * T;
+        const double kv_bytes = 2.0 * heads * static_cast<double>(tokens) * hd * 2;
+        const double flops = 4.0 * heads * tq * static_cast<double>(tokens + tq) * hd;
+        nlohmann::json j = {{"bench", "attention"},
+                            {"device", dev.name},
+                            {"cached_tokens", tokens},
+                            {"query_tokens", tq},
+                            {"heads", heads},
+                            {"head_dim", hd},
+                            {"split", split < 0 ? "auto" : "none"},
+                            {"us", std::round(s * 1e7) / 10},
+                            {"kv_bytes_fp16", kv_bytes},
+                            {"GBps", std::round(kv_bytes / s / 1e8) / 10},
+                            {"pct_hbm_4800", std::round(kv_bytes / s / kHbmBytesPerSecond * 1000) / 10},
+                            {"TFLOPs", std::round(flops / s / 1e11) / 10},
+                            {"pct_bf16_790", std::round(flops / s / kBf16MeasuredFlops * 1000) / 10},
+                            {"pct_bf16_989", std::round(flops / s / kBf16DatasheetFlops * 1000) / 10}};
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", -1).IgnoreError();
+    dev.sync();
+    for (void* p : owned) b.free(p);
+  }
+  if (dev.plugin != nullptr && !dev.plugin->status().ok()) {
+    std::fprintf(stderr, "device error: %s\n", dev.plugin->status().ToString().c_str());
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace wm::bench
+
+int main(int argc, char** argv) { return wm::bench::run(argc, argv); }

@@ -1,0 +1,138 @@
+// Shared by the benchmarks: flags, the backend under test (CUDA plugin, or
+// the CPU for a dry run of the harness), timing, and fast random weights.
+#pragma once
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/noise.h"
+#include "engine/plugin_loader.h"
+#include "engine/weights.h"
+
+namespace wm::bench {
+
+// --key=value flags; a bare --key means "1"
+class Flags {
+ public:
+  Flags(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a.rfind("--", 0) != 0) continue;
+      const size_t eq = a.find('=');
+      if (eq == std::string::npos) values_[a.substr(2)] = "1";
+      else values_[a.substr(2, eq - 2)] = a.substr(eq + 1);
+    }
+  }
+  std::string str(const std::string& k, const std::string& def) const {
+    auto it = values_.find(k);
+    return it == values_.end() ? def : it->second;
+  }
+  int64_t num(const std::string& k, int64_t def) const {
+    auto it = values_.find(k);
+    return it == values_.end() ? def : std::atoll(it->second.c_str());
+  }
+  std::vector<int> list(const std::string& k, const std::string& def) const {
+    std::vector<int> out;
+    const std::string s = str(k, def);
+    size_t at = 0;
+    while (at <= s.size()) {
+      const size_t comma = s.find(',', at);
+      const std::string part = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (!part.empty()) out.push_back(std::atoi(part.c_str()));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    return out;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// the backend under test; `plugin` is null on the CPU
+struct Device {
+  std::unique_ptr<Backend> owned;
+  Backend* backend = nullptr;
+  PluginBackend* plugin = nullptr;
+  std::string name;
+  void sync() {
+    if (plugin != nullptr) {
+      const absl::Status s = plugin->synchronize();
+      if (!s.ok()) {
+        std::fprintf(stderr, "device error: %s\n", s.ToString().c_str());
+        std::exit(3);
+      }
+    }
+  }
+};
+
+inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {
+  Device d;
+  if (f.str("device", "cuda") == "cpu") {
+    d.owned = make_cpu_backend(0);
+    d.backend = d.owned.get();
+    d.name = "cpu";
+    return d;
+  }
+  PluginBackendOptions o;
+  o.path = f.str("plugin", "");
+  o.kv_pool_bytes = pool_bytes;
+  o.reserve_bytes = reserve_bytes;
+  auto b = make_plugin_backend(o);
+  if (!b.ok()) {
+    std::fprintf(stderr, "no CUDA backend: %s\n", b.status().ToString().c_str());
+    std::exit(2);
+  }
+  d.plugin = b->get();
+  d.name = d.plugin->device_info().name;
+  d.owned = std::move(*b);
+  d.backend = d.owned.get();
+  return d;
+}
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// random weights with the same shapes and scales as random_host_weights
+// (engine/weights.cc) but uniform from a counter-based generator filled by
+// every core: seconds, not minutes, for 1.4B parameters
+inline HostWeights fast_random_weights(const ModelConfig& c, uint64_t seed) {
+  HostWeights w;
+  w.specs = model_tensor_specs(c);
+  w.values.resize(w.specs.size());
+  for (size_t i = 0; i < w.specs.size(); ++i) {
+    const TensorSpec& s = w.specs[i];
+    std::vector<float>& v = w.values[i];
+    v.resize(static_cast<size_t>(s.numel()));
+    if (s.name.find("_norm.weight") != std::string::npos) {
+      std::fill(v.begin(), v.end(), 1.0f);
+      continue;
+    }
+    float stddev = 0.02f;
+    if (s.shape.size() == 2 && s.name.find("modulation") == std::string::npos)
+      stddev = 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
+    if (s.shape.size() == 1) stddev = 0.01f;
+    const float a = stddev * std::sqrt(3.0f);  // uniform [-a, a] has this standard deviation
+    const int64_t n = static_cast<int64_t>(v.size());
+    float* out = v.data();
+    const uint64_t key = splitmix64(seed ^ (0x1234567ull * (i + 1)));
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+      const uint64_t r = splitmix64(key + static_cast<uint64_t>(j));
+      out[j] = a * (static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    }
+  }
+  return w;
+}
+
+}  // namespace wm::bench

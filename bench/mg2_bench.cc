@@ -1,0 +1,202 @@
+// The Matrix-Game-2-shaped model (configs/mg2-shape.json: 30 layers, dim 1536,
+// 12 x 128 heads, FFN 8960, 880 tokens per latent frame, 3 frames per block,
+// 3 denoising steps + the cache-write pass) with random weights, on the
+// backend under test, for a grid of sessions x window. One JSON line per
+// configuration: forward and block time, video frames/s (one latent frame =
+// 4 video frames, one block = 12), KV bytes per session; the same fields as
+// ../shared/research/torch_mg2_step.py, which tools/gpu-run.sh runs beside it.
+//
+// A block is what Engine::step does on the device: 3 x (forward + Euler),
+// unpatchify, the frames' download, then the write pass. The caches are
+// filled to the window with random K/V first (the write path, not a forward
+// per frame). The host-side conditioning and uploads are inside the timings.
+//
+//   mg2_bench [--device=cuda|cpu] [--plugin=PATH] [--config=configs/mg2-shape.json]
+//             [--sessions=1,2,4,8] [--windows=6,60] [--reps=3] [--blocks=2]
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench/bench_util.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+
+namespace wm::bench {
+namespace {
+
+int run(int argc, char** argv) {
+  const Flags f(argc, argv);
+  auto cfg_or = load_model_config(f.str("config", "configs/mg2-shape.json"));
+  if (!cfg_or.ok()) {
+    std::fprintf(stderr, "%s\n", cfg_or.status().ToString().c_str());
+    return 1;
+  }
+  const ModelConfig cfg = *cfg_or;
+  const std::vector<int> sessions = f.list("sessions", "1,2,4,8");
+  const std::vector<int> windows = f.list("windows", "6,60");
+  const int reps = static_cast<int>(f.num("reps", 3)), block_reps = static_cast<int>(f.num("blocks", 2));
+  const int T = cfg.tokens_per_frame(), B = cfg.frames_per_block, D = cfg.dim, L = cfg.layers;
+  const int64_t Q = cfg.qkv_dim();
+
+  // the pool holds the largest grid point: most sessions at the longest window
+  const int max_s = *std::max_element(sessions.begin(), sessions.end());
+  const int max_w = *std::max_element(windows.begin(), windows.end());
+  const int64_t page_bytes = int64_t{64} << 10, page_tokens = page_bytes / (4 * cfg.head_dim);
+  const int64_t pages_per_head = (static_cast<int64_t>(max_w + cfg.sink_frames) * T + page_tokens - 1) / page_tokens;
+  const int64_t pool = max_s * L * cfg.heads * pages_per_head * page_bytes;
+
+  Device dev = open_device(f, pool, cfg.parameter_count() * 2);
+  Backend& b = *dev.backend;
+  double t0 = now_s();
+  HostWeights weights = fast_random_weights(cfg, static_cast<uint64_t>(f.num("seed", 1)));
+  const double weights_s = now_s() - t0;
+  t0 = now_s();
+  auto model = std::make_unique<Model>(b, cfg, weights);
+  dev.sync();
+  const double upload_s = now_s() - t0;
+  weights = HostWeights{};  // the device holds them now
+  nlohmann::json head = {{"bench", "mg2_setup"},      {"device", dev.name},
+                         {"params_M", cfg.parameter_count() / 1e6}, {"layers", L},
+                         {"dim", D},                  {"tokens_per_frame", T},
+                         {"frames_per_block", B},     {"random_weights_s", std::round(weights_s * 100) / 100},
+                         {"upload_s", std::round(upload_s * 100) / 100}, {"kv_pool_bytes", pool}};
+  if (dev.plugin != nullptr) {
+    const BackendMemory m = b.memory();
+    head["device_total_bytes"] = m.device_total;
+    head["device_free_bytes"] = m.device_free;
+  }
+  std::printf("%s\n", head.dump().c_str());
+  std::fflush(stdout);
+
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (int W : windows)
+    for (int S : sessions) {
+      KvGeometry g;
+      g.layers = L;
+      g.heads = cfg.heads;
+      g.head_dim = cfg.head_dim;
+      g.tokens_per_frame = T;
+      g.window_frames = W;
+      g.sink_frames = cfg.sink_frames;
+      g.frames_per_block = B;
+      const int frames = S * B;
+      const int64_t fv = cfg.frame_values();
+      std::vector<void*> owned;
+      auto put = [&](const std::vector<float>& h) {
+        void* p = b.alloc(h.size() * sizeof(float));
+        b.upload(p, h.data(), h.size() * sizeof(float));
+        owned.push_back(p);
+        return static_cast<float*>(p);
+      };
+      std::vector<float> host_kv(static_cast<size_t>(B) * T * Q);
+      for (float& x : host_kv) x = nd(rng);
+      float* kv = put(host_kv);
+      std::vector<std::unique_ptr<KvCache>> caches;
+      for (int s = 0; s < S; ++s) {
+        auto c = b.make_kv_cache("fp16", g, KvFormatOptions{});
+        if (!c.ok()) {
+          std::fprintf(stderr, "cache: %s\n", c.status().ToString().c_str());
+          return 1;
+        }
+        for (int fr = 0; fr < W; fr += B)
+          for (int l = 0; l < L; ++l) {
+            const absl::Status st = (*c)->append(l, kv, kv, fr, std::min(B, W - fr));
+            if (!st.ok()) {
+              std::fprintf(stderr, "append: %s\n", st.ToString().c_str());
+              return 1;
+            }
+          }
+        caches.push_back(std::move(*c));
+      }
+      std::vector<float> host_noise(static_cast<size_t>(frames) * fv);
+      for (float& x : host_noise) x = nd(rng);
+      float* pixels = put(host_noise);
+      float* x = put(std::vector<float>(host_noise.size(), 0.0f));
+      float* vel = put(std::vector<float>(host_noise.size(), 0.0f));
+      float* dt = put(std::vector<float>(static_cast<size_t>(frames), 0.0f));
+      const FrameShape shape{cfg.height, cfg.width, cfg.channels, cfg.patch};
+      std::vector<int64_t> generated(static_cast<size_t>(S), W);
+      auto input = [&](float sigma, bool write) {
+        ForwardInput in;
+        in.tokens = x;
+        in.write_pass = write;
+        for (int s = 0; s < S; ++s) {
+          in.sessions.push_back({caches[static_cast<size_t>(s)].get(), s * B, B});
+          for (int k = 0; k < B; ++k) {
+            Action a;
+            a.keys = 1u << (k % 4);
+            in.actions.push_back(a);
+            in.sigma.push_back(sigma);
+            in.frame_index.push_back(generated[static_cast<size_t>(s)] + k);
+          }
+        }
+        return in;
+      };
+      b.patchify(pixels, frames, shape, x);
+      // warm-up: workspaces and GEMM plans for this batch size
+      if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+      dev.sync();
+      t0 = now_s();
+      for (int r = 0; r < reps; ++r)
+        if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+      dev.sync();
+      const double forward_s = (now_s() - t0) / reps;
+      std::vector<float> host_frames(host_noise.size());
+      t0 = now_s();
+      for (int r = 0; r < block_reps; ++r) {
+        b.upload(pixels, host_noise.data(), host_noise.size() * sizeof(float));
+        b.patchify(pixels, frames, shape, x);
+        for (size_t i = 0; i < cfg.sigmas.size(); ++i) {
+          if (!model->forward(input(cfg.sigmas[i], false), vel, nullptr).ok()) return 1;
+          const float next = i + 1 < cfg.sigmas.size() ? cfg.sigmas[i + 1] : 0.0f;
+          const std::vector<float> step(static_cast<size_t>(frames), next - cfg.sigmas[i]);
+          b.upload(dt, step.data(), step.size() * sizeof(float));
+          b.euler_step(x, vel, dt, frames, fv, i + 1 == cfg.sigmas.size());
+        }
+        b.unpatchify(x, frames, shape, pixels);
+        b.download(host_frames.data(), pixels, host_frames.size() * sizeof(float));
+        const absl::Status st = model->forward(input(0.0f, true), nullptr, nullptr);
+        if (!st.ok()) {
+          std::fprintf(stderr, "write pass: %s\n", st.ToString().c_str());
+          return 1;
+        }
+        for (int64_t& gen : generated) gen += B;
+      }
+      dev.sync();
+      const double block_s = (now_s() - t0) / block_reps;
+      const double video_frames = 4.0 * B;  // one latent frame decodes to 4 video frames
+      const int64_t kv_values_bytes = static_cast<int64_t>(L) * 2 * W * T * Q * 2;
+      nlohmann::json j = {{"bench", "mg2"},
+                          {"device", dev.name},
+                          {"sessions_batched", S},
+                          {"window_latent_frames", W},
+                          {"forward_ms", std::round(forward_s * 1e5) / 100},
+                          {"block_ms", std::round(block_s * 1e4) / 10},
+                          {"fps_per_session", std::round(video_frames / block_s * 100) / 100},
+                          {"fps_aggregate", std::round(video_frames * S / block_s * 10) / 10},
+                          {"kv_bytes_per_session_device", caches[0]->bytes().total()},
+                          {"kv_gb_per_session_fp16", std::round(kv_values_bytes / 1e6) / 1e3}};
+      if (dev.plugin != nullptr) {
+        const BackendMemory m = b.memory();
+        j["device_used_bytes"] = m.device_total - m.device_free;
+        j["kv_pool_used_bytes"] = m.kv_pool_used;
+      }
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+      caches.clear();
+      dev.sync();
+      for (void* p : owned) b.free(p);
+    }
+  if (dev.plugin != nullptr && !dev.plugin->status().ok()) {
+    std::fprintf(stderr, "device error: %s\n", dev.plugin->status().ToString().c_str());
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace wm::bench
+
+int main(int argc, char** argv) { return wm::bench::run(argc, argv); }

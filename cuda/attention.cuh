@@ -1,0 +1,40 @@
+// Fused attention over a paged KV cache plus each session's own block
+// (docs/CUDA.md, "Attention kernel"): one CTA per (work item, head) of an
+// AttentionPlan, 16 query rows per warp on fp16 tensor cores (mma.sync
+// m16n8k16, fp32 accumulate), key tiles of 64 double-buffered with cp.async,
+// online softmax in registers. Block-causal: every query of a block sees the
+// whole cache and its whole own block, nothing else.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/kv_layout.h"
+
+namespace wm::cuda {
+
+struct AttentionArgs {
+  const uint16_t* q16 = nullptr;      // [heads][rows_total][head_dim] fp16 (attention_inputs.cuh)
+  const uint16_t* k16 = nullptr;      // own-block keys, same layout
+  const uint16_t* v16 = nullptr;
+  float* out = nullptr;               // [rows_total][heads][head_dim] fp32
+  float* partial_o = nullptr;         // [partials][heads][block_q][head_dim], unnormalised
+  float* partial_ml = nullptr;        // [partials][heads][block_q][2]: running max (log2 units), sum
+  const PlanSession* sessions = nullptr;
+  const int32_t* cached = nullptr;    // [sessions]: this layer's row of AttentionPlan::cached
+  const WorkItem* items = nullptr;
+  const CombineGroup* groups = nullptr;
+  int32_t rows_total = 0, heads = 0, layer = 0, block_q = 64;
+  float scale_log2 = 0;               // log2(e) / sqrt(head_dim)
+};
+
+// dynamic shared memory of one CTA
+size_t attention_smem_bytes(int32_t head_dim, int32_t block_q);
+// raises the kernels' shared-memory limits; once per device before the first launch
+cudaError_t attention_prepare();
+// grid (items, heads); head_dim 32, 64 or 128, block_q 64 or 128
+cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
+                             cudaStream_t stream);
+
+}  // namespace wm::cuda

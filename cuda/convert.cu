@@ -1,0 +1,49 @@
+#include "cuda/convert.cuh"
+#include "cuda/device_util.cuh"
+
+namespace wm::cuda {
+namespace {
+
+// 8 values per thread, 16-byte loads and stores
+__global__ void f32_to_bf16_flat8(const float* __restrict__ x, int64_t n8, uint16_t* __restrict__ y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
+    const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
+    uint4 o;
+    o.x = bf16_bits(a.x) | (static_cast<uint32_t>(bf16_bits(a.y)) << 16);
+    o.y = bf16_bits(a.z) | (static_cast<uint32_t>(bf16_bits(a.w)) << 16);
+    o.z = bf16_bits(b.x) | (static_cast<uint32_t>(bf16_bits(b.y)) << 16);
+    o.w = bf16_bits(b.z) | (static_cast<uint32_t>(bf16_bits(b.w)) << 16);
+    reinterpret_cast<uint4*>(y)[i] = o;
+  }
+}
+
+__global__ void f32_to_bf16_rows(const float* __restrict__ x, int64_t rows, int32_t cols, int32_t ld,
+                                 uint16_t* __restrict__ y) {
+  const int64_t total = rows * ld;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / ld;
+    const int32_t c = static_cast<int32_t>(i - r * ld);
+    y[i] = c < cols ? bf16_bits(x[r * cols + c]) : uint16_t{0};
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_f32_to_bf16(const float* x, int64_t rows, int32_t cols, int32_t ld, uint16_t* y,
+                               cudaStream_t stream) {
+  const int64_t total = rows * ld;
+  if (total <= 0) return cudaSuccess;
+  const bool flat = ld == cols && cols % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
+                    (reinterpret_cast<uintptr_t>(y) & 15u) == 0;
+  if (flat) {
+    f32_to_bf16_flat8<<<grid_for(total / 8), kThreads, 0, stream>>>(x, total / 8, y);
+  } else {
+    f32_to_bf16_rows<<<grid_for(total), kThreads, 0, stream>>>(x, rows, cols, ld, y);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace wm::cuda

@@ -1,0 +1,658 @@
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "cuda/attention.cuh"
+#include "cuda/attention_combine.cuh"
+#include "cuda/attention_inputs.cuh"
+#include "cuda/convert.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/euler_step.cuh"
+#include "cuda/gated_residual.cuh"
+#include "cuda/gelu.cuh"
+#include "cuda/kv_append.cuh"
+#include "cuda/layer_norm_modulate.cuh"
+#include "cuda/patchify.cuh"
+#include "cuda/rms_norm_rope.cuh"
+
+namespace wm::cuda {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr size_t kGemmWorkspace = 32 * kMiB;
+// device memory the backend's own workspaces may take beyond pool and reserve
+constexpr int64_t kHeadroom = 512 * kMiB;
+
+int32_t round_up8(int32_t x) { return (x + 7) / 8 * 8; }
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+absl::Status need(const void* p, const char* what) {
+  if (p == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is null"));
+  return absl::OkStatus();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+FrameGeom frame_geom(const WmFrameShape& s) { return FrameGeom{s.height, s.width, s.channels, s.patch}; }
+
+absl::Status check_frame_shape(const WmFrameShape& s) {
+  if (s.patch <= 0 || s.height <= 0 || s.width <= 0 || s.channels <= 0 || s.height % s.patch != 0 ||
+      s.width % s.patch != 0)
+    return absl::InvalidArgumentError("patchify: bad frame shape");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status cuda_probe(int32_t device, WmPluginDeviceInfo* info) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky, but leave no trace
+    return absl::UnavailableError(
+        absl::StrCat("no usable CUDA device: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  }
+  if (count == 0) return absl::UnavailableError("no CUDA device");
+  if (device < 0 || device >= count)
+    return absl::NotFoundError(absl::StrCat("CUDA device ", device, " does not exist (", count, " present)"));
+  cudaDeviceProp p{};
+  WM_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&p, device));
+  WmPluginDeviceInfo i{};
+  // device names are short; keep the first 127 bytes
+  const size_t name_len = std::min(std::strlen(p.name), sizeof(i.name) - 1);
+  std::memcpy(i.name, p.name, name_len);
+  i.name[name_len] = '\0';
+  i.ordinal = device;
+  i.sm_major = p.major;
+  i.sm_minor = p.minor;
+  i.multiprocessors = p.multiProcessorCount;
+  i.total_bytes = static_cast<int64_t>(p.totalGlobalMem);
+  cudaDriverGetVersion(&i.driver_version);
+  cudaRuntimeGetVersion(&i.runtime_version);
+  if (p.major < 9)
+    return absl::UnavailableError(absl::StrCat("CUDA device ", device, " (", p.name, ") is sm_", p.major, p.minor,
+                                               "; this plugin is built for sm_90 (Hopper) and newer"));
+  WM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  WM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  i.free_bytes = static_cast<int64_t>(free_b);
+  if (info != nullptr) *info = i;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const WmPluginOptions& options) {
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  absl::Status s = b->init(options);
+  if (!s.ok()) return s;
+  return b;
+}
+
+absl::Status CudaBackend::init(const WmPluginOptions& o) {
+  if (o.struct_size != sizeof(WmPluginOptions))
+    return absl::InvalidArgumentError(absl::StrCat("plugin options are ", o.struct_size, " bytes, the plugin expects ",
+                                                   sizeof(WmPluginOptions)));
+  device_ = o.device;
+  absl::Status s = cuda_probe(device_, &info_);
+  if (!s.ok()) return s;
+  WM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  if (o.kv_page_bytes <= 0 || o.kv_page_bytes % (32 * 1024) != 0)
+    return absl::InvalidArgumentError(absl::StrCat("kv page size ", o.kv_page_bytes, " is not a multiple of 32 KiB"));
+  if (o.kv_pool_bytes < 0 || o.reserve_bytes < 0) return absl::InvalidArgumentError("negative memory budget");
+  page_bytes_ = o.kv_page_bytes;
+  const int64_t pages = o.kv_pool_bytes / page_bytes_;
+  if (pages > INT32_MAX) return absl::InvalidArgumentError("kv pool has more than 2^31 pages: use larger pages");
+  size_t free_b = 0, total_b = 0;
+  WM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t want = pages * page_bytes_ + o.reserve_bytes + kHeadroom;
+  if (want > static_cast<int64_t>(free_b))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU memory: the KV pool (", pages * page_bytes_, " bytes) + the model (", o.reserve_bytes,
+        " bytes) + ", kHeadroom, " bytes of workspace need more than the ", free_b, " bytes free on ", info_.name));
+  WM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  WM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timer_begin_));
+  WM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timer_end_));
+  if (pages > 0) {
+    s = pool_memory_.reserve(static_cast<size_t>(pages * page_bytes_));
+    if (!s.ok()) return s;
+  }
+  pool_ = PagePool(static_cast<int32_t>(pages));
+  auto g = Gemm::create(stream_, kGemmWorkspace);
+  if (!g.ok()) return g.status();
+  gemm_ = std::move(*g);
+  WM_CUDA_RETURN_IF_ERROR(attention_prepare());
+  plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& w : weights_) cudaFree(w->data);
+  gemm_.reset();
+  if (timer_begin_ != nullptr) cudaEventDestroy(timer_begin_);
+  if (timer_end_ != nullptr) cudaEventDestroy(timer_end_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<WmMemoryStats> CudaBackend::memory_stats() const {
+  size_t free_b = 0, total_b = 0;
+  WM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  WmMemoryStats m{};
+  m.device_total = static_cast<int64_t>(total_b);
+  m.device_free = static_cast<int64_t>(free_b);
+  m.kv_pool_capacity = static_cast<int64_t>(pool_.capacity()) * page_bytes_;
+  m.kv_pool_reserved = static_cast<int64_t>(pool_.reserved()) * page_bytes_;
+  m.kv_pool_used = static_cast<int64_t>(pool_.used()) * page_bytes_;
+  m.kv_page_bytes = page_bytes_;
+  return m;
+}
+
+absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
+  invalidate_shadow();
+  if (key == "attention.block_q") {
+    if (value != 0 && value != 64 && value != 128) return absl::InvalidArgumentError("attention.block_q: 0, 64 or 128");
+    plan_tuning_.block_q = static_cast<int32_t>(value);
+  } else if (key == "attention.split") {
+    if (value < -1 || value == 0 || value > 4096) return absl::InvalidArgumentError("attention.split: -1 or 1..4096");
+    plan_tuning_.split = static_cast<int32_t>(value);
+  } else if (key == "attention.min_tiles_per_split") {
+    if (value < 1 || value > 1 << 20) return absl::InvalidArgumentError("attention.min_tiles_per_split: >= 1");
+    plan_tuning_.min_tiles_per_split = static_cast<int32_t>(value);
+  } else if (key == "linear.fallback") {
+    gemm_->set_force_fallback(value != 0);
+  } else if (key == "shadow") {
+    use_shadow_ = value != 0;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown tuning key '", key, "'"));
+  }
+  ++tuning_generation_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaBackend::alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", bytes, " bytes failed (", cudaGetErrorName(e),
+                                                     "), ", free_b, " bytes free"));
+  }
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  if (p == nullptr) return;
+  // queued kernels may still read it (rare: buffers grow or die)
+  cudaStreamSynchronize(stream_);
+  cudaFree(p);
+}
+
+absl::Status CudaBackend::upload(void* dst, const void* host, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  absl::Status s = need(dst, "upload destination");
+  if (s.ok()) s = need(host, "upload source");
+  if (!s.ok()) return s;
+  // pageable source: the call returns once the bytes are staged, in stream order
+  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::download(void* host, const void* src, size_t bytes) {
+  if (bytes == 0) return synchronize();
+  absl::Status s = need(host, "download destination");
+  if (s.ok()) s = need(src, "download source");
+  if (!s.ok()) return s;
+  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  return synchronize();
+}
+
+absl::Status CudaBackend::synchronize() {
+  WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  WM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::timer_start() {
+  WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(timer_begin_, stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaBackend::timer_stop() {
+  WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(timer_end_, stream_));
+  WM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(timer_end_));
+  float ms = 0;
+  WM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, timer_begin_, timer_end_));
+  return static_cast<double>(ms);
+}
+
+absl::StatusOr<const DeviceWeight*> CudaBackend::upload_weight(const float* host, int32_t out, int32_t in) {
+  if (out <= 0 || in <= 0) return absl::InvalidArgumentError("weight with an empty shape");
+  absl::Status s = need(host, "weight");
+  if (!s.ok()) return s;
+  auto w = std::make_unique<DeviceWeight>();
+  w->out = out;
+  w->in = in;
+  w->ld = round_up8(in);
+  const size_t bytes = static_cast<size_t>(out) * w->ld * sizeof(uint16_t);
+  auto p = alloc(bytes);
+  if (!p.ok()) return p.status();
+  w->data = static_cast<uint16_t*>(*p);
+  const size_t host_bytes = static_cast<size_t>(out) * in * sizeof(float);
+  s = weight_staging_.reserve(host_bytes);
+  if (!s.ok()) {
+    cudaFree(w->data);
+    return s;
+  }
+  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(weight_staging_.get(), host, host_bytes, cudaMemcpyHostToDevice, stream_));
+  WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(weight_staging_.as<float>(), out, in, w->ld, w->data, stream_));
+  weights_.push_back(std::move(w));
+  return weights_.back().get();
+}
+
+absl::Status CudaBackend::linear(const DeviceWeight* w, const float* bias, int32_t out, int32_t in, const float* x,
+                                 int32_t n, float* y) {
+  absl::Status s = need(w, "weight");
+  if (!s.ok()) return s;
+  if (w->out != out || w->in != in)
+    return absl::InvalidArgumentError(absl::StrCat("linear: weight is ", w->out, "x", w->in, ", call says ", out, "x", in));
+  if (n < 0) return absl::InvalidArgumentError("linear: negative rows");
+  if (n == 0) return absl::OkStatus();
+  s = need(x, "linear input");
+  if (s.ok()) s = need(y, "linear output");
+  if (!s.ok()) return s;
+  const int32_t ld = w->ld;
+  const uint16_t* xb = nullptr;
+  if (use_shadow_ && shadow_.valid && shadow_.src == x) {
+    const bool rows_match = shadow_.ld == ld && shadow_.rows == n && shadow_.cols == in;
+    const bool flat_match = shadow_.ld == 0 && in == ld && shadow_.cols == static_cast<int64_t>(n) * in;
+    if (rows_match || flat_match) xb = shadow_memory_.as<uint16_t>();
+  }
+  if (xb == nullptr) {
+    invalidate_shadow();
+    s = shadow_memory_.reserve(static_cast<size_t>(n) * ld * sizeof(uint16_t));
+    if (!s.ok()) return s;
+    WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(x, n, in, ld, shadow_memory_.as<uint16_t>(), stream_));
+    xb = shadow_memory_.as<uint16_t>();
+    // the next linear on the same input (q, k, v of one LN output) reuses it
+    shadow_ = Shadow{use_shadow_, x, n, in, ld};
+  }
+  s = gemm_->run(w->data, ld, xb, ld, bias, n, in, out, y);
+  if (!s.ok()) return s;
+  if (overlaps(y, static_cast<size_t>(n) * out * sizeof(float), x, static_cast<size_t>(n) * in * sizeof(float)))
+    invalidate_shadow();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::layer_norm_modulate(const float* x, int32_t n, int32_t d, const float* shift,
+                                              const float* scale, int32_t mod_stride, int32_t tokens_per_frame,
+                                              float eps, float* y) {
+  if (n < 0 || d <= 0 || tokens_per_frame <= 0) return absl::InvalidArgumentError("layer_norm_modulate: bad shape");
+  if (n == 0) return absl::OkStatus();
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(shift), static_cast<const void*>(scale),
+                        static_cast<const void*>(y)}) {
+    absl::Status s = need(p, "layer_norm_modulate argument");
+    if (!s.ok()) return s;
+  }
+  uint16_t* shadow = nullptr;
+  const int32_t ld = round_up8(d);
+  if (use_shadow_) {
+    absl::Status s = shadow_memory_.reserve(static_cast<size_t>(n) * ld * sizeof(uint16_t));
+    if (!s.ok()) return s;
+    shadow = shadow_memory_.as<uint16_t>();
+  }
+  WM_CUDA_RETURN_IF_ERROR(launch_layer_norm_modulate(x, n, d, shift, scale, mod_stride, tokens_per_frame, eps, y,
+                                                     shadow, ld, stream_));
+  if (shadow != nullptr) shadow_ = Shadow{true, y, n, d, ld};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const RopeFreqTable*> CudaBackend::rope_table(const WmRopeParams& rope, int32_t head_dim) {
+  const auto key = std::make_tuple(std::bit_cast<uint32_t>(rope.theta), rope.t_pairs, rope.h_pairs, rope.w_pairs,
+                                   head_dim);
+  auto it = rope_tables_.find(key);
+  if (it != rope_tables_.end()) return it->second.get();
+  // the same frequencies as engine/rope.h's RopeTable, computed the same way
+  std::vector<RopeFreq> host(static_cast<size_t>(head_dim / 2));
+  const int32_t counts[3] = {rope.t_pairs, rope.h_pairs, rope.w_pairs};
+  size_t j = 0;
+  for (int32_t a = 0; a < 3; ++a)
+    for (int32_t i = 0; i < counts[a] && j < host.size(); ++i, ++j) {
+      host[j].freq = std::pow(static_cast<double>(rope.theta), -static_cast<double>(i) / counts[a]);
+      host[j].axis = a;
+    }
+  auto t = std::make_unique<RopeFreqTable>();
+  absl::Status s = t->freqs.reserve(std::max<size_t>(16, host.size() * sizeof(RopeFreq)));
+  if (!s.ok()) return s;
+  if (!host.empty())
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t->freqs.get(), host.data(), host.size() * sizeof(RopeFreq),
+                                            cudaMemcpyHostToDevice, stream_));
+  return rope_tables_.emplace(key, std::move(t)).first->second.get();
+}
+
+absl::Status CudaBackend::rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
+                                        const float* norm_w, const int32_t* pos, const WmRopeParams& rope, float eps) {
+  if (n < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 || row_stride < heads * head_dim)
+    return absl::InvalidArgumentError("rms_norm_rope: bad shape");
+  if (n == 0) return absl::OkStatus();
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(norm_w), static_cast<const void*>(pos)}) {
+    absl::Status s = need(p, "rms_norm_rope argument");
+    if (!s.ok()) return s;
+  }
+  auto table = rope_table(rope, head_dim);
+  if (!table.ok()) return table.status();
+  WM_CUDA_RETURN_IF_ERROR(launch_rms_norm_rope(x, n, heads, head_dim, row_stride, norm_w, pos,
+                                               (*table)->freqs.as<RopeFreq>(), eps, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::gelu(float* x, int64_t count) {
+  if (count < 0) return absl::InvalidArgumentError("gelu: negative count");
+  if (count == 0) return absl::OkStatus();
+  absl::Status s = need(x, "gelu input");
+  if (!s.ok()) return s;
+  uint16_t* shadow = nullptr;
+  if (use_shadow_) {
+    s = shadow_memory_.reserve(static_cast<size_t>(count) * sizeof(uint16_t));
+    if (!s.ok()) return s;
+    shadow = shadow_memory_.as<uint16_t>();
+  }
+  WM_CUDA_RETURN_IF_ERROR(launch_gelu(x, count, shadow, stream_));
+  if (shadow != nullptr) shadow_ = Shadow{true, x, 1, count, 0};
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::gated_residual(float* h, const float* y, const float* gate, int32_t mod_stride, int32_t n,
+                                         int32_t d, int32_t tokens_per_frame) {
+  if (n < 0 || d <= 0 || tokens_per_frame <= 0) return absl::InvalidArgumentError("gated_residual: bad shape");
+  if (n == 0) return absl::OkStatus();
+  for (const void* p : {static_cast<const void*>(h), static_cast<const void*>(y), static_cast<const void*>(gate)}) {
+    absl::Status s = need(p, "gated_residual argument");
+    if (!s.ok()) return s;
+  }
+  WM_CUDA_RETURN_IF_ERROR(launch_gated_residual(h, y, gate, mod_stride, n, d, tokens_per_frame, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::patchify(const float* frames, int32_t frames_count, const WmFrameShape& shape,
+                                   float* tokens) {
+  absl::Status s = check_frame_shape(shape);
+  if (!s.ok() || frames_count <= 0) return s;
+  if (s = need(frames, "patchify input"); s.ok()) s = need(tokens, "patchify output");
+  if (!s.ok()) return s;
+  WM_CUDA_RETURN_IF_ERROR(launch_patchify(frames, frames_count, frame_geom(shape), tokens, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::unpatchify(const float* tokens, int32_t frames_count, const WmFrameShape& shape,
+                                     float* frames) {
+  absl::Status s = check_frame_shape(shape);
+  if (!s.ok() || frames_count <= 0) return s;
+  if (s = need(frames, "unpatchify output"); s.ok()) s = need(tokens, "unpatchify input");
+  if (!s.ok()) return s;
+  WM_CUDA_RETURN_IF_ERROR(launch_unpatchify(tokens, frames_count, frame_geom(shape), frames, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::euler_step(float* x, const float* v, const float* dt_per_frame, int32_t frames_count,
+                                     int64_t values_per_frame, bool clamp) {
+  if (frames_count < 0 || values_per_frame < 0) return absl::InvalidArgumentError("euler_step: bad shape");
+  if (frames_count == 0 || values_per_frame == 0) return absl::OkStatus();
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(v),
+                        static_cast<const void*>(dt_per_frame)}) {
+    absl::Status s = need(p, "euler_step argument");
+    if (!s.ok()) return s;
+  }
+  WM_CUDA_RETURN_IF_ERROR(launch_euler_step(x, v, dt_per_frame, frames_count, values_per_frame, clamp, stream_));
+  return absl::OkStatus();
+}
+
+// ---- KV caches ------------------------------------------------------------
+
+PagedGeometry CudaBackend::paged_geometry(const WmKvGeometry& g) const {
+  PagedGeometry p;
+  p.layers = g.layers;
+  p.heads = g.heads;
+  p.head_dim = g.head_dim;
+  p.tokens_per_frame = g.tokens_per_frame;
+  p.window_frames = g.window_frames;
+  p.sink_frames = g.sink_frames;
+  p.page_tokens = g.head_dim > 0 ? static_cast<int32_t>(page_bytes_ / (4 * g.head_dim)) : 0;
+  return p;
+}
+
+absl::StatusOr<int64_t> CudaBackend::kv_reservation_bytes(absl::string_view format, const WmKvGeometry& g) const {
+  if (format != "fp16")
+    return absl::UnimplementedError(absl::StrCat("cache format '", format,
+                                                 "' has no CUDA kernels yet; the CUDA backend serves 'fp16'"));
+  const PagedGeometry pg = paged_geometry(g);
+  absl::Status s = validate_paged_geometry(pg);
+  if (!s.ok()) return s;
+  return pg.reservation_pages() * page_bytes_;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::string_view format,
+                                                                      const WmKvGeometry& g) {
+  auto bytes = kv_reservation_bytes(format, g);
+  if (!bytes.ok()) return bytes.status();
+  const PagedGeometry pg = paged_geometry(g);
+  auto owner = pool_.open(pg.reservation_pages());
+  if (!owner.ok()) return owner.status();
+  return std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, pg, *owner);
+}
+
+void CudaBackend::kv_destroy(std::unique_ptr<DeviceKvCache> kv) {
+  // queued kernels that still read these pages run before any later writer
+  // (one stream), so the pages can be handed out again at once
+  if (kv != nullptr) pool_.close(kv->owner);
+}
+
+absl::Status CudaBackend::kv_append(DeviceKvCache& kv, int32_t layer, const float* k, const float* v,
+                                    int64_t first_frame, int32_t frames) {
+  auto plan = kv.pages.plan_append(layer, first_frame, frames);
+  if (!plan.ok()) return plan.status();
+  const KvAppendPlan& p = *plan;
+  const PagedGeometry& g = kv.pages.geometry();
+  if (!p.slot.empty()) {
+    absl::Status s = need(k, "kv append keys");
+    if (s.ok()) s = need(v, "kv append values");
+    if (!s.ok()) return s;
+    if (!aligned16(k) || !aligned16(v)) return absl::InvalidArgumentError("kv append: k, v must be 16-byte aligned");
+  }
+  std::vector<int32_t> new_pages;
+  new_pages.reserve(static_cast<size_t>(g.heads) * p.new_pages_per_head);
+  for (int64_t i = 0; i < static_cast<int64_t>(g.heads) * p.new_pages_per_head; ++i) {
+    auto page = pool_.take(kv.owner);
+    if (!page.ok()) return page.status();  // cannot happen: the reservation covers the worst case
+    new_pages.push_back(*page);
+  }
+  const int32_t pph = kv.pages.pages_per_head(layer) + p.new_pages_per_head;
+  if (!p.slot.empty()) {
+    // one upload: the layer's page table after the append [heads][pph], then the writes [n][2]
+    std::vector<int32_t> host(static_cast<size_t>(g.heads) * pph + 2 * p.slot.size());
+    for (int32_t h = 0; h < g.heads; ++h) {
+      const auto& old = kv.pages.pages(layer, h);
+      int32_t* row = host.data() + static_cast<size_t>(h) * pph;
+      std::copy(old.begin(), old.end(), row);
+      for (int32_t i = 0; i < p.new_pages_per_head; ++i)
+        row[old.size() + i] = new_pages[static_cast<size_t>(h) * p.new_pages_per_head + i];
+    }
+    int32_t* writes = host.data() + static_cast<size_t>(g.heads) * pph;
+    for (size_t w = 0; w < p.slot.size(); ++w) {
+      writes[2 * w] = p.src_frame[w];
+      writes[2 * w + 1] = p.slot[w];
+    }
+    absl::Status s = append_scratch_.reserve(host.size() * sizeof(int32_t));
+    if (!s.ok()) return s;
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(append_scratch_.get(), host.data(), host.size() * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream_));
+    KvAppendArgs a;
+    a.k = k;
+    a.v = v;
+    a.pool = pool_memory_.as<uint16_t>();
+    a.page_elems = page_bytes_ / 2;
+    a.page_tokens = g.page_tokens;
+    a.head_dim = g.head_dim;
+    a.heads = g.heads;
+    a.tokens_per_frame = g.tokens_per_frame;
+    a.page_table = append_scratch_.as<int32_t>();
+    a.pages_per_head = pph;
+    a.writes = append_scratch_.as<int32_t>() + static_cast<size_t>(g.heads) * pph;
+    a.n_writes = static_cast<int32_t>(p.slot.size());
+    WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
+  }
+  kv.pages.commit_append(p, new_pages);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::kv_reconstruct(const DeviceKvCache& kv, int32_t layer, std::vector<float>* k,
+                                         std::vector<float>* v) {
+  const PagedGeometry& g = kv.pages.geometry();
+  if (layer < 0 || layer >= g.layers) return absl::InvalidArgumentError("kv reconstruct: bad layer");
+  const int32_t pph = kv.pages.pages_per_head(layer);
+  const int64_t page_elems = page_bytes_ / 2;
+  std::vector<uint16_t> pages(static_cast<size_t>(g.heads) * pph * page_elems);
+  for (int32_t h = 0; h < g.heads; ++h)
+    for (int32_t i = 0; i < pph; ++i) {
+      const int32_t page = kv.pages.pages(layer, h)[static_cast<size_t>(i)];
+      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pages.data() + (static_cast<size_t>(h) * pph + i) * page_elems,
+                                              pool_memory_.as<uint16_t>() + page * page_elems, page_bytes_,
+                                              cudaMemcpyDeviceToHost, stream_));
+    }
+  absl::Status s = synchronize();
+  if (!s.ok()) return s;
+  // frames ascending, each from its slot
+  const std::vector<int64_t> by_slot = kv.pages.slot_frames(layer);
+  std::vector<int32_t> order(by_slot.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return by_slot[a] < by_slot[b]; });
+  const int32_t T = g.tokens_per_frame, H = g.heads, Dh = g.head_dim;
+  k->assign(order.size() * T * H * Dh, 0.0f);
+  v->assign(k->size(), 0.0f);
+  for (size_t f = 0; f < order.size(); ++f)
+    for (int32_t t = 0; t < T; ++t)
+      for (int32_t h = 0; h < H; ++h) {
+        const int64_t logical = static_cast<int64_t>(order[f]) * T + t;
+        const int64_t base = (static_cast<int64_t>(h) * pph + logical / g.page_tokens) * page_elems +
+                             (logical % g.page_tokens) * Dh;
+        float* kd = k->data() + ((f * T + t) * H + h) * Dh;
+        float* vd = v->data() + ((f * T + t) * H + h) * Dh;
+        for (int32_t d = 0; d < Dh; ++d) {
+          kd[d] = f16_to_f32(pages[static_cast<size_t>(base + d)]);
+          vd[d] = f16_to_f32(pages[static_cast<size_t>(base + static_cast<int64_t>(g.page_tokens) * Dh + d)]);
+        }
+      }
+  return absl::OkStatus();
+}
+
+// ---- attention ------------------------------------------------------------
+
+bool CudaBackend::plan_fits(int32_t layer, std::span<DeviceKvCache* const> caches,
+                            std::span<const WmSessionRows> rows) const {
+  if (plan_key_.tuning != tuning_generation_ || plan_key_.sessions.size() != caches.size()) return false;
+  const size_t L = static_cast<size_t>(plan_.layers);
+  for (size_t s = 0; s < caches.size(); ++s) {
+    if (plan_key_.sessions[s] != std::make_tuple(caches[s]->id, rows[s].row0, rows[s].rows)) return false;
+    if (caches[s]->pages.version(layer) != plan_key_.versions[s * L + static_cast<size_t>(layer)]) return false;
+  }
+  return true;
+}
+
+absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows) {
+  std::vector<PlanInput> in;
+  for (size_t s = 0; s < caches.size(); ++s) in.push_back({&caches[s]->pages, rows[s].row0, rows[s].rows});
+  auto plan = make_attention_plan(in, plan_tuning_);
+  if (!plan.ok()) return plan.status();
+  plan_ = std::move(*plan);
+  plan_layout_ = plan_.layout();
+  const std::vector<uint8_t> blob = plan_.blob();
+  absl::Status s = plan_memory_.reserve(blob.size());
+  if (!s.ok()) return s;
+  WM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(plan_memory_.get(), blob.data(), blob.size(), cudaMemcpyHostToDevice, stream_));
+  PlanKey key;
+  key.tuning = tuning_generation_;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    key.sessions.emplace_back(caches[i]->id, rows[i].row0, rows[i].rows);
+    for (int32_t l = 0; l < plan_.layers; ++l) key.versions.push_back(caches[i]->pages.version(l));
+  }
+  plan_key_ = std::move(key);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* const> caches,
+                                    std::span<const WmSessionRows> rows, const float* q, const float* k,
+                                    const float* v, float* out) {
+  if (caches.empty()) return absl::OkStatus();
+  if (caches.size() != rows.size()) return absl::InvalidArgumentError("attention: caches and rows differ in count");
+  for (DeviceKvCache* c : caches)
+    if (c == nullptr) return absl::InvalidArgumentError("attention: a session has no device cache");
+  const PagedGeometry& g = caches[0]->pages.geometry();
+  if (layer < 0 || layer >= g.layers) return absl::InvalidArgumentError(absl::StrCat("attention: layer ", layer));
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
+                        static_cast<const void*>(out)}) {
+    absl::Status s = need(p, "attention argument");
+    if (!s.ok()) return s;
+    if (!aligned16(p)) return absl::InvalidArgumentError("attention: q, k, v, out must be 16-byte aligned");
+  }
+  if (!plan_fits(layer, caches, rows)) {
+    absl::Status s = make_plan(caches, rows);
+    if (!s.ok()) return s;
+  }
+  const AttentionPlan& p = plan_;
+  if (p.items.empty()) return absl::OkStatus();
+  const int64_t H = p.heads, Dh = p.head_dim, R = p.rows_total;
+  const size_t one = static_cast<size_t>(H * R * Dh);
+  absl::Status s = qkv16_.reserve(3 * one * sizeof(uint16_t));
+  if (!s.ok()) return s;
+  uint16_t* q16 = qkv16_.as<uint16_t>();
+  WM_CUDA_RETURN_IF_ERROR(launch_attention_inputs(q, k, v, static_cast<int32_t>(R), static_cast<int32_t>(H),
+                                                  static_cast<int32_t>(Dh), q16, q16 + one, q16 + 2 * one, stream_));
+  const size_t partial_rows = static_cast<size_t>(p.partials) * H * p.block_q;
+  if (p.partials > 0) {
+    s = partials_.reserve(partial_rows * (Dh + 2) * sizeof(float));
+    if (!s.ok()) return s;
+  }
+  auto* base = plan_memory_.as<uint8_t>();
+  AttentionArgs a;
+  a.q16 = q16;
+  a.k16 = q16 + one;
+  a.v16 = q16 + 2 * one;
+  a.out = out;
+  a.partial_o = p.partials > 0 ? partials_.as<float>() : nullptr;
+  a.partial_ml = p.partials > 0 ? partials_.as<float>() + partial_rows * Dh : nullptr;
+  a.sessions = reinterpret_cast<const PlanSession*>(base + plan_layout_.sessions);
+  a.cached = reinterpret_cast<const int32_t*>(base + plan_layout_.cached) + static_cast<size_t>(layer) * caches.size();
+  a.items = reinterpret_cast<const WorkItem*>(base + plan_layout_.items);
+  a.groups = reinterpret_cast<const CombineGroup*>(base + plan_layout_.groups);
+  a.rows_total = static_cast<int32_t>(R);
+  a.heads = static_cast<int32_t>(H);
+  a.layer = layer;
+  a.block_q = p.block_q;
+  a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
+  PagedKvFp16View view;
+  view.pool = pool_memory_.as<uint16_t>();
+  view.page_table = reinterpret_cast<const int32_t*>(base + plan_layout_.page_tables);
+  view.page_elems = page_bytes_ / 2;
+  view.page_tokens = p.page_tokens;
+  view.head_dim = p.head_dim;
+  WM_CUDA_RETURN_IF_ERROR(
+      launch_attention(a, view, p.head_dim, static_cast<int32_t>(p.items.size()), stream_));
+  if (!p.groups.empty())
+    WM_CUDA_RETURN_IF_ERROR(
+        launch_attention_combine(a, p.head_dim, static_cast<int32_t>(p.groups.size()), stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace wm::cuda

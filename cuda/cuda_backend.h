@@ -1,0 +1,165 @@
+// The CUDA backend behind the plugin ABI (plugin_entry.cc): owns the device,
+// one stream, the KV page pool, cuBLASLt and the workspaces, and routes each
+// op to its kernel's launcher. Dispatch only: every kernel lives in its own
+// .cu file (STYLE.md 3). docs/CUDA.md describes the design.
+//
+// Threading: one thread at a time (the engine thread); all work is enqueued
+// on stream(), and only download(), synchronize() and timer_stop() wait.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cuda/attention_plan.h"
+#include "cuda/device_buffer.h"
+#include "cuda/gemm.h"
+#include "cuda/kv_pages.h"
+#include "cuda/page_pool.h"
+#include "engine/plugin_api.h"
+
+namespace wm::cuda {
+
+// a weight matrix uploaded as bf16 rows padded to ld (a multiple of 8) for 16-byte aligned GEMM operands
+struct DeviceWeight {
+  uint16_t* data = nullptr;  // [out, ld]
+  int32_t out = 0, in = 0, ld = 0;
+};
+
+// one session's cache: bookkeeping (KvPages) over pages of the backend's pool
+struct DeviceKvCache {
+  uint64_t id = 0;           // never reused, unlike addresses (plans key on it)
+  std::string format;
+  WmKvGeometry geometry{};
+  KvPages pages;
+  PagePool::Owner owner = 0;
+  DeviceKvCache(uint64_t i, std::string f, const WmKvGeometry& g, const PagedGeometry& pg, PagePool::Owner o)
+      : id(i), format(std::move(f)), geometry(g), pages(pg), owner(o) {}
+};
+
+// the RoPE frequency of every channel pair, on the device (rms_norm_rope.cuh's RopeFreq [head_dim / 2])
+struct RopeFreqTable {
+  DeviceBuffer freqs;
+};
+
+// device-info query without creating a backend
+absl::Status cuda_probe(int32_t device, WmPluginDeviceInfo* info);
+
+class CudaBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> create(const WmPluginOptions& options);
+  ~CudaBackend();
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  int32_t device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  const WmPluginDeviceInfo& info() const { return info_; }
+  absl::StatusOr<WmMemoryStats> memory_stats() const;
+  absl::Status set_tuning(absl::string_view key, int64_t value);
+  // a bf16 copy of an activation made by the last call stays valid for the
+  // next linear() on the same input only; every other entry point drops it
+  void invalidate_shadow() { shadow_.valid = false; }
+
+  absl::StatusOr<void*> alloc(size_t bytes);
+  void free(void* p);
+  absl::Status upload(void* dst, const void* host, size_t bytes);
+  absl::Status download(void* host, const void* src, size_t bytes);
+  absl::Status synchronize();
+  absl::Status timer_start();
+  absl::StatusOr<double> timer_stop();
+  absl::StatusOr<const DeviceWeight*> upload_weight(const float* host, int32_t out, int32_t in);
+
+  absl::Status linear(const DeviceWeight* w, const float* bias, int32_t out, int32_t in, const float* x, int32_t n,
+                      float* y);
+  absl::Status layer_norm_modulate(const float* x, int32_t n, int32_t d, const float* shift, const float* scale,
+                                   int32_t mod_stride, int32_t tokens_per_frame, float eps, float* y);
+  absl::Status rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
+                             const float* norm_w, const int32_t* pos, const WmRopeParams& rope, float eps);
+  absl::Status gelu(float* x, int64_t count);
+  absl::Status gated_residual(float* h, const float* y, const float* gate, int32_t mod_stride, int32_t n, int32_t d,
+                              int32_t tokens_per_frame);
+  absl::Status patchify(const float* frames, int32_t frames_count, const WmFrameShape& s, float* tokens);
+  absl::Status unpatchify(const float* tokens, int32_t frames_count, const WmFrameShape& s, float* frames);
+  absl::Status euler_step(float* x, const float* v, const float* dt_per_frame, int32_t frames_count,
+                          int64_t values_per_frame, bool clamp);
+
+  absl::StatusOr<int64_t> kv_reservation_bytes(absl::string_view format, const WmKvGeometry& g) const;
+  absl::StatusOr<std::unique_ptr<DeviceKvCache>> kv_create(absl::string_view format, const WmKvGeometry& g);
+  void kv_destroy(std::unique_ptr<DeviceKvCache> kv);
+  absl::Status kv_append(DeviceKvCache& kv, int32_t layer, const float* k, const float* v, int64_t first_frame,
+                         int32_t frames);
+  int64_t kv_bytes(const DeviceKvCache& kv) const { return kv.pages.pages_held() * page_bytes_; }
+  // host k, v [tokens, heads, head_dim] in frame order
+  absl::Status kv_reconstruct(const DeviceKvCache& kv, int32_t layer, std::vector<float>* k, std::vector<float>* v);
+
+  // caches[i] owns rows [rows[i].row0, + rows[i].rows) (rows[i].cache is not read)
+  absl::Status attention(int32_t layer, std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows,
+                         const float* q, const float* k, const float* v, float* out);
+  // the plan the last attention() ran (tests and benchmarks report it)
+  const AttentionPlan& last_plan() const { return plan_; }
+  int64_t gemm_fallback_calls() const { return gemm_ != nullptr ? gemm_->fallback_calls() : 0; }
+
+ private:
+  // an activation's bf16 copy (GEMM operand): rows x cols in rows of ld
+  struct Shadow {
+    bool valid = false;
+    const float* src = nullptr;
+    int64_t rows = 0, cols = 0, ld = 0;
+  };
+  // what the current attention plan was made from
+  struct PlanKey {
+    std::vector<std::tuple<uint64_t, int32_t, int32_t>> sessions;  // cache id, row0, rows
+    std::vector<uint64_t> versions;                                // [sessions][layers]
+    int64_t tuning = -1;
+  };
+
+  CudaBackend() = default;
+  absl::Status init(const WmPluginOptions& options);
+  PagedGeometry paged_geometry(const WmKvGeometry& g) const;
+  absl::StatusOr<const RopeFreqTable*> rope_table(const WmRopeParams& rope, int32_t head_dim);
+  bool plan_fits(int32_t layer, std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows) const;
+  absl::Status make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
+
+  int32_t device_ = 0;
+  WmPluginDeviceInfo info_{};
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t timer_begin_ = nullptr, timer_end_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+
+  // KV page pool: one allocation, bookkeeping in PagePool
+  int64_t page_bytes_ = 0;
+  DeviceBuffer pool_memory_;
+  PagePool pool_;
+  uint64_t next_cache_id_ = 1;
+
+  std::vector<std::unique_ptr<DeviceWeight>> weights_;
+  DeviceBuffer weight_staging_;
+  DeviceBuffer shadow_memory_;
+  Shadow shadow_;
+  std::map<std::tuple<uint32_t, int32_t, int32_t, int32_t, int32_t>, std::unique_ptr<RopeFreqTable>> rope_tables_;
+
+  // attention
+  DeviceBuffer append_scratch_;
+  DeviceBuffer plan_memory_;
+  DeviceBuffer qkv16_;
+  DeviceBuffer partials_;
+  AttentionPlan plan_;
+  AttentionPlan::Layout plan_layout_;
+  PlanKey plan_key_;
+
+  // tuning (set_tuning): see docs/CUDA.md
+  PlanTuning plan_tuning_;
+  bool use_shadow_ = true;
+  int64_t tuning_generation_ = 0;
+};
+
+}  // namespace wm::cuda

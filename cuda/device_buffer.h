@@ -1,0 +1,53 @@
+// An owned device allocation that grows on demand (plugin host code). Growth
+// frees the old block first (cudaFree waits for the device), so it happens
+// only when a batch larger than any before arrives, never in steady state.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "cuda/cuda_check.h"
+
+namespace wm::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+  // at least `bytes` (contents are not kept when it grows)
+  absl::Status reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    release();
+    WM_CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, bytes));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  void release() {
+    // work still queued may read the old block: let it finish first
+    if (p_ != nullptr) {
+      cudaDeviceSynchronize();
+      cudaFree(p_);
+    }
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace wm::cuda

@@ -1,0 +1,82 @@
+// One session's paged KV cache, as bookkeeping: which frame sits in which
+// frame slot, which pool pages each (layer, head) owns, and what an append
+// must write where. Pure host code (the device cache in kv_cache_device.cc
+// adds the pool memory and the kernels); kv_layout.h defines the page layout.
+//
+// Slots: sink frames 0..S-1 take slots 0..S-1 for ever; frame f >= S takes
+// slot S + (f - S) mod W, overwriting the frame that left the window. Frames
+// must arrive in order from 0 (the engine's write pass does), so the cached
+// frames of a layer always fill the slot prefix [0, min(frames, S + W)).
+//
+// Threading: one thread (the engine thread).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace wm::cuda {
+
+struct PagedGeometry {
+  int32_t layers = 0, heads = 0, head_dim = 0, tokens_per_frame = 0;
+  int32_t window_frames = 0, sink_frames = 0;
+  int32_t page_tokens = 0;  // tokens of one (layer, head) per page
+  int32_t slots() const { return window_frames + sink_frames; }
+  int32_t max_pages_per_head() const {
+    const int64_t tokens = static_cast<int64_t>(slots()) * tokens_per_frame;
+    return static_cast<int32_t>((tokens + page_tokens - 1) / page_tokens);
+  }
+  // the pages a session can ever hold: what the pool reserves for it
+  int64_t reservation_pages() const { return static_cast<int64_t>(layers) * heads * max_pages_per_head(); }
+};
+
+// checks a geometry for the paged fp16 layout (kv_layout.h)
+absl::Status validate_paged_geometry(const PagedGeometry& g);
+
+// what one append of `frames` frames to a layer writes
+struct KvAppendPlan {
+  int32_t layer = 0;
+  int64_t end_frame = 0;            // frames appended to this layer afterwards
+  std::vector<int32_t> src_frame;   // per write: frame offset inside the appended k, v
+  std::vector<int32_t> slot;        // per write: destination slot
+  int32_t new_pages_per_head = 0;   // pages each head of the layer must take first
+};
+
+class KvPages {
+ public:
+  explicit KvPages(const PagedGeometry& g);
+
+  const PagedGeometry& geometry() const { return g_; }
+  int32_t slot_of(int64_t frame) const;
+
+  // FAILED_PRECONDITION unless first_frame continues the layer; frames that
+  // an append itself pushes out of the window are not written at all
+  absl::StatusOr<KvAppendPlan> plan_append(int32_t layer, int64_t first_frame, int32_t frames) const;
+  // applies a plan; new_pages: [heads][plan.new_pages_per_head] pool pages
+  void commit_append(const KvAppendPlan& plan, const std::vector<int32_t>& new_pages);
+
+  int32_t used_slots(int32_t layer) const;
+  int32_t used_tokens(int32_t layer) const { return used_slots(layer) * g_.tokens_per_frame; }
+  int64_t frames_appended(int32_t layer) const { return next_frame_[static_cast<size_t>(layer)]; }
+  int32_t pages_per_head(int32_t layer) const;
+  const std::vector<int32_t>& pages(int32_t layer, int32_t head) const {
+    return pages_[static_cast<size_t>(layer) * g_.heads + head];
+  }
+  // bumped by every commit to that layer (plans key on it)
+  uint64_t version(int32_t layer) const { return version_[static_cast<size_t>(layer)]; }
+  int64_t pages_held() const;
+  // absolute frame in each used slot of a layer, by slot
+  std::vector<int64_t> slot_frames(int32_t layer) const;
+  // cached frames of a layer, ascending
+  std::vector<int64_t> frames(int32_t layer) const;
+
+ private:
+  PagedGeometry g_;
+  std::vector<int64_t> next_frame_;           // [layers]
+  std::vector<uint64_t> version_;             // [layers]
+  std::vector<std::vector<int64_t>> slot_frame_;   // [layers][slots], -1 empty
+  std::vector<std::vector<int32_t>> pages_;   // [layers * heads]
+};
+
+}  // namespace wm::cuda

@@ -1,0 +1,380 @@
+// The plugin's one exported symbol and the C ABI (engine/plugin_api.h) over
+// CudaBackend: argument translation, errors to codes plus a message, and
+// no exception or abort ever crossing the boundary.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cuda/cuda_backend.h"
+#include "engine/plugin_api.h"
+
+struct WmPluginBackend {
+  std::unique_ptr<wm::cuda::CudaBackend> impl;
+  std::string error;
+};
+
+struct WmPluginKv {
+  std::unique_ptr<wm::cuda::DeviceKvCache> impl;
+};
+
+namespace {
+
+using wm::cuda::CudaBackend;
+
+constexpr int32_t kOpCount = 9;  // engine/backend.h BackendOp::count
+
+int32_t code_of(const absl::Status& s) { return static_cast<int32_t>(s.code()); }
+
+void write_error(const absl::Status& s, char* err, size_t len) {
+  if (err == nullptr || len == 0) return;
+  const std::string m(s.message());
+  std::strncpy(err, m.c_str(), len - 1);
+  err[len - 1] = '\0';
+}
+
+int32_t finish(WmPluginBackend* b, const absl::Status& s) {
+  if (s.ok()) return WM_OK;
+  b->error = std::string(s.message());
+  return code_of(s);
+}
+
+// runs one entry point: the backend's device current on this thread, the
+// bf16 activation copy dropped unless the entry is linear, exceptions caught
+template <class F>
+int32_t guarded(WmPluginBackend* b, bool keeps_shadow, F&& body) {
+  if (b == nullptr || b->impl == nullptr) return WM_INVALID_ARGUMENT;
+  try {
+    const cudaError_t e = cudaSetDevice(b->impl->device());
+    if (e != cudaSuccess) return finish(b, wm::cuda::cuda_status(e, "cudaSetDevice", __FILE__, __LINE__));
+    if (!keeps_shadow) b->impl->invalidate_shadow();
+    return finish(b, body(*b->impl));
+  } catch (const std::exception& ex) {
+    return finish(b, absl::InternalError(std::string("exception in the CUDA plugin: ") + ex.what()));
+  } catch (...) {
+    return finish(b, absl::InternalError("unknown exception in the CUDA plugin"));
+  }
+}
+
+int32_t api_probe(int32_t device, WmPluginDeviceInfo* info, char* err, size_t err_len) {
+  try {
+    const absl::Status s = wm::cuda::cuda_probe(device, info);
+    write_error(s, err, err_len);
+    return code_of(s);
+  } catch (const std::exception& ex) {
+    write_error(absl::InternalError(ex.what()), err, err_len);
+    return WM_INTERNAL;
+  }
+}
+
+int32_t api_create(const WmPluginOptions* options, WmPluginBackend** out, char* err, size_t err_len) {
+  if (options == nullptr || out == nullptr) return WM_INVALID_ARGUMENT;
+  *out = nullptr;
+  try {
+    auto impl = CudaBackend::create(*options);
+    if (!impl.ok()) {
+      write_error(impl.status(), err, err_len);
+      return code_of(impl.status());
+    }
+    auto* b = new WmPluginBackend();
+    b->impl = std::move(*impl);
+    *out = b;
+    return WM_OK;
+  } catch (const std::exception& ex) {
+    write_error(absl::InternalError(ex.what()), err, err_len);
+    return WM_INTERNAL;
+  }
+}
+
+void api_destroy(WmPluginBackend* b) {
+  if (b == nullptr) return;
+  if (b->impl != nullptr) cudaSetDevice(b->impl->device());
+  delete b;
+}
+
+const char* api_last_error(WmPluginBackend* b) { return b == nullptr ? "null backend" : b->error.c_str(); }
+
+int32_t api_device_info(WmPluginBackend* b, WmPluginDeviceInfo* info) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    if (info == nullptr) return absl::InvalidArgumentError("null info");
+    *info = c.info();
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_memory_stats(WmPluginBackend* b, WmMemoryStats* stats) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    if (stats == nullptr) return absl::InvalidArgumentError("null stats");
+    auto m = c.memory_stats();
+    if (!m.ok()) return m.status();
+    *stats = *m;
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_supports(WmPluginBackend* b, int32_t op) { return b != nullptr && op >= 0 && op < kOpCount ? 1 : 0; }
+
+int32_t api_set_tuning(WmPluginBackend* b, const char* key, int64_t value) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (key == nullptr) return absl::InvalidArgumentError("null tuning key");
+    return c.set_tuning(key, value);
+  });
+}
+
+void* api_alloc(WmPluginBackend* b, size_t bytes) {
+  void* result = nullptr;
+  guarded(b, false, [&](CudaBackend& c) {
+    auto p = c.alloc(bytes);
+    if (!p.ok()) return p.status();
+    result = *p;
+    return absl::OkStatus();
+  });
+  return result;
+}
+
+void api_free(WmPluginBackend* b, void* p) {
+  guarded(b, false, [&](CudaBackend& c) {
+    c.free(p);
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_upload(WmPluginBackend* b, void* dst, const void* host, size_t bytes) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.upload(dst, host, bytes); });
+}
+
+int32_t api_download(WmPluginBackend* b, void* host, const void* src, size_t bytes) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.download(host, src, bytes); });
+}
+
+int32_t api_synchronize(WmPluginBackend* b) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.synchronize(); });
+}
+
+int32_t api_timer_start(WmPluginBackend* b) {
+  return guarded(b, true, [&](CudaBackend& c) { return c.timer_start(); });
+}
+
+int32_t api_timer_stop(WmPluginBackend* b, double* ms) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    auto t = c.timer_stop();
+    if (!t.ok()) return t.status();
+    if (ms != nullptr) *ms = *t;
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_upload_weight(WmPluginBackend* b, const float* host, int32_t out, int32_t in, const void** handle) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (handle == nullptr) return absl::InvalidArgumentError("null weight handle");
+    auto w = c.upload_weight(host, out, in);
+    if (!w.ok()) return w.status();
+    *handle = *w;
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_linear(WmPluginBackend* b, const void* weight, const float* bias, int32_t out, int32_t in,
+                   const float* x, int32_t n, float* y) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    return c.linear(static_cast<const wm::cuda::DeviceWeight*>(weight), bias, out, in, x, n, y);
+  });
+}
+
+int32_t api_layer_norm_modulate(WmPluginBackend* b, const float* x, int32_t n, int32_t d, const float* shift,
+                                const float* scale, int32_t mod_stride, int32_t tokens_per_frame, float eps,
+                                float* y) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    return c.layer_norm_modulate(x, n, d, shift, scale, mod_stride, tokens_per_frame, eps, y);
+  });
+}
+
+int32_t api_rms_norm_rope(WmPluginBackend* b, float* x, int32_t n, int32_t heads, int32_t head_dim,
+                          int32_t row_stride, const float* norm_w, const int32_t* pos, const WmRopeParams* rope,
+                          float eps) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (rope == nullptr) return absl::InvalidArgumentError("null rope params");
+    return c.rms_norm_rope(x, n, heads, head_dim, row_stride, norm_w, pos, *rope, eps);
+  });
+}
+
+int32_t api_gelu(WmPluginBackend* b, float* x, int64_t count) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.gelu(x, count); });
+}
+
+int32_t api_gated_residual(WmPluginBackend* b, float* h, const float* y, const float* gate, int32_t mod_stride,
+                           int32_t n, int32_t d, int32_t tokens_per_frame) {
+  return guarded(b, false,
+                 [&](CudaBackend& c) { return c.gated_residual(h, y, gate, mod_stride, n, d, tokens_per_frame); });
+}
+
+int32_t api_patchify(WmPluginBackend* b, const float* frames, int32_t frames_count, const WmFrameShape* s,
+                     float* tokens) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (s == nullptr) return absl::InvalidArgumentError("null frame shape");
+    return c.patchify(frames, frames_count, *s, tokens);
+  });
+}
+
+int32_t api_unpatchify(WmPluginBackend* b, const float* tokens, int32_t frames_count, const WmFrameShape* s,
+                       float* frames) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (s == nullptr) return absl::InvalidArgumentError("null frame shape");
+    return c.unpatchify(tokens, frames_count, *s, frames);
+  });
+}
+
+int32_t api_euler_step(WmPluginBackend* b, float* x, const float* v, const float* dt_per_frame, int32_t frames_count,
+                       int64_t values_per_frame, int32_t clamp) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    return c.euler_step(x, v, dt_per_frame, frames_count, values_per_frame, clamp != 0);
+  });
+}
+
+int32_t api_kv_reservation_bytes(WmPluginBackend* b, const char* format, const WmKvGeometry* g, int64_t* bytes) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    if (format == nullptr || g == nullptr || bytes == nullptr) return absl::InvalidArgumentError("null argument");
+    auto r = c.kv_reservation_bytes(format, *g);
+    if (!r.ok()) return r.status();
+    *bytes = *r;
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_kv_create(WmPluginBackend* b, const char* format, const WmKvGeometry* g, WmPluginKv** out) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (format == nullptr || g == nullptr || out == nullptr) return absl::InvalidArgumentError("null argument");
+    *out = nullptr;
+    auto kv = c.kv_create(format, *g);
+    if (!kv.ok()) return kv.status();
+    auto* h = new WmPluginKv();
+    h->impl = std::move(*kv);
+    *out = h;
+    return absl::OkStatus();
+  });
+}
+
+void api_kv_destroy(WmPluginBackend* b, WmPluginKv* kv) {
+  if (kv == nullptr) return;
+  guarded(b, false, [&](CudaBackend& c) {
+    c.kv_destroy(std::move(kv->impl));
+    return absl::OkStatus();
+  });
+  delete kv;
+}
+
+int32_t api_kv_append(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const float* k, const float* v,
+                      int64_t first_frame, int32_t frames) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (kv == nullptr || kv->impl == nullptr) return absl::InvalidArgumentError("null cache");
+    return c.kv_append(*kv->impl, layer, k, v, first_frame, frames);
+  });
+}
+
+int32_t api_kv_bytes(WmPluginBackend* b, WmPluginKv* kv, int64_t* bytes) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    if (kv == nullptr || kv->impl == nullptr || bytes == nullptr) return absl::InvalidArgumentError("null argument");
+    *bytes = c.kv_bytes(*kv->impl);
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_kv_frames(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, int64_t* frames, int32_t capacity,
+                      int32_t* count) {
+  return guarded(b, true, [&](CudaBackend& c) {
+    if (kv == nullptr || kv->impl == nullptr || count == nullptr) return absl::InvalidArgumentError("null argument");
+    if (layer < 0 || layer >= kv->impl->geometry.layers) return absl::InvalidArgumentError("bad layer");
+    const std::vector<int64_t> f = kv->impl->pages.frames(layer);
+    *count = static_cast<int32_t>(f.size());
+    for (int32_t i = 0; i < *count && i < capacity && frames != nullptr; ++i) frames[i] = f[static_cast<size_t>(i)];
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_kv_reconstruct(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, float* k, float* v, int64_t capacity,
+                           int64_t* values) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (kv == nullptr || kv->impl == nullptr || values == nullptr) return absl::InvalidArgumentError("null argument");
+    std::vector<float> kh, vh;
+    absl::Status s = c.kv_reconstruct(*kv->impl, layer, &kh, &vh);
+    if (!s.ok()) return s;
+    *values = static_cast<int64_t>(kh.size());
+    if (*values <= capacity && k != nullptr && v != nullptr) {
+      std::memcpy(k, kh.data(), kh.size() * sizeof(float));
+      std::memcpy(v, vh.data(), vh.size() * sizeof(float));
+    }
+    return absl::OkStatus();
+  });
+}
+
+int32_t api_attention(WmPluginBackend* b, int32_t layer, const WmSessionRows* sessions, int32_t count,
+                      const float* q, const float* k, const float* v, float* out) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (count < 0 || (count > 0 && sessions == nullptr)) return absl::InvalidArgumentError("bad session list");
+    std::vector<wm::cuda::DeviceKvCache*> caches(static_cast<size_t>(count));
+    for (int32_t i = 0; i < count; ++i) {
+      WmPluginKv* kv = sessions[i].cache;
+      if (kv == nullptr || kv->impl == nullptr) return absl::InvalidArgumentError("a session has no device cache");
+      caches[static_cast<size_t>(i)] = kv->impl.get();
+    }
+    return c.attention(layer, caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)), q, k, v,
+                       out);
+  });
+}
+
+#define WM_STR2(x) #x
+#define WM_STR(x) WM_STR2(x)
+
+const WmPluginApi* build_api() {
+  static WmPluginApi api;
+  api.abi_version = WM_PLUGIN_ABI_VERSION;
+  api.struct_size = sizeof(WmPluginApi);
+  api.name = "cuda";
+  api.build_info = "wmserve CUDA plugin: CUDA runtime " WM_STR(CUDART_VERSION) ", cuBLASLt " WM_STR(
+      CUBLAS_VERSION) ", sm_90 SASS + compute_90 PTX";
+  api.probe = api_probe;
+  api.create = api_create;
+  api.destroy = api_destroy;
+  api.last_error = api_last_error;
+  api.device_info = api_device_info;
+  api.memory_stats = api_memory_stats;
+  api.supports = api_supports;
+  api.set_tuning = api_set_tuning;
+  api.alloc = api_alloc;
+  api.free = api_free;
+  api.upload = api_upload;
+  api.download = api_download;
+  api.synchronize = api_synchronize;
+  api.timer_start = api_timer_start;
+  api.timer_stop = api_timer_stop;
+  api.upload_weight = api_upload_weight;
+  api.linear = api_linear;
+  api.layer_norm_modulate = api_layer_norm_modulate;
+  api.rms_norm_rope = api_rms_norm_rope;
+  api.gelu = api_gelu;
+  api.gated_residual = api_gated_residual;
+  api.patchify = api_patchify;
+  api.unpatchify = api_unpatchify;
+  api.euler_step = api_euler_step;
+  api.kv_reservation_bytes = api_kv_reservation_bytes;
+  api.kv_create = api_kv_create;
+  api.kv_destroy = api_kv_destroy;
+  api.kv_append = api_kv_append;
+  api.kv_bytes = api_kv_bytes;
+  api.kv_frames = api_kv_frames;
+  api.kv_reconstruct = api_kv_reconstruct;
+  api.attention = api_attention;
+  return &api;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const WmPluginApi* wm_plugin_entry(void) {
+  static const WmPluginApi* api = build_api();
+  return api;
+}

@@ -1,0 +1,30 @@
+// Asynchronous loads of [rows][head_dim] fp16 tiles into swizzled shared
+// memory (device code only), used for query tiles, own-block key tiles and
+// by cache formats for their pages.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/mma.cuh"
+
+namespace wm::cuda {
+
+// copies rows [0, valid) of src (row stride HD) into a ROWS x HD swizzled
+// tile at shared address dst, zero-filling rows [valid, ROWS); `safe` is any
+// valid global address (never read, cp.async wants one)
+template <int HD, int ROWS, int NT>
+__device__ __forceinline__ void load_rows_async(uint32_t dst, const uint16_t* src, int valid, const void* safe,
+                                                int tid) {
+  constexpr int kChunks = HD / 8;
+  static_assert((ROWS * kChunks) % NT == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int k = 0; k < ROWS * kChunks / NT; ++k) {
+    const int i = tid + k * NT;
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = r < valid;
+    const void* g = ok ? static_cast<const void*>(src + static_cast<int64_t>(r) * HD + c * 8) : safe;
+    cp_async_16(dst + swz<HD>(r, c), g, ok);
+  }
+}
+
+}  // namespace wm::cuda

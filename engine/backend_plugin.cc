@@ -1,0 +1,273 @@
+// The engine Backend over a plugin's C ABI (engine/plugin_api.h): argument
+// translation only. KV caches made here live in the plugin's device page
+// pool; attention batches every plugin cache of a step into one call.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/plugin_loader.h"
+
+namespace wm {
+namespace {
+
+WmKvGeometry to_c(const KvGeometry& g) {
+  WmKvGeometry c{};
+  c.layers = g.layers;
+  c.heads = g.heads;
+  c.head_dim = g.head_dim;
+  c.tokens_per_frame = g.tokens_per_frame;
+  c.window_frames = g.window_frames;
+  c.sink_frames = g.sink_frames;
+  c.frames_per_block = g.frames_per_block;
+  return c;
+}
+
+absl::Status from_code(int32_t code, absl::string_view what, const char* message) {
+  if (code == WM_OK) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("cuda backend: ", what, ": ", message != nullptr ? message : ""));
+}
+
+class PluginBackendImpl;
+
+// one session's cache in the plugin's page pool
+class PluginKvCache final : public KvCache {
+ public:
+  PluginKvCache(PluginBackendImpl* owner, WmPluginKv* kv, std::string format, const KvGeometry& g)
+      : owner_(owner), kv_(kv), format_(std::move(format)), g_(g) {}
+  ~PluginKvCache() override;
+
+  absl::string_view format() const override { return format_; }
+  const KvGeometry& geometry() const override { return g_; }
+  void attend(int layer, const float* q, const float* k_cur, const float* v_cur, int n, float* out) override;
+  absl::Status append(int layer, const float* k, const float* v, int64_t first_frame, int frames) override;
+  KvBytes bytes() const override;
+  std::vector<int64_t> frames(int layer) const override;
+  void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const override;
+
+  WmPluginKv* handle() const { return kv_; }
+
+ private:
+  PluginBackendImpl* owner_;
+  WmPluginKv* kv_;
+  std::string format_;
+  KvGeometry g_;
+};
+
+class PluginBackendImpl final : public PluginBackend {
+ public:
+  PluginBackendImpl(std::shared_ptr<const LoadedPlugin> plugin, WmPluginBackend* b, bool abort_on_error)
+      : plugin_(std::move(plugin)), api_(plugin_->api()), b_(b), abort_on_error_(abort_on_error) {
+    api_.device_info(b_, &info_);
+  }
+  ~PluginBackendImpl() override { api_.destroy(b_); }
+
+  const WmPluginApi& api() const { return api_; }
+  WmPluginBackend* handle() const { return b_; }
+
+  // an op's result: fatal by default (see PluginBackendOptions)
+  void check(int32_t code, const char* what) const {
+    if (code == WM_OK) return;
+    const absl::Status s = from_code(code, what, api_.last_error(b_));
+    if (abort_on_error_) {
+      std::fprintf(stderr, "wmserve: fatal: %s\n", s.ToString().c_str());
+      std::abort();
+    }
+    if (status_.ok()) status_ = s;
+  }
+  absl::Status result(int32_t code, const char* what) const { return from_code(code, what, api_.last_error(b_)); }
+
+  // PluginBackend
+  const LoadedPlugin& plugin() const override { return *plugin_; }
+  const WmPluginDeviceInfo& device_info() const override { return info_; }
+  absl::Status status() const override { return status_; }
+  absl::Status synchronize() override { return result(api_.synchronize(b_), "synchronize"); }
+  absl::Status set_tuning(absl::string_view key, int64_t value) override {
+    const std::string k(key);
+    return result(api_.set_tuning(b_, k.c_str(), value), "set_tuning");
+  }
+  absl::Status timer_start() override { return result(api_.timer_start(b_), "timer_start"); }
+  absl::StatusOr<double> timer_stop_ms() override {
+    double ms = 0;
+    absl::Status s = result(api_.timer_stop(b_, &ms), "timer_stop");
+    if (!s.ok()) return s;
+    return ms;
+  }
+
+  // Backend
+  absl::string_view name() const override { return api_.name; }
+  bool supports(BackendOp op) const override { return api_.supports(b_, static_cast<int32_t>(op)) != 0; }
+
+  void* alloc(size_t bytes) override {
+    void* p = api_.alloc(b_, bytes);
+    if (p == nullptr && bytes > 0) check(WM_RESOURCE_EXHAUSTED, "alloc");
+    return p;
+  }
+  void free(void* p) override { api_.free(b_, p); }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    check(api_.upload(b_, dst, host, bytes), "upload");
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    check(api_.download(b_, host, src, bytes), "download");
+  }
+  const void* upload_weight(const float* host, int out, int in) override {
+    const void* handle = nullptr;
+    check(api_.upload_weight(b_, host, out, in, &handle), "upload_weight");
+    return handle;
+  }
+
+  void linear(const LinearWeight& w, const float* x, int n, float* y) override {
+    check(api_.linear(b_, w.w, w.b, w.out, w.in, x, n, y), "linear");
+  }
+  void layer_norm_modulate(const float* x, int n, int d, const float* shift, const float* scale, int mod_stride,
+                           int tokens_per_frame, float eps, float* y) override {
+    check(api_.layer_norm_modulate(b_, x, n, d, shift, scale, mod_stride, tokens_per_frame, eps, y),
+          "layer_norm_modulate");
+  }
+  void rms_norm_rope(float* x, int n, int heads, int head_dim, int row_stride, const float* norm_w,
+                     const int32_t* pos, const RopeParams& rope, float eps) override {
+    const WmRopeParams r{rope.theta, rope.t_pairs, rope.h_pairs, rope.w_pairs};
+    check(api_.rms_norm_rope(b_, x, n, heads, head_dim, row_stride, norm_w, pos, &r, eps), "rms_norm_rope");
+  }
+  void gelu(float* x, int64_t count) override { check(api_.gelu(b_, x, count), "gelu"); }
+  void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
+                      int tokens_per_frame) override {
+    check(api_.gated_residual(b_, h, y, gate, mod_stride, n, d, tokens_per_frame), "gated_residual");
+  }
+  void patchify(const float* frames, int frames_count, const FrameShape& s, float* tokens) override {
+    const WmFrameShape c{s.height, s.width, s.channels, s.patch};
+    check(api_.patchify(b_, frames, frames_count, &c, tokens), "patchify");
+  }
+  void unpatchify(const float* tokens, int frames_count, const FrameShape& s, float* frames) override {
+    const WmFrameShape c{s.height, s.width, s.channels, s.patch};
+    check(api_.unpatchify(b_, tokens, frames_count, &c, frames), "unpatchify");
+  }
+  void euler_step(float* x, const float* v, const float* dt_per_frame, int frames_count, int64_t values_per_frame,
+                  bool clamp) override {
+    check(api_.euler_step(b_, x, v, dt_per_frame, frames_count, values_per_frame, clamp ? 1 : 0), "euler_step");
+  }
+
+  absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
+                                                         const KvFormatOptions& options) override {
+    const std::string f(format);
+    const WmKvGeometry c = to_c(g);
+    WmPluginKv* kv = nullptr;
+    absl::Status s = result(api_.kv_create(b_, f.c_str(), &c, &kv), "kv_create");
+    if (!s.ok()) return s;
+    return std::unique_ptr<KvCache>(new PluginKvCache(this, kv, f, g));
+  }
+  int64_t kv_reservation_bytes(absl::string_view format, const KvGeometry& g,
+                               const KvFormatOptions& options) const override {
+    const std::string f(format);
+    const WmKvGeometry c = to_c(g);
+    int64_t bytes = 0;
+    // a format the device cannot hold reserves nothing; creating it reports why
+    if (api_.kv_reservation_bytes(b_, f.c_str(), &c, &bytes) != WM_OK) return 0;
+    return bytes;
+  }
+  BackendMemory memory() const override {
+    WmMemoryStats m{};
+    BackendMemory out;
+    if (api_.memory_stats(b_, &m) != WM_OK) return out;
+    out.device_total = m.device_total;
+    out.device_free = m.device_free;
+    out.kv_pool_capacity = m.kv_pool_capacity;
+    out.kv_pool_reserved = m.kv_pool_reserved;
+    out.kv_pool_used = m.kv_pool_used;
+    return out;
+  }
+
+  // plugin caches of the batch in one launch; any other cache (a wrapper
+  // around one) runs through its own attend()
+  void attention(int layer, std::span<const SessionSlice> sessions, int tokens_per_frame, const float* q,
+                 const float* k, const float* v, float* out) override {
+    std::vector<WmSessionRows> rows;
+    rows.reserve(sessions.size());
+    for (const SessionSlice& s : sessions) {
+      auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
+      if (pc != nullptr && pc->handle() != nullptr) {
+        rows.push_back({pc->handle(), s.batch_frame * tokens_per_frame, s.frames * tokens_per_frame});
+        continue;
+      }
+      const KvGeometry& g = s.cache->geometry();
+      const size_t off = static_cast<size_t>(s.batch_frame) * tokens_per_frame * g.heads * g.head_dim;
+      const int n = s.frames * tokens_per_frame;
+      s.cache->observe_queries(layer, q + off, n);
+      s.cache->attend(layer, q + off, k + off, v + off, n, out + off);
+    }
+    if (!rows.empty())
+      check(api_.attention(b_, layer, rows.data(), static_cast<int32_t>(rows.size()), q, k, v, out), "attention");
+  }
+
+ private:
+  std::shared_ptr<const LoadedPlugin> plugin_;
+  const WmPluginApi& api_;
+  WmPluginBackend* b_;
+  bool abort_on_error_;
+  WmPluginDeviceInfo info_{};
+  mutable absl::Status status_;
+};
+
+PluginKvCache::~PluginKvCache() { owner_->api().kv_destroy(owner_->handle(), kv_); }
+
+void PluginKvCache::attend(int layer, const float* q, const float* k_cur, const float* v_cur, int n, float* out) {
+  const WmSessionRows rows{kv_, 0, n};
+  owner_->check(owner_->api().attention(owner_->handle(), layer, &rows, 1, q, k_cur, v_cur, out), "attention");
+}
+
+absl::Status PluginKvCache::append(int layer, const float* k, const float* v, int64_t first_frame, int frames) {
+  return owner_->result(owner_->api().kv_append(owner_->handle(), kv_, layer, k, v, first_frame, frames), "kv_append");
+}
+
+KvBytes PluginKvCache::bytes() const {
+  int64_t b = 0;
+  owner_->check(owner_->api().kv_bytes(owner_->handle(), kv_, &b), "kv_bytes");
+  KvBytes out;
+  out.fp_values = b;  // whole pages: what the pool holds for this session
+  return out;
+}
+
+std::vector<int64_t> PluginKvCache::frames(int layer) const {
+  int32_t count = 0;
+  owner_->check(owner_->api().kv_frames(owner_->handle(), kv_, layer, nullptr, 0, &count), "kv_frames");
+  std::vector<int64_t> f(static_cast<size_t>(count));
+  owner_->check(owner_->api().kv_frames(owner_->handle(), kv_, layer, f.data(), count, &count), "kv_frames");
+  f.resize(static_cast<size_t>(count));
+  return f;
+}
+
+void PluginKvCache::reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const {
+  int64_t values = 0;
+  owner_->check(owner_->api().kv_reconstruct(owner_->handle(), kv_, layer, nullptr, nullptr, 0, &values),
+                "kv_reconstruct");
+  k->assign(static_cast<size_t>(values), 0.0f);
+  v->assign(static_cast<size_t>(values), 0.0f);
+  owner_->check(owner_->api().kv_reconstruct(owner_->handle(), kv_, layer, k->data(), v->data(), values, &values),
+                "kv_reconstruct");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PluginBackend>> make_plugin_backend(const PluginBackendOptions& options) {
+  auto plugin = find_plugin(options.path, kCudaPluginFile);
+  if (!plugin.ok()) return plugin.status();
+  const WmPluginApi& api = (*plugin)->api();
+  char err[1024] = {0};
+  WmPluginDeviceInfo info{};
+  if (int32_t code = api.probe(options.device, &info, err, sizeof(err)); code != WM_OK)
+    return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat((*plugin)->path(), ": ", err));
+  WmPluginOptions o{};
+  o.struct_size = sizeof(WmPluginOptions);
+  o.device = options.device;
+  o.kv_pool_bytes = options.kv_pool_bytes;
+  o.kv_page_bytes = options.kv_page_bytes;
+  o.reserve_bytes = options.reserve_bytes;
+  WmPluginBackend* b = nullptr;
+  if (int32_t code = api.create(&o, &b, err, sizeof(err)); code != WM_OK || b == nullptr)
+    return absl::Status(code != WM_OK ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kInternal,
+                        absl::StrCat((*plugin)->path(), ": ", err));
+  return std::unique_ptr<PluginBackend>(new PluginBackendImpl(*plugin, b, options.abort_on_error));
+}
+
+}  // namespace wm

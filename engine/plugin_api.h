@@ -1,0 +1,182 @@
+/* The versioned C ABI between wmserve and a compute-backend plugin
+ * (libwm_cuda.so). docs/CUDA.md explains the design.
+ *
+ * A plugin exports exactly one symbol, WM_PLUGIN_ENTRY_SYMBOL:
+ *
+ *     const WmPluginApi* wm_plugin_entry(void);
+ *
+ * The loader (engine/plugin_loader.cc) dlopen()s the library, calls it, and
+ * rejects the plugin unless api->abi_version == WM_PLUGIN_ABI_VERSION and
+ * api->struct_size == sizeof(WmPluginApi). Any change to a struct or a
+ * function signature below bumps WM_PLUGIN_ABI_VERSION; abi_version and
+ * struct_size stay the first two fields forever so that the check itself never
+ * breaks.
+ *
+ * Conventions:
+ *  - plain C types only; no C++ object crosses the boundary;
+ *  - functions that can fail return a status code (WmStatusCode, the numbering
+ *    of absl::StatusCode) and leave a message for last_error(); codes are never
+ *    thrown, and a plugin never aborts the process;
+ *  - pointers called "device" are memory from alloc() (or inside it); all
+ *    activations are fp32 rows, shapes as in engine/backend.h;
+ *  - one backend is used by one thread at a time (the engine thread); work is
+ *    asynchronous on the backend's stream, download() and synchronize() wait.
+ */
+#ifndef WM_ENGINE_PLUGIN_API_H_
+#define WM_ENGINE_PLUGIN_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WM_PLUGIN_ABI_VERSION 1u
+#define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
+
+/* absl::StatusCode numbering */
+typedef enum WmStatusCode {
+  WM_OK = 0,
+  WM_INVALID_ARGUMENT = 3,
+  WM_NOT_FOUND = 5,
+  WM_RESOURCE_EXHAUSTED = 8,
+  WM_FAILED_PRECONDITION = 9,
+  WM_UNIMPLEMENTED = 12,
+  WM_INTERNAL = 13,
+  WM_UNAVAILABLE = 14
+} WmStatusCode;
+
+typedef struct WmPluginBackend WmPluginBackend; /* opaque: one device, one stream */
+typedef struct WmPluginKv WmPluginKv;           /* opaque: one session's device KV cache */
+
+typedef struct WmPluginDeviceInfo {
+  char name[128];
+  int32_t ordinal;
+  int32_t sm_major, sm_minor;
+  int32_t multiprocessors;
+  int64_t total_bytes, free_bytes;
+  int32_t driver_version, runtime_version; /* e.g. 13000 */
+} WmPluginDeviceInfo;
+
+typedef struct WmPluginOptions {
+  uint32_t struct_size;  /* sizeof(WmPluginOptions) as the caller compiled it */
+  int32_t device;        /* device ordinal */
+  int64_t kv_pool_bytes; /* the KV page pool, allocated once at create */
+  int64_t kv_page_bytes; /* bytes of one page: a multiple of 32 KiB */
+  int64_t reserve_bytes; /* device memory the caller needs besides the pool
+                            (weights, activations): create fails early when
+                            pool + reserve does not fit */
+} WmPluginOptions;
+
+typedef struct WmRopeParams {
+  float theta;
+  int32_t t_pairs, h_pairs, w_pairs;
+} WmRopeParams;
+
+typedef struct WmFrameShape {
+  int32_t height, width, channels, patch;
+} WmFrameShape;
+
+typedef struct WmKvGeometry {
+  int32_t layers, heads, head_dim, tokens_per_frame;
+  int32_t window_frames, sink_frames, frames_per_block;
+} WmKvGeometry;
+
+/* one session's rows inside a batched attention call: its queries (and the
+ * keys/values of its own block) are rows [row0, row0 + rows) of q, k, v, out */
+typedef struct WmSessionRows {
+  WmPluginKv* cache;
+  int32_t row0;
+  int32_t rows;
+} WmSessionRows;
+
+typedef struct WmMemoryStats {
+  int64_t device_total, device_free;  /* cudaMemGetInfo */
+  int64_t kv_pool_capacity;           /* bytes of pages in the pool */
+  int64_t kv_pool_reserved;           /* bytes of pages promised to open caches */
+  int64_t kv_pool_used;               /* bytes of pages holding data */
+  int64_t kv_page_bytes;
+} WmMemoryStats;
+
+typedef struct WmPluginApi {
+  uint32_t abi_version; /* WM_PLUGIN_ABI_VERSION the plugin was built with */
+  uint32_t struct_size; /* sizeof(WmPluginApi) in the plugin */
+  const char* name;       /* "cuda" */
+  const char* build_info; /* toolkit and targets, for logs */
+
+  /* is a usable device there? WM_UNAVAILABLE (with the reason in err) if not */
+  int32_t (*probe)(int32_t device, WmPluginDeviceInfo* info, char* err, size_t err_len);
+  int32_t (*create)(const WmPluginOptions* options, WmPluginBackend** out, char* err, size_t err_len);
+  void (*destroy)(WmPluginBackend* b);
+  /* message of the last failed call on b (valid until the next call) */
+  const char* (*last_error)(WmPluginBackend* b);
+  int32_t (*device_info)(WmPluginBackend* b, WmPluginDeviceInfo* info);
+  int32_t (*memory_stats)(WmPluginBackend* b, WmMemoryStats* stats);
+  /* 1 if the op (engine/backend.h BackendOp numbering) runs on this backend */
+  int32_t (*supports)(WmPluginBackend* b, int32_t op);
+  /* named tuning knobs for tests and benchmarks (docs/CUDA.md lists them) */
+  int32_t (*set_tuning)(WmPluginBackend* b, const char* key, int64_t value);
+
+  /* memory: alloc returns null (with last_error set) when the device is full */
+  void* (*alloc)(WmPluginBackend* b, size_t bytes);
+  void (*free)(WmPluginBackend* b, void* p);
+  int32_t (*upload)(WmPluginBackend* b, void* dst, const void* host, size_t bytes);
+  int32_t (*download)(WmPluginBackend* b, void* host, const void* src, size_t bytes);
+  int32_t (*synchronize)(WmPluginBackend* b);
+  /* device-side timing of everything enqueued between the two calls */
+  int32_t (*timer_start)(WmPluginBackend* b);
+  int32_t (*timer_stop)(WmPluginBackend* b, double* milliseconds);
+
+  /* a weight W [out, in] from host fp32 (kept as bf16); the handle lives until destroy */
+  int32_t (*upload_weight)(WmPluginBackend* b, const float* host, int32_t out, int32_t in, const void** handle);
+
+  /* ops: see engine/backend.h for the exact semantics */
+  int32_t (*linear)(WmPluginBackend* b, const void* weight, const float* bias, int32_t out, int32_t in,
+                    const float* x, int32_t n, float* y);
+  int32_t (*layer_norm_modulate)(WmPluginBackend* b, const float* x, int32_t n, int32_t d, const float* shift,
+                                 const float* scale, int32_t mod_stride, int32_t tokens_per_frame, float eps,
+                                 float* y);
+  int32_t (*rms_norm_rope)(WmPluginBackend* b, float* x, int32_t n, int32_t heads, int32_t head_dim,
+                           int32_t row_stride, const float* norm_w, const int32_t* pos, const WmRopeParams* rope,
+                           float eps);
+  int32_t (*gelu)(WmPluginBackend* b, float* x, int64_t count);
+  int32_t (*gated_residual)(WmPluginBackend* b, float* h, const float* y, const float* gate, int32_t mod_stride,
+                            int32_t n, int32_t d, int32_t tokens_per_frame);
+  int32_t (*patchify)(WmPluginBackend* b, const float* frames, int32_t frames_count, const WmFrameShape* s,
+                      float* tokens);
+  int32_t (*unpatchify)(WmPluginBackend* b, const float* tokens, int32_t frames_count, const WmFrameShape* s,
+                        float* frames);
+  int32_t (*euler_step)(WmPluginBackend* b, float* x, const float* v, const float* dt_per_frame,
+                        int32_t frames_count, int64_t values_per_frame, int32_t clamp);
+
+  /* KV caches in the device page pool */
+  int32_t (*kv_reservation_bytes)(WmPluginBackend* b, const char* format, const WmKvGeometry* g, int64_t* bytes);
+  int32_t (*kv_create)(WmPluginBackend* b, const char* format, const WmKvGeometry* g, WmPluginKv** out);
+  void (*kv_destroy)(WmPluginBackend* b, WmPluginKv* kv);
+  /* k, v: device [frames * tokens_per_frame, heads, head_dim] */
+  int32_t (*kv_append)(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const float* k, const float* v,
+                       int64_t first_frame, int32_t frames);
+  int32_t (*kv_bytes)(WmPluginBackend* b, WmPluginKv* kv, int64_t* bytes);
+  /* absolute indices of the cached frames of a layer, ascending; *count is
+   * the number cached (only the first `capacity` are written) */
+  int32_t (*kv_frames)(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, int64_t* frames, int32_t capacity,
+                       int32_t* count);
+  /* host k, v [tokens, heads, head_dim] in frame order; *values is the count
+   * per tensor (only written when it fits `capacity`) */
+  int32_t (*kv_reconstruct)(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, float* k, float* v,
+                            int64_t capacity, int64_t* values);
+
+  /* attention of one layer for sessions batched in one launch:
+   * q, k, v, out device [rows, heads, head_dim] */
+  int32_t (*attention)(WmPluginBackend* b, int32_t layer, const WmSessionRows* sessions, int32_t count,
+                       const float* q, const float* k, const float* v, float* out);
+} WmPluginApi;
+
+typedef const WmPluginApi* (*WmPluginEntryFn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WM_ENGINE_PLUGIN_API_H_ */

@@ -1,0 +1,153 @@
+#include "quant/kmeans.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace wm {
+namespace {
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// uniform in [0, 1) from (seed, counter)
+inline double uniform01(uint64_t seed, uint64_t counter) {
+  return static_cast<double>(mix64(seed ^ mix64(counter)) >> 11) * 0x1.0p-53;
+}
+
+inline float wdist(const float* a, const float* b, const float* w, int d) {
+  float s = 0.0f;
+  if (w == nullptr) {
+    for (int c = 0; c < d; ++c) {
+      const float t = a[c] - b[c];
+      s += t * t;
+    }
+  } else {
+    for (int c = 0; c < d; ++c) {
+      const float t = a[c] - b[c];
+      s += w[c] * t * t;
+    }
+  }
+  return s;
+}
+
+// distances are compared in float; a non-finite one (overflow on absurd
+// inputs) sorts last instead of breaking the ordering
+inline float finite_or_max(float x) { return std::isfinite(x) ? x : std::numeric_limits<float>::max(); }
+
+}  // namespace
+
+void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int iters, uint64_t seed,
+            std::vector<float>* centroids, std::vector<int>* assign) {
+  k = std::max(1, std::min(k, n));
+  centroids->assign(static_cast<size_t>(k) * d, 0.0f);
+  assign->assign(static_cast<size_t>(n), 0);
+  if (n == 0) return;
+  auto row = [&](int i) { return x + static_cast<size_t>(i) * stride; };
+  auto cen = [&](int j) { return centroids->data() + static_cast<size_t>(j) * d; };
+
+  // k-means++ seeding
+  uint64_t counter = 0;
+  int first = static_cast<int>(uniform01(seed, counter++) * n);
+  first = std::min(first, n - 1);
+  std::copy(row(first), row(first) + d, cen(0));
+  std::vector<double> dmin(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) dmin[static_cast<size_t>(i)] = finite_or_max(wdist(row(i), cen(0), w, d));
+  for (int j = 1; j < k; ++j) {
+    double total = 0;
+    for (double v : dmin) total += v;
+    int pick = 0;
+    if (total > 0 && std::isfinite(total)) {
+      const double target = uniform01(seed, counter++) * total;
+      double acc = 0;
+      pick = n - 1;
+      for (int i = 0; i < n; ++i) {
+        acc += dmin[static_cast<size_t>(i)];
+        if (acc > target) {
+          pick = i;
+          break;
+        }
+      }
+    } else {
+      // every point coincides with a chosen centroid (or distances overflow):
+      // take the farthest one, smallest index on ties
+      pick = static_cast<int>(std::max_element(dmin.begin(), dmin.end()) - dmin.begin());
+    }
+    std::copy(row(pick), row(pick) + d, cen(j));
+    for (int i = 0; i < n; ++i)
+      dmin[static_cast<size_t>(i)] = std::min(dmin[static_cast<size_t>(i)],
+                                              static_cast<double>(finite_or_max(wdist(row(i), cen(j), w, d))));
+  }
+
+  std::vector<float> dist(static_cast<size_t>(n));
+  auto assign_all = [&]() {
+    for (int i = 0; i < n; ++i) {
+      int best = 0;
+      float bd = std::numeric_limits<float>::infinity();
+      for (int j = 0; j < k; ++j) {
+        const float dj = finite_or_max(wdist(row(i), cen(j), w, d));
+        if (dj < bd) {
+          bd = dj;
+          best = j;
+        }
+      }
+      (*assign)[static_cast<size_t>(i)] = best;
+      dist[static_cast<size_t>(i)] = bd;
+    }
+  };
+  assign_all();
+  std::vector<std::vector<int>> members(static_cast<size_t>(k));
+  std::vector<float> scratch;
+  std::vector<double> sum(static_cast<size_t>(d));
+  for (int it = 0; it < iters; ++it) {
+    for (auto& m : members) m.clear();
+    for (int i = 0; i < n; ++i) members[static_cast<size_t>((*assign)[static_cast<size_t>(i)])].push_back(i);
+    for (int j = 0; j < k; ++j) {
+      const auto& m = members[static_cast<size_t>(j)];
+      if (m.empty()) continue;  // an empty cluster keeps its centroid
+      scratch.clear();
+      for (int i : m) scratch.push_back(dist[static_cast<size_t>(i)]);
+      const size_t mid = scratch.size() / 2;
+      std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(mid), scratch.end());
+      const float limit = 64.0f * scratch[mid];  // squared distance: 8x the median distance
+      std::fill(sum.begin(), sum.end(), 0.0);
+      int used = 0;
+      for (int i : m) {
+        if (dist[static_cast<size_t>(i)] > limit) continue;
+        const float* r = row(i);
+        for (int c = 0; c < d; ++c) sum[static_cast<size_t>(c)] += r[c];
+        ++used;
+      }
+      for (int c = 0; c < d; ++c) cen(j)[c] = static_cast<float>(sum[static_cast<size_t>(c)] / used);
+    }
+    assign_all();
+  }
+}
+
+int nearest_centroids(const float* x, int d, const float* w, const float* centroids, int k, int m, int* idx,
+                      float* dist) {
+  m = std::min(m, k);
+  int have = 0;
+  for (int j = 0; j < k; ++j) {
+    const float dj = finite_or_max(wdist(x, centroids + static_cast<size_t>(j) * d, w, d));
+    // insertion into the sorted top-m list; strict < keeps the smaller index on ties
+    int pos = have;
+    while (pos > 0 && dj < dist[pos - 1]) --pos;
+    if (pos >= m) continue;
+    const int last = std::min(have, m - 1);
+    for (int t = last; t > pos; --t) {
+      idx[t] = idx[t - 1];
+      dist[t] = dist[t - 1];
+    }
+    idx[pos] = j;
+    dist[pos] = dj;
+    have = std::min(have + 1, m);
+  }
+  return have;
+}
+
+}  // namespace wm

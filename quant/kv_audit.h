@@ -1,0 +1,58 @@
+// The audited cache (server audit mode, DESIGN §6): a primary cache (the
+// session's format) plus a full-precision fp32 shadow fed the same K/V and
+// queries. Attention returns the primary's result; for a sampled fraction of
+// calls it also probes a few queries per head against the shadow
+// (probe.h) and accumulates DriftStats, exposed through drift().
+//
+// Cost, bounded by AuditOptions: the shadow's memory (fp32, all frames of
+// the window: shadow_bytes(), NOT part of bytes(), which stays the
+// session's KV bytes as its format holds them), one fp32 append per append,
+// and per sampled call one reconstruction of the layer in both caches plus
+// heads x queries_per_head probes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "quant/kv_cache.h"
+
+namespace wm {
+
+struct AuditOptions {
+  double call_fraction = 0.05;  // attention calls probed
+  int queries_per_head = 4;     // queries probed per head in a probed call
+  int topk = 8;
+  uint64_t seed = 1;
+};
+
+class AuditedKvCache final : public KvCache {
+ public:
+  AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options);
+
+  absl::string_view format() const override { return primary_->format(); }
+  const KvGeometry& geometry() const override { return primary_->geometry(); }
+  void attend(int layer, const float* q, const float* k_cur, const float* v_cur, int n, float* out) override;
+  absl::Status append(int layer, const float* k, const float* v, int64_t first_frame, int frames) override;
+  void observe_queries(int layer, const float* q, int n) override;
+  KvBytes bytes() const override { return primary_->bytes(); }
+  std::vector<int64_t> frames(int layer) const override { return primary_->frames(layer); }
+  void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const override {
+    primary_->reconstruct(layer, k, v);
+  }
+  const DriftStats* drift() const override { return &drift_; }
+
+  KvBytes shadow_bytes() const { return shadow_->bytes(); }
+  int64_t probed_calls() const { return probed_calls_; }
+  const KvCache& primary() const { return *primary_; }
+
+ private:
+  std::unique_ptr<KvCache> primary_, shadow_;
+  AuditOptions options_;
+  DriftStats drift_;
+  uint64_t calls_ = 0;
+  int64_t probed_calls_ = 0;
+};
+
+std::unique_ptr<KvCache> make_audited_cache(std::unique_ptr<KvCache> primary, const AuditOptions& options = {});
+
+}  // namespace wm

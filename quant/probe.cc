@@ -1,0 +1,133 @@
+#include "quant/probe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace wm {
+namespace {
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+double dot(const float* a, const float* b, int d) {
+  double s = 0;
+  for (int i = 0; i < d; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// indices of the k largest, descending, smaller index first on ties
+std::vector<int> top_indices(const std::vector<double>& s, int k) {
+  std::vector<int> idx(s.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+    return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)] ||
+           (s[static_cast<size_t>(a)] == s[static_cast<size_t>(b)] && a < b);
+  });
+  idx.resize(static_cast<size_t>(k));
+  return idx;
+}
+
+// softmax over history logits s [m] and the current block's logits, times V
+void attention_output(const std::vector<double>& s, const std::vector<double>& s_cur, const float* v, const float* v_cur,
+                      int stride, int d, std::vector<double>* out) {
+  double mx = -INFINITY;
+  for (double x : s) mx = std::max(mx, x);
+  for (double x : s_cur) mx = std::max(mx, x);
+  out->assign(static_cast<size_t>(d), 0.0);
+  double z = 0;
+  auto add = [&](double logit, const float* row) {
+    const double p = std::exp(logit - mx);
+    z += p;
+    for (int c = 0; c < d; ++c) (*out)[static_cast<size_t>(c)] += p * row[c];
+  };
+  for (size_t j = 0; j < s.size(); ++j) add(s[j], v + j * stride);
+  for (size_t j = 0; j < s_cur.size(); ++j) add(s_cur[j], v_cur + j * stride);
+  for (double& x : *out) x /= z;
+}
+
+}  // namespace
+
+std::vector<ProbeQuery> probe_sample(int n, int heads, int per_head, uint64_t seed) {
+  std::vector<ProbeQuery> out;
+  const int take = std::min(n, per_head);
+  for (int h = 0; h < heads; ++h) {
+    // a seeded partial Fisher-Yates shuffle of the query indices
+    std::vector<int> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    for (int i = 0; i < take; ++i) {
+      const uint64_t r = mix64(seed ^ mix64(static_cast<uint64_t>(h) * 1315423911ull + static_cast<uint64_t>(i)));
+      const int j = i + static_cast<int>(r % static_cast<uint64_t>(n - i));
+      std::swap(idx[static_cast<size_t>(i)], idx[static_cast<size_t>(j)]);
+      out.push_back({h, idx[static_cast<size_t>(i)]});
+    }
+  }
+  return out;
+}
+
+void probe_attention(const float* q, const float* k_cur, const float* v_cur, int n, int heads, int head_dim,
+                     const float* ref_k, const float* ref_v, const float* quant_k, const float* quant_v, int m,
+                     std::span<const ProbeQuery> samples, int topk, DriftStats* stats) {
+  if (m <= 0) return;
+  const int stride = heads * head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const int k = std::max(1, std::min(topk, m));
+  std::vector<double> sr(static_cast<size_t>(m)), sq(static_cast<size_t>(m)), sc(static_cast<size_t>(n));
+  std::vector<double> orf, oq;
+  for (const ProbeQuery& p : samples) {
+    if (p.head < 0 || p.head >= heads || p.query < 0 || p.query >= n) continue;
+    const size_t off = static_cast<size_t>(p.head) * head_dim;
+    const float* qi = q + static_cast<size_t>(p.query) * stride + off;
+    bool finite = true;
+    for (int j = 0; j < m; ++j) {
+      sr[static_cast<size_t>(j)] = dot(qi, ref_k + static_cast<size_t>(j) * stride + off, head_dim) * scale;
+      sq[static_cast<size_t>(j)] = dot(qi, quant_k + static_cast<size_t>(j) * stride + off, head_dim) * scale;
+      finite = finite && std::isfinite(sr[static_cast<size_t>(j)]);
+    }
+    for (int j = 0; j < n; ++j) {
+      sc[static_cast<size_t>(j)] = dot(qi, k_cur + static_cast<size_t>(j) * stride + off, head_dim) * scale;
+      finite = finite && std::isfinite(sc[static_cast<size_t>(j)]);
+    }
+    if (!finite) continue;
+    const auto tr = top_indices(sr, k), tq = top_indices(sq, k);
+    stats->queries += 1;
+    stats->top1_mismatches += tr[0] != tq[0] ? 1 : 0;
+    int common = 0;
+    for (int a : tr) common += std::count(tq.begin(), tq.end(), a) > 0 ? 1 : 0;
+    stats->topk_overlap_sum += static_cast<double>(common) / k;
+    for (int j = 0; j < m; ++j) {
+      const double e = sq[static_cast<size_t>(j)] - sr[static_cast<size_t>(j)];
+      stats->logit_sq_err_sum += std::isfinite(e) ? e * e : 0.0;
+    }
+    stats->logits += m;
+    attention_output(sr, sc, ref_v + off, v_cur + off, stride, head_dim, &orf);
+    attention_output(sq, sc, quant_v + off, v_cur + off, stride, head_dim, &oq);
+    double num = 0, den = 0;
+    for (int c = 0; c < head_dim; ++c) {
+      num += (oq[static_cast<size_t>(c)] - orf[static_cast<size_t>(c)]) * (oq[static_cast<size_t>(c)] - orf[static_cast<size_t>(c)]);
+      den += orf[static_cast<size_t>(c)] * orf[static_cast<size_t>(c)];
+    }
+    const double rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+    stats->output_rel_err_sum += std::isfinite(rel) ? rel : 0.0;
+  }
+}
+
+bool probe_caches(const KvCache& reference, const KvCache& candidate, int layer, const float* q, const float* k_cur,
+                  const float* v_cur, int n, std::span<const ProbeQuery> samples, int topk, DriftStats* stats) {
+  if (reference.frames(layer) != candidate.frames(layer)) return false;
+  const KvGeometry& g = reference.geometry();
+  std::vector<float> rk, rv, ck, cv;
+  reference.reconstruct(layer, &rk, &rv);
+  candidate.reconstruct(layer, &ck, &cv);
+  if (rk.size() != ck.size()) return false;
+  const int m = static_cast<int>(rk.size() / (static_cast<size_t>(g.heads) * g.head_dim));
+  probe_attention(q, k_cur, v_cur, n, g.heads, g.head_dim, rk.data(), rv.data(), ck.data(), cv.data(), m, samples,
+                  topk, stats);
+  return true;
+}
+
+}  // namespace wm

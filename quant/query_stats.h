@@ -1,0 +1,38 @@
+// The causal query statistics of QuantWM (docs/QUANT.md): per (layer, kv
+// head), the running second moment G = sum q q^T over every query observed
+// so far and their count. QSAC reads its diagonal as channel weights; PSAC
+// reads its top eigenvectors. Only queries already computed ever enter, so
+// a span quantized now can never depend on a later query.
+#pragma once
+
+#include <Eigen/Dense>
+#include <cstdint>
+
+namespace wm {
+
+class QueryStats {
+ public:
+  explicit QueryStats(int head_dim);
+
+  // adds n query rows q [n, head_dim] (row stride `stride` floats); a row
+  // with a non-finite value is skipped, so one bad query cannot poison G
+  void add(const float* q, int stride, int n);
+  int64_t count() const { return count_; }
+  int head_dim() const { return d_; }
+
+  // w = diag(G) / count, normalised to mean 1, then floored at `floor`;
+  // false (w untouched) before any query was observed
+  bool channel_weights(float floor, float* w) const;
+
+  // the top-r eigenvectors of G / count as rows u [r, head_dim], largest
+  // eigenvalue first (Eigen's self-adjoint solver); `energy` gets the
+  // fraction of the trace they hold. False before any query was observed.
+  bool principal_basis(int r, float* u, double* energy) const;
+
+ private:
+  int d_;
+  int64_t count_ = 0;
+  Eigen::MatrixXd g_;  // [head_dim, head_dim]
+};
+
+}  // namespace wm

@@ -1,0 +1,151 @@
+#include "quant/span_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/half.h"
+#include "quant/kmeans.h"
+#include "quant/kv_layouts.h"
+
+namespace wm {
+namespace {
+
+template <int B>
+void encode_impl(const float* x, int n, int d, int stride, const SpanCodecParams& p, SpanHeadCodes* out) {
+  using Block = BlockQ2Sym<B>;
+  const int nb = d / B;
+  // the NaN guard, then clustering on the clean copy
+  std::vector<float> clean(static_cast<size_t>(n) * d);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c)
+      clean[static_cast<size_t>(i) * d + c] = kv_sanitize(x[static_cast<size_t>(i) * stride + c]);
+  std::vector<float> cen;
+  std::vector<int> assign;
+  kmeans(clean.data(), n, d, d, p.weights, std::min(p.centroids, 256), p.iters, p.seed, &cen, &assign);
+  const int k = static_cast<int>(cen.size()) / d;
+  out->k = k;
+  out->centroids.resize(cen.size());
+  // tokens are coded against the stored (fp16) centroids
+  for (size_t i = 0; i < cen.size(); ++i) {
+    out->centroids[i] = f32_to_f16(cen[i]);
+    cen[i] = f16_to_f32(out->centroids[i]);
+  }
+  out->ids.assign(static_cast<size_t>(n), 0);
+  out->blocks.assign(static_cast<size_t>(n) * nb * sizeof(Block), 0);
+  const bool psac = p.basis != nullptr;
+  const int rec = span_coeff_bytes(p.coeff_bits);
+  out->coeffs.assign(psac ? static_cast<size_t>(n) * rec : 0, 0);
+
+  const int m = std::max(1, std::min(p.candidates, k));
+  std::vector<int> cand(static_cast<size_t>(m));
+  std::vector<float> cdist(static_cast<size_t>(m));
+  std::vector<float> resid(static_cast<size_t>(d));
+  std::vector<Block> trial(static_cast<size_t>(nb)), best(static_cast<size_t>(nb));
+  std::vector<float> err_vec(static_cast<size_t>(d)), alpha(kPsacRank), deq(static_cast<size_t>(B));
+  for (int i = 0; i < n; ++i) {
+    const float* xi = clean.data() + static_cast<size_t>(i) * d;
+    const int have = nearest_centroids(xi, d, p.weights, cen.data(), k, m, cand.data(), cdist.data());
+    float best_err = std::numeric_limits<float>::infinity();
+    int best_id = cand[0];
+    for (int t = 0; t < have; ++t) {
+      const float* cj = cen.data() + static_cast<size_t>(cand[static_cast<size_t>(t)]) * d;
+      for (int c = 0; c < d; ++c) resid[static_cast<size_t>(c)] = xi[c] - cj[c];
+      float err = 0.0f;
+      for (int b = 0; b < nb; ++b)
+        err += q2sym_quantize_ref<B>(resid.data() + b * B, p.weights != nullptr ? p.weights + b * B : nullptr,
+                                     &trial[static_cast<size_t>(b)]);
+      // strict < keeps the nearest candidate on ties (and a finite error always beats the first inf)
+      if (err < best_err || t == 0) {
+        best_err = err;
+        best_id = cand[static_cast<size_t>(t)];
+        best = trial;
+      }
+    }
+    out->ids[static_cast<size_t>(i)] = static_cast<uint8_t>(best_id);
+    std::copy(reinterpret_cast<const uint8_t*>(best.data()), reinterpret_cast<const uint8_t*>(best.data()) + nb * sizeof(Block),
+              out->blocks.data() + static_cast<size_t>(i) * nb * sizeof(Block));
+    if (!psac) continue;
+    // PSAC: the error left after centroid + residual, projected on the basis
+    const float* cj = cen.data() + static_cast<size_t>(best_id) * d;
+    for (int b = 0; b < nb; ++b) {
+      q2sym_dequantize_ref<B>(best[static_cast<size_t>(b)], deq.data());
+      for (int c = 0; c < B; ++c) err_vec[static_cast<size_t>(b * B + c)] = xi[b * B + c] - cj[b * B + c] - deq[static_cast<size_t>(c)];
+    }
+    for (int r = 0; r < kPsacRank; ++r) {
+      double a = 0;
+      for (int c = 0; c < d; ++c) a += static_cast<double>(p.basis[static_cast<size_t>(r) * d + c]) * err_vec[static_cast<size_t>(c)];
+      alpha[static_cast<size_t>(r)] = static_cast<float>(a);
+    }
+    uint8_t* dst = out->coeffs.data() + static_cast<size_t>(i) * rec;
+    if (p.coeff_bits == 8) {
+      psac_quantize_ref(alpha.data(), reinterpret_cast<PsacCoeffsI8<kPsacRank>*>(dst));
+    } else {
+      psac_quantize_ref(alpha.data(), reinterpret_cast<PsacCoeffsI4<kPsacRank>*>(dst));
+    }
+  }
+}
+
+template <int B>
+void decode_impl(const SpanHeadCodes& c, int n, int d, int coeff_bits, const float* basis, float* out, int stride) {
+  using Block = BlockQ2Sym<B>;
+  const int nb = d / B;
+  const Block* blocks = reinterpret_cast<const Block*>(c.blocks.data());
+  const int rec = span_coeff_bytes(coeff_bits);
+  std::vector<float> alpha(kPsacRank);
+  for (int i = 0; i < n; ++i) {
+    float* o = out + static_cast<size_t>(i) * stride;
+    const uint16_t* cj = c.centroids.data() + static_cast<size_t>(c.ids[static_cast<size_t>(i)]) * d;
+    for (int b = 0; b < nb; ++b) q2sym_dequantize_ref<B>(blocks[static_cast<size_t>(i) * nb + b], o + b * B);
+    for (int x = 0; x < d; ++x) o[x] += f16_to_f32(cj[x]);
+    if (basis == nullptr || c.coeffs.empty()) continue;
+    const uint8_t* src = c.coeffs.data() + static_cast<size_t>(i) * rec;
+    if (coeff_bits == 8) {
+      psac_dequantize_ref(*reinterpret_cast<const PsacCoeffsI8<kPsacRank>*>(src), alpha.data());
+    } else {
+      psac_dequantize_ref(*reinterpret_cast<const PsacCoeffsI4<kPsacRank>*>(src), alpha.data());
+    }
+    for (int r = 0; r < kPsacRank; ++r)
+      for (int x = 0; x < d; ++x) o[x] += alpha[static_cast<size_t>(r)] * basis[static_cast<size_t>(r) * d + x];
+  }
+}
+
+}  // namespace
+
+int span_block_bytes(int head_dim, int block) { return head_dim / block * (1 + block / 4); }
+
+int span_coeff_bytes(int coeff_bits) {
+  return coeff_bits == 8 ? static_cast<int>(sizeof(PsacCoeffsI8<kPsacRank>))
+                         : static_cast<int>(sizeof(PsacCoeffsI4<kPsacRank>));
+}
+
+void span_encode(const float* x, int n, int d, int stride, const SpanCodecParams& p, SpanHeadCodes* out) {
+  switch (p.block) {
+    case 16: return encode_impl<16>(x, n, d, stride, p, out);
+    case 32: return encode_impl<32>(x, n, d, stride, p, out);
+    case 64: return encode_impl<64>(x, n, d, stride, p, out);
+    default: return encode_impl<128>(x, n, d, stride, p, out);
+  }
+}
+
+void span_decode_ref(const SpanHeadCodes& c, int n, int d, int block, int coeff_bits, const float* basis,
+                     float* out, int stride) {
+  switch (block) {
+    case 16: return decode_impl<16>(c, n, d, coeff_bits, basis, out, stride);
+    case 32: return decode_impl<32>(c, n, d, coeff_bits, basis, out, stride);
+    case 64: return decode_impl<64>(c, n, d, coeff_bits, basis, out, stride);
+    default: return decode_impl<128>(c, n, d, coeff_bits, basis, out, stride);
+  }
+}
+
+void span_drop_front(SpanHeadCodes* c, int tokens, int head_dim, int block, int coeff_bits) {
+  auto drop = [&](std::vector<uint8_t>* v, size_t per_token) {
+    if (v->empty()) return;
+    v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(per_token * tokens));
+  };
+  drop(&c->ids, 1);
+  drop(&c->blocks, static_cast<size_t>(span_block_bytes(head_dim, block)));
+  drop(&c->coeffs, static_cast<size_t>(span_coeff_bytes(coeff_bits)));
+}
+
+}  // namespace wm

@@ -1,0 +1,728 @@
+// Backend parity (llama.cpp test-backend-ops style): one table of op cases,
+// each run with the same random inputs on the CPU backend (the oracle) and on
+// the CUDA plugin, and compared element by element: EVERY value must satisfy
+//
+//     |cuda - cpu| <= abs + rms * RMS(cpu) + rel * |cpu|
+//
+// with the case's stated tolerance (Tol). Plus the KV cache round trip, the
+// error paths, a sanitizer smoke test that runs every kernel once on small
+// shapes (tools/gpu-run.sh runs it under compute-sanitizer), and end-to-end
+// frames within a stated PSNR. Without a GPU (or without the plugin) every
+// CUDA test skips with the reason, so CI stays green.
+//
+// Tolerances and why:
+//   exact ops (patchify, unpatchify)             0
+//   fp32 elementwise (gelu, gated residual,      1e-5 abs + 1e-5 rel: same fp32 formula,
+//     euler step)                                 libm vs CUDA tanh/fma differences
+//   layer norm + modulation, RMSNorm + RoPE      1e-4 abs + 1e-4 rel: fp32 vs double sums,
+//                                                 float sincos of the double-reduced angle
+//   linear (bf16 weights and inputs, fp32        3e-2 * RMS(cpu) + 1e-2 rel: bf16 keeps 8
+//     accumulation)                               significant bits, about 0.3% of RMS per value
+//   attention (fp16 q, k, v and probabilities)   kAttentionAbs = 1e-2 abs: the CPU holds q and
+//                                                 the block's k, v in fp32; cuda_host_test's
+//                                                 Fp16ErrorBudget measures <= 1.7e-3 for the same
+//                                                 math on these inputs (outputs up to ~3.5)
+//   frames end to end                            PSNR >= kMinPsnrDb = 35 dB on every frame (8-bit
+//                                                 RGB); bf16 weights alone give ~56 dB on the CPU
+//                                                 with these configs, a wrong kernel gives < 20
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/plugin_loader.h"
+
+namespace wm {
+namespace {
+
+constexpr double kAttentionAbs = 1e-2;
+constexpr double kMinPsnrDb = 35.0;
+
+// ---- backends ---------------------------------------------------------------------
+
+std::string plugin_path() {
+  if (const char* e = std::getenv("WM_CUDA_PLUGIN"); e != nullptr && *e != '\0') return e;
+#ifdef WM_CUDA_PLUGIN_PATH
+  if (std::filesystem::exists(WM_CUDA_PLUGIN_PATH)) return WM_CUDA_PLUGIN_PATH;
+#endif
+  return "";  // beside the executable (the GPU bundle), then the loader's search path
+}
+
+struct Backends {
+  std::unique_ptr<Backend> cpu;
+  std::unique_ptr<PluginBackend> cuda;
+  std::string why_not;
+};
+
+// made once and never destroyed: the CUDA runtime tears itself down at exit
+Backends& backends() {
+  static Backends* b = [] {
+    auto* x = new Backends;
+    x->cpu = make_cpu_backend(0);
+    PluginBackendOptions o;
+    o.path = plugin_path();
+    o.kv_pool_bytes = int64_t{1} << 30;
+    o.abort_on_error = false;
+    auto c = make_plugin_backend(o);
+    if (c.ok()) {
+      x->cuda = std::move(*c);
+      const WmPluginDeviceInfo& i = x->cuda->device_info();
+      std::printf("CUDA backend: %s (sm_%d%d, %d SMs) from %s\n", i.name, i.sm_major, i.sm_minor, i.multiprocessors,
+                  x->cuda->plugin().path().c_str());
+    } else {
+      x->why_not = c.status().ToString();
+    }
+    return x;
+  }();
+  return *b;
+}
+
+#define WM_REQUIRE_CUDA()                                                                         \
+  do {                                                                                            \
+    if (backends().cuda == nullptr) GTEST_SKIP() << "no CUDA backend: " << backends().why_not;     \
+  } while (0)
+
+// sets plugin tuning knobs for one scope (no-op on other backends)
+class Tuning {
+ public:
+  Tuning(Backend& b, std::vector<std::pair<std::string, int64_t>> knobs) : pb_(dynamic_cast<PluginBackend*>(&b)) {
+    if (pb_ == nullptr) return;
+    for (const auto& [k, v] : knobs) {
+      EXPECT_TRUE(pb_->set_tuning(k, v).ok()) << k;
+      reset_.push_back(k);
+    }
+  }
+  ~Tuning() {
+    if (pb_ == nullptr) return;
+    for (const std::string& k : reset_) {
+      const int64_t def = k == "attention.split" ? -1 : k == "shadow" ? 1 : k == "attention.min_tiles_per_split" ? 4 : 0;
+      EXPECT_TRUE(pb_->set_tuning(k, def).ok()) << k;
+    }
+  }
+
+ private:
+  PluginBackend* pb_;
+  std::vector<std::string> reset_;
+};
+
+// buffers of one backend, freed at scope end
+class Buffers {
+ public:
+  explicit Buffers(Backend& b) : b_(b) {}
+  ~Buffers() {
+    for (void* p : owned_) b_.free(p);
+  }
+  template <class T>
+  T* put(const std::vector<T>& host) {
+    const size_t bytes = std::max<size_t>(1, host.size()) * sizeof(T);
+    void* p = b_.alloc(bytes);
+    if (!host.empty()) b_.upload(p, host.data(), host.size() * sizeof(T));
+    owned_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  float* zeros(size_t n) { return put(std::vector<float>(n, 0.0f)); }
+  std::vector<float> get(const float* p, size_t n) {
+    std::vector<float> h(n);
+    if (n > 0) b_.download(h.data(), p, n * sizeof(float));
+    return h;
+  }
+
+ private:
+  Backend& b_;
+  std::vector<void*> owned_;
+};
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(mean, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// ---- comparison ---------------------------------------------------------------------
+
+struct Tol {
+  double abs = 0, rms = 0, rel = 0;  // bound_i = abs + rms * RMS(cpu) + rel * |cpu_i|
+};
+
+::testing::AssertionResult close(const std::vector<float>& cpu, const std::vector<float>& cuda, Tol t) {
+  if (cpu.size() != cuda.size())
+    return ::testing::AssertionFailure() << "sizes differ: cpu " << cpu.size() << ", cuda " << cuda.size();
+  double sq = 0, err_sq = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) sq += static_cast<double>(cpu[i]) * cpu[i];
+  const double rms = cpu.empty() ? 0 : std::sqrt(sq / cpu.size());
+  int64_t bad = 0;
+  size_t worst = 0;
+  double worst_excess = -1, max_err = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(cuda[i]) - cpu[i]);
+    err_sq += e * e;
+    max_err = std::max(max_err, std::isfinite(e) ? e : INFINITY);
+    const double bound = t.abs + t.rms * rms + t.rel * std::fabs(cpu[i]);
+    const double excess = std::isfinite(e) ? e - bound : INFINITY;
+    if (excess > 0) ++bad;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+  }
+  const double nmse = sq > 0 ? err_sq / sq : err_sq;
+  if (bad > 0)
+    return ::testing::AssertionFailure()
+           << bad << " of " << cpu.size() << " values outside |cuda - cpu| <= " << t.abs << " + " << t.rms
+           << " * RMS(cpu) + " << t.rel << " * |cpu| (RMS(cpu) = " << rms << "); worst at " << worst << ": cpu "
+           << cpu[worst] << ", cuda " << cuda[worst] << "; max |err| " << max_err << ", nmse " << nmse;
+  return ::testing::AssertionSuccess() << "max |err| " << max_err << ", nmse " << nmse << " over " << cpu.size();
+}
+
+// ---- the case table ---------------------------------------------------------------
+
+struct OpCase {
+  std::string name;
+  Tol tol;
+  // runs the op on a backend with inputs drawn from `seed`, returns the outputs
+  std::function<std::vector<float>(Backend&, uint32_t seed)> run;
+};
+
+// gtest prints a case by its name
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+OpCase linear_case(int n, int in, int out, bool bias, bool fallback = false) {
+  OpCase c;
+  c.name = "linear_n" + std::to_string(n) + "_in" + std::to_string(in) + "_out" + std::to_string(out) +
+           (bias ? "_bias" : "") + (fallback ? "_fallback" : "");
+  c.tol = {1e-5, 3e-2, 1e-2};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Tuning t(b, fallback ? std::vector<std::pair<std::string, int64_t>>{{"linear.fallback", 1}}
+                         : std::vector<std::pair<std::string, int64_t>>{});
+    Buffers buf(b);
+    const auto x = randn(static_cast<size_t>(n) * in, seed);
+    const auto w = randn(static_cast<size_t>(out) * in, seed + 1, 1.0f / std::sqrt(static_cast<float>(in)));
+    const auto bv = randn(static_cast<size_t>(out), seed + 2);
+    LinearWeight lw{b.upload_weight(w.data(), out, in), bias ? buf.put(bv) : nullptr, out, in};
+    float* y = buf.zeros(static_cast<size_t>(n) * out);
+    b.linear(lw, buf.put(x), n, y);
+    return buf.get(y, static_cast<size_t>(n) * out);
+  };
+  return c;
+}
+
+OpCase layer_norm_case(int n, int d, int tokens_per_frame) {
+  OpCase c;
+  c.name = "layer_norm_modulate_n" + std::to_string(n) + "_d" + std::to_string(d) + "_T" +
+           std::to_string(tokens_per_frame);
+  c.tol = {1e-4, 0, 1e-4};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const int frames = (n + tokens_per_frame - 1) / tokens_per_frame, stride = 6 * d;
+    const auto x = randn(static_cast<size_t>(n) * d, seed, 2.0f, 0.5f);
+    const auto mod = randn(static_cast<size_t>(frames) * stride, seed + 1, 0.3f);
+    float* m = buf.put(mod);
+    float* y = buf.zeros(static_cast<size_t>(n) * d);
+    b.layer_norm_modulate(buf.put(x), n, d, m + d, m + 2 * d, stride, tokens_per_frame, 1e-6f, y);
+    return buf.get(y, static_cast<size_t>(n) * d);
+  };
+  return c;
+}
+
+OpCase rms_norm_rope_case(int n, int heads, int head_dim, int extra_stride, int32_t t0) {
+  OpCase c;
+  c.name = "rms_norm_rope_n" + std::to_string(n) + "_h" + std::to_string(heads) + "_hd" + std::to_string(head_dim) +
+           "_stride" + std::to_string(heads * head_dim + extra_stride) + "_t" + std::to_string(t0);
+  c.tol = {1e-4, 0, 1e-4};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const int stride = heads * head_dim + extra_stride;
+    const auto x = randn(static_cast<size_t>(n) * stride, seed, 1.5f);
+    const auto w = randn(static_cast<size_t>(head_dim), seed + 1, 0.2f, 1.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(n) * 3);
+    for (int i = 0; i < n; ++i) {
+      pos[3 * i] = t0 + i / 7;
+      pos[3 * i + 1] = (i / 3) % 11;
+      pos[3 * i + 2] = i % 13;
+    }
+    const int pairs = head_dim / 2, tp = pairs / 3 + pairs % 3, hp = pairs / 3;
+    const RopeParams rope{10000.0f, tp, hp, pairs - tp - hp};
+    float* xd = buf.put(x);
+    b.rms_norm_rope(xd, n, heads, head_dim, stride, buf.put(w), buf.put(pos), rope, 1e-6f);
+    return buf.get(xd, x.size());
+  };
+  return c;
+}
+
+OpCase gelu_case(int64_t count) {
+  OpCase c;
+  c.name = "gelu_" + std::to_string(count);
+  c.tol = {1e-5, 0, 1e-5};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const auto x = randn(static_cast<size_t>(count), seed, 3.0f);
+    float* xd = buf.put(x);
+    b.gelu(xd, count);
+    return buf.get(xd, x.size());
+  };
+  return c;
+}
+
+OpCase gated_residual_case(int n, int d, int tokens_per_frame) {
+  OpCase c;
+  c.name = "gated_residual_n" + std::to_string(n) + "_d" + std::to_string(d) + "_T" + std::to_string(tokens_per_frame);
+  c.tol = {1e-5, 0, 1e-5};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const int frames = (n + tokens_per_frame - 1) / tokens_per_frame, stride = 6 * d;
+    const auto h = randn(static_cast<size_t>(n) * d, seed), y = randn(h.size(), seed + 1);
+    const auto gate = randn(static_cast<size_t>(frames) * stride, seed + 2);
+    float* hd = buf.put(h);
+    b.gated_residual(hd, buf.put(y), buf.put(gate) + 2 * d, stride, n, d, tokens_per_frame);
+    return buf.get(hd, h.size());
+  };
+  return c;
+}
+
+OpCase patchify_case(FrameShape s, int frames, bool inverse) {
+  OpCase c;
+  c.name = std::string(inverse ? "unpatchify_" : "patchify_") + std::to_string(s.height) + "x" +
+           std::to_string(s.width) + "x" + std::to_string(s.channels) + "_p" + std::to_string(s.patch) + "_f" +
+           std::to_string(frames);
+  c.tol = {0, 0, 0};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const size_t n = static_cast<size_t>(frames) * s.height * s.width * s.channels;
+    const auto x = randn(n, seed);
+    float* out = buf.zeros(n);
+    if (inverse) {
+      b.unpatchify(buf.put(x), frames, s, out);
+    } else {
+      b.patchify(buf.put(x), frames, s, out);
+    }
+    return buf.get(out, n);
+  };
+  return c;
+}
+
+OpCase euler_case(int frames, int64_t values, bool clamp) {
+  OpCase c;
+  c.name = "euler_step_f" + std::to_string(frames) + "_v" + std::to_string(values) + (clamp ? "_clamp" : "");
+  c.tol = {1e-5, 0, 1e-5};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const auto x = randn(static_cast<size_t>(frames * values), seed, 0.7f);
+    const auto v = randn(x.size(), seed + 1);
+    const auto dt = randn(static_cast<size_t>(frames), seed + 2, 0.3f);
+    float* xd = buf.put(x);
+    b.euler_step(xd, buf.put(v), buf.put(dt), frames, values, clamp);
+    return buf.get(xd, x.size());
+  };
+  return c;
+}
+
+// attention of a batch of sessions with different cache lengths (every layer)
+struct AttnSpec {
+  int heads = 2, head_dim = 64, tokens_per_frame = 17, window = 4, sinks = 1, frames_per_block = 2, layers = 2;
+  std::vector<int> cached;  // frames cached per session before the step
+  float q_scale = 1.0f;
+  std::vector<std::pair<std::string, int64_t>> tuning;
+  std::string label;
+};
+
+KvGeometry geometry_of(const AttnSpec& a) {
+  KvGeometry g;
+  g.layers = a.layers;
+  g.heads = a.heads;
+  g.head_dim = a.head_dim;
+  g.tokens_per_frame = a.tokens_per_frame;
+  g.window_frames = a.window;
+  g.sink_frames = a.sinks;
+  g.frames_per_block = a.frames_per_block;
+  return g;
+}
+
+// fills each cache with its frames (random K/V, appended in blocks like the write pass)
+std::vector<std::unique_ptr<KvCache>> filled_caches(Backend& b, Buffers& buf, const AttnSpec& a, uint32_t seed) {
+  const KvGeometry g = geometry_of(a);
+  const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (size_t s = 0; s < a.cached.size(); ++s) {
+    auto c = b.make_kv_cache("fp16", g, KvFormatOptions{});
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return {};
+    for (int f = 0; f < a.cached[s]; f += a.frames_per_block) {
+      const int n = std::min(a.frames_per_block, a.cached[s] - f);
+      for (int l = 0; l < a.layers; ++l) {
+        const uint32_t r = seed + static_cast<uint32_t>(1000 * s + 10 * f + l);
+        float* k = buf.put(randn(frame_vals * n, r));
+        float* v = buf.put(randn(frame_vals * n, r + 7));
+        const absl::Status st = (*c)->append(l, k, v, f, n);
+        EXPECT_TRUE(st.ok()) << st;
+      }
+    }
+    caches.push_back(std::move(*c));
+  }
+  return caches;
+}
+
+OpCase attention_case(const AttnSpec& a) {
+  OpCase c;
+  c.name = "attention_" + a.label + "_hd" + std::to_string(a.head_dim) + "_h" + std::to_string(a.heads) + "_T" +
+           std::to_string(a.tokens_per_frame);
+  for (const auto& [k, v] : a.tuning) {
+    std::string key = k.substr(k.find('.') + 1);
+    c.name += "_" + key + (v < 0 ? std::string("auto") : std::to_string(v));
+  }
+  c.tol = {kAttentionAbs, 0, 0};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Tuning t(b, a.tuning);
+    Buffers buf(b);
+    auto caches = filled_caches(b, buf, a, seed);
+    if (caches.size() != a.cached.size()) return std::vector<float>{};
+    const size_t S = caches.size(), T = static_cast<size_t>(a.tokens_per_frame), F = static_cast<size_t>(a.frames_per_block);
+    const size_t rows = S * F * T, vals = rows * a.heads * a.head_dim;
+    std::vector<SessionSlice> slices;
+    for (size_t s = 0; s < S; ++s) slices.push_back({caches[s].get(), static_cast<int>(s * F), static_cast<int>(F)});
+    float* q = buf.put(randn(vals, seed + 11, a.q_scale));
+    float* k = buf.put(randn(vals, seed + 12));
+    float* v = buf.put(randn(vals, seed + 13));
+    float* out = buf.zeros(vals);
+    std::vector<float> all;
+    for (int l = 0; l < a.layers; ++l) {
+      b.attention(l, slices, a.tokens_per_frame, q, k, v, out);
+      const auto o = buf.get(out, vals);
+      all.insert(all.end(), o.begin(), o.end());
+    }
+    return all;
+  };
+  return c;
+}
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> cases;
+  // linear: odd shapes, the model's shapes (patch embed 64 -> 1536, qkv/o 1536, head 1536 -> 64), bias or not
+  for (auto [n, in, out, bias] : std::vector<std::tuple<int, int, int, bool>>{
+           {1, 7, 3, true}, {5, 64, 96, false}, {33, 256, 130, true}, {97, 64, 1536, true},
+           {300, 1536, 1536, true}, {131, 1536, 64, true}, {64, 1536, 8960, true}, {64, 8960, 1536, false}})
+    cases.push_back(linear_case(n, in, out, bias));
+  cases.push_back(linear_case(33, 256, 130, true, /*fallback=*/true));
+  cases.push_back(linear_case(5, 7, 3, false, /*fallback=*/true));
+  for (auto [n, d, T] : std::vector<std::tuple<int, int, int>>{{1, 64, 1}, {7, 1000, 3}, {300, 1536, 880}, {130, 256, 64}})
+    cases.push_back(layer_norm_case(n, d, T));
+  for (int hd : {32, 64, 128}) {
+    cases.push_back(rms_norm_rope_case(40, 2, hd, 0, 0));
+    cases.push_back(rms_norm_rope_case(9, 3, hd, 16, 5000));  // late frames, rows with a gap
+  }
+  cases.push_back(rms_norm_rope_case(100, 12, 128, 0, 123));
+  for (int64_t n : {1, 7, 1000, 65539}) cases.push_back(gelu_case(n));
+  for (auto [n, d, T] : std::vector<std::tuple<int, int, int>>{{1, 5, 1}, {70, 256, 64}, {9, 33, 4}})
+    cases.push_back(gated_residual_case(n, d, T));
+  for (bool inv : {false, true}) {
+    cases.push_back(patchify_case({8, 12, 3, 4}, 2, inv));
+    cases.push_back(patchify_case({44, 80, 16, 2}, 3, inv));
+    cases.push_back(patchify_case({32, 32, 3, 8}, 1, inv));
+  }
+  for (bool clamp : {false, true}) cases.push_back(euler_case(3, 1001, clamp));
+  // attention: sessions at different cache lengths (empty, partial, past the window), head_dim 32/64/128,
+  // odd tokens per frame, both block sizes, no split / forced splits / auto
+  const std::vector<std::vector<std::pair<std::string, int64_t>>> tunings = {
+      {{"attention.block_q", 64}, {"attention.split", 1}},
+      {{"attention.block_q", 128}, {"attention.split", 1}},
+      {{"attention.block_q", 64}, {"attention.split", 3}},
+      {{"attention.block_q", 128}, {"attention.split", 2}},
+      {{"attention.split", -1}}};
+  for (int hd : {32, 64, 128})
+    for (const auto& tu : tunings) {
+      AttnSpec a;
+      a.head_dim = hd;
+      a.heads = hd == 128 ? 2 : 3;
+      a.cached = {0, 3, 9};
+      a.tuning = tu;
+      a.label = "batch3";
+      cases.push_back(attention_case(a));
+    }
+  {
+    AttnSpec a;  // one 64-query block over a long cache: the split-KV path
+    a.heads = 2;
+    a.head_dim = 128;
+    a.tokens_per_frame = 64;
+    a.window = 48;
+    a.sinks = 0;
+    a.frames_per_block = 1;
+    a.cached = {48};
+    a.q_scale = 3.0f;
+    a.label = "long";
+    cases.push_back(attention_case(a));
+    a.tuning = {{"attention.split", 1}};
+    cases.push_back(attention_case(a));
+  }
+  {
+    AttnSpec a;  // many queries per session (several 128-row tiles), sharp softmax
+    a.heads = 4;
+    a.head_dim = 64;
+    a.tokens_per_frame = 100;
+    a.window = 3;
+    a.sinks = 0;
+    a.frames_per_block = 3;
+    a.cached = {3, 6};
+    a.q_scale = 3.0f;
+    a.label = "wide";
+    cases.push_back(attention_case(a));
+  }
+  return cases;
+}
+
+class BackendOps : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(BackendOps, CudaMatchesCpu) {
+  WM_REQUIRE_CUDA();
+  const OpCase& c = GetParam();
+  const auto cpu = c.run(*backends().cpu, 1234);
+  const auto cuda = c.run(*backends().cuda, 1234);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+  ASSERT_FALSE(cpu.empty());
+  const auto r = close(cpu, cuda, c.tol);
+  EXPECT_TRUE(r) << c.name;
+  if (r) std::printf("  %s: %s\n", c.name.c_str(), r.message());
+}
+
+INSTANTIATE_TEST_SUITE_P(Parity, BackendOps, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+
+// ---- KV caches on the device -------------------------------------------------------
+
+TEST(CudaKvCache, RoundTripsFramesAndValuesExactly) {
+  WM_REQUIRE_CUDA();
+  AttnSpec a;
+  a.cached = {0, 1, 4, 11};
+  a.frames_per_block = 3;
+  Buffers cpu_buf(*backends().cpu), cuda_buf(*backends().cuda);
+  auto cpu = filled_caches(*backends().cpu, cpu_buf, a, 5);
+  auto cuda = filled_caches(*backends().cuda, cuda_buf, a, 5);
+  ASSERT_EQ(cpu.size(), cuda.size());
+  for (size_t s = 0; s < cpu.size(); ++s)
+    for (int l = 0; l < a.layers; ++l) {
+      EXPECT_EQ(cuda[s]->frames(l), cpu[s]->frames(l)) << "session " << s << " layer " << l;
+      std::vector<float> ck, cv, gk, gv;
+      cpu[s]->reconstruct(l, &ck, &cv);
+      cuda[s]->reconstruct(l, &gk, &gv);
+      EXPECT_EQ(gk, ck) << "fp16 on both sides: bit-exact";
+      EXPECT_EQ(gv, cv);
+    }
+  // whole pages: at least the values, at most one page per (layer, head) more
+  const int64_t values = cpu[3]->bytes().total();
+  EXPECT_GE(cuda[3]->bytes().total(), values);
+  const BackendMemory m = backends().cuda->memory();
+  EXPECT_GT(m.kv_pool_capacity, 0);
+  EXPECT_GT(m.kv_pool_used, 0);
+  EXPECT_GE(m.kv_pool_reserved, m.kv_pool_used);
+  EXPECT_GT(m.device_total, 0);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+TEST(CudaKvCache, ErrorsAreValues) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  AttnSpec a;
+  KvGeometry g = geometry_of(a);
+  auto kivi = b.make_kv_cache("kivi2", g, {});
+  EXPECT_EQ(kivi.status().code(), absl::StatusCode::kUnimplemented) << kivi.status();
+  EXPECT_EQ(b.kv_reservation_bytes("kivi2", g, {}), 0);
+  KvGeometry odd = g;
+  odd.head_dim = 96;
+  EXPECT_EQ(b.make_kv_cache("fp16", odd, {}).status().code(), absl::StatusCode::kUnimplemented);
+  KvGeometry huge = g;
+  huge.window_frames = 1 << 20;
+  huge.tokens_per_frame = 880;
+  EXPECT_FALSE(b.make_kv_cache("fp16", huge, {}).ok());
+  auto c = b.make_kv_cache("fp16", g, {});
+  ASSERT_TRUE(c.ok());
+  Buffers buf(b);
+  float* kv = buf.zeros(static_cast<size_t>(g.tokens_per_frame) * g.heads * g.head_dim);
+  EXPECT_EQ((*c)->append(0, kv, kv, 3, 1).code(), absl::StatusCode::kFailedPrecondition);  // frames in order
+  EXPECT_TRUE((*c)->append(0, kv, kv, 0, 1).ok());
+  EXPECT_EQ((*c)->append(0, kv, kv, 0, 1).code(), absl::StatusCode::kFailedPrecondition);  // no frame twice
+  EXPECT_EQ((*c)->append(7, kv, kv, 0, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// LN -> three linears on its output, GELU -> linear: the bf16 copy of an
+// activation made by one op and reused by the next GEMM, against the CPU
+TEST(CudaShadow, ActivationCopiesFeedTheNextGemmsOnly) {
+  WM_REQUIRE_CUDA();
+  auto run = [](Backend& b) {
+    Buffers buf(b);
+    const int n = 37, d = 96, f = 200;
+    const auto x = randn(static_cast<size_t>(n) * d, 1), mod = randn(6 * d, 2, 0.2f);
+    const auto w1 = randn(static_cast<size_t>(d) * d, 3, 0.1f), w2 = randn(static_cast<size_t>(f) * d, 4, 0.1f);
+    const auto w3 = randn(static_cast<size_t>(d) * f, 5, 0.07f);
+    LinearWeight l1{b.upload_weight(w1.data(), d, d), nullptr, d, d}, l2{b.upload_weight(w2.data(), f, d), nullptr, f, d};
+    LinearWeight l3{b.upload_weight(w3.data(), d, f), nullptr, d, f};
+    float *xd = buf.put(x), *m = buf.put(mod), *u = buf.zeros(x.size()), *y1 = buf.zeros(x.size()),
+          *y2 = buf.zeros(x.size()), *h = buf.zeros(static_cast<size_t>(n) * f), *y3 = buf.zeros(x.size());
+    b.layer_norm_modulate(xd, n, d, m, m + d, 6 * d, n, 1e-6f, u);
+    b.linear(l1, u, n, y1);
+    b.linear(l1, u, n, y2);  // reuses the copy
+    b.gated_residual(u, y1, m + 2 * d, 6 * d, n, d, n);  // u changes: its copy must be dropped
+    b.linear(l1, u, n, y2);
+    b.linear(l2, y2, n, h);
+    b.gelu(h, static_cast<int64_t>(n) * f);
+    b.linear(l3, h, n, y3);
+    std::vector<float> out = buf.get(y1, x.size());
+    for (const float* p : {y2, y3}) {
+      auto o = buf.get(p, x.size());
+      out.insert(out.end(), o.begin(), o.end());
+    }
+    return out;
+  };
+  const auto cpu = run(*backends().cpu);
+  for (int shadow : {1, 0}) {
+    Tuning t(*backends().cuda, {{"shadow", shadow}});
+    const auto cuda = run(*backends().cuda);
+    EXPECT_TRUE(close(cpu, cuda, {1e-5, 3e-2, 1e-2})) << "shadow " << shadow;
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// every kernel once on small shapes: compute-sanitizer (memcheck, racecheck)
+// runs this test alone (tools/gpu-run.sh)
+TEST(CudaSanitizerSmoke, EveryKernelOnce) {
+  WM_REQUIRE_CUDA();
+  std::vector<OpCase> small = {linear_case(5, 64, 96, true), linear_case(5, 7, 3, true, true),
+                               layer_norm_case(7, 100, 3), rms_norm_rope_case(9, 3, 64, 16, 5000), gelu_case(1003),
+                               gated_residual_case(9, 33, 4), patchify_case({8, 12, 3, 4}, 2, false),
+                               patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true)};
+  for (int hd : {32, 128})
+    for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
+             {{"attention.block_q", 64}, {"attention.split", 3}}, {{"attention.block_q", 128}, {"attention.split", 1}}}) {
+      AttnSpec a;
+      a.head_dim = hd;
+      a.cached = {0, 6};
+      a.tuning = tu;
+      a.label = "smoke";
+      small.push_back(attention_case(a));
+    }
+  for (const OpCase& c : small) {
+    const auto cpu = c.run(*backends().cpu, 99);
+    const auto cuda = c.run(*backends().cuda, 99);
+    EXPECT_TRUE(close(cpu, cuda, c.tol)) << c.name;
+  }
+  ASSERT_TRUE(backends().cuda->synchronize().ok());
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// ---- end to end ---------------------------------------------------------------------
+
+double psnr_rgb(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  double se = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    se += d * d;
+  }
+  const double mse = se / std::max<size_t>(1, a.size());
+  return mse == 0 ? 99.0 : 10.0 * std::log10(255.0 * 255.0 / mse);
+}
+
+// a small model with 3-frame blocks, a sink and a short window, so that 8
+// blocks exercise multi-frame appends and ring eviction
+std::string block_config_path() {
+  const std::string path = (std::filesystem::temp_directory_path() / "wm_backend_ops_blocks.json").string();
+  std::ofstream f(path);
+  f << R"({"format": "wmserve-cldit", "version": 1, "name": "blocks-test",
+  "frame": {"channels": 3, "height": 32, "width": 48, "patch": 4, "decoder": "pixels"},
+  "dim": 128, "layers": 3, "heads": 2, "head_dim": 64, "ffn": 320, "freq_dim": 64, "norm_eps": 1e-6,
+  "rope": {"theta": 10000.0, "t_pairs": 12, "h_pairs": 10, "w_pairs": 10},
+  "actions": {"keys": ["W", "A", "S", "D"], "mouse": ["yaw", "pitch"], "mouse_scale": 10.0, "mouse_limit": 45.0},
+  "sampling": {"frames_per_block": 3, "sigmas": [1.0, 0.7, 0.35]},
+  "cache": {"window_frames": 6, "sink_frames": 1}})";
+  return path;
+}
+
+std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& config) {
+  EngineOptions o;
+  o.random_weights = true;
+  o.random_seed = 3;
+  o.config_path = config;
+  o.device = device;
+  o.cuda_plugin = plugin_path();
+  o.kv_budget_bytes = int64_t{256} << 20;
+  auto e = Engine::create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+Action act(int i) {
+  Action a;
+  a.keys = 1u << (i % 4);
+  a.mouse[0] = static_cast<float>((i * 7) % 30 - 15);
+  a.mouse[1] = 1.0f;
+  return a;
+}
+
+// three sessions at different lengths stepped as one batch on both devices
+void expect_same_rollouts(const std::string& config, int blocks) {
+  auto cpu = engine_on("cpu", config), cuda = engine_on("cuda", config);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(cuda, nullptr);
+  ASSERT_EQ(cuda->device(), "cuda");
+  const int B = cpu->config().frames_per_block;
+  std::vector<SessionId> ci, gi;
+  for (uint64_t seed : {7u, 8u, 9u}) {
+    SessionOptions so;
+    so.seed = seed;
+    so.cache_format = "fp16";
+    ci.push_back(*cpu->open_session(so));
+    gi.push_back(*cuda->open_session(so));
+  }
+  double worst = 99, sum = 0;
+  int frames = 0;
+  for (int step = 0; step < blocks; ++step) {
+    std::vector<StepRequest> rc, rg;
+    // session k joins at step k: different cache lengths in every batch
+    for (size_t k = 0; k < ci.size(); ++k) {
+      if (step < static_cast<int>(k)) continue;
+      std::vector<Action> acts;
+      for (int b = 0; b < B; ++b) acts.push_back(act(step * B + b + static_cast<int>(k)));
+      rc.push_back({ci[k], acts, {}});
+      rg.push_back({gi[k], acts, {}});
+    }
+    auto oc = cpu->step(rc), og = cuda->step(rg);
+    ASSERT_TRUE(oc.ok()) << oc.status();
+    ASSERT_TRUE(og.ok()) << og.status();
+    for (size_t r = 0; r < oc->size(); ++r)
+      for (size_t f = 0; f < (*oc)[r].frames.size(); ++f) {
+        const double p = psnr_rgb((*oc)[r].frames[f].rgb, (*og)[r].frames[f].rgb);
+        worst = std::min(worst, p);
+        sum += p;
+        ++frames;
+        EXPECT_GE(p, kMinPsnrDb) << "step " << step << " session " << r << " frame " << f;
+      }
+  }
+  std::printf("end to end (%s): %d frames, PSNR cuda vs cpu: min %.2f dB, mean %.2f dB\n", config.c_str(), frames,
+              worst, sum / std::max(1, frames));
+  const BackendMemory m = cuda->device_memory();
+  EXPECT_GT(m.kv_pool_used, 0);
+  EXPECT_EQ(cuda->kv_capacity_bytes(), m.kv_pool_capacity);
+  auto info = cuda->session_info(gi[0]);
+  ASSERT_TRUE(info.ok());
+  EXPECT_GE(info->kv.total(), 1);
+}
+
+TEST(CudaEndToEnd, DefaultModelShapesMatchTheCpu) {
+  WM_REQUIRE_CUDA();
+  // maze-64's shapes (4 heads x 64, 64 tokens per frame, window 16 + 1 sink): 20 frames pass the window
+  expect_same_rollouts(std::string(WM_SOURCE_DIR) + "/configs/default.json", 20);
+}
+
+TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
+  WM_REQUIRE_CUDA();
+  expect_same_rollouts(block_config_path(), 8);
+}
+
+}  // namespace
+}  // namespace wm

@@ -1,0 +1,741 @@
+// The CUDA backend's host bookkeeping, without a GPU: the page pool step by
+// step, the per-session page/slot bookkeeping against the cache policy, the
+// attention planner's coverage and splits, and the plan run on the CPU with
+// the kernel's own index math (kv_layout.h) against naive attention and
+// against the CPU fp16 cache, which also measures the error budget the
+// GPU parity suite states (backend_ops_test.cc).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "common/half.h"
+#include "cuda/attention_plan.h"
+#include "cuda/kv_layout.h"
+#include "cuda/kv_pages.h"
+#include "cuda/mma_layout.h"
+#include "cuda/page_pool.h"
+#include "quant/frame_window.h"
+#include "quant/kv_cache.h"
+
+namespace wm::cuda {
+namespace {
+
+// ---- page pool --------------------------------------------------------------
+
+TEST(PagePool, StepByStep) {
+  PagePool pool(8);
+  struct Expect {
+    int32_t reserved, used;
+  };
+  auto state = [&](Expect e) {
+    EXPECT_EQ(pool.reserved(), e.reserved);
+    EXPECT_EQ(pool.used(), e.used);
+    EXPECT_TRUE(pool.check());
+  };
+  auto a = pool.open(3);
+  ASSERT_TRUE(a.ok());
+  state({3, 0});
+  EXPECT_EQ(*pool.take(*a), 0);
+  EXPECT_EQ(*pool.take(*a), 1);
+  state({3, 2});
+  auto too_big = pool.open(6);  // 5 unreserved
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  state({3, 2});
+  auto b = pool.open(5);
+  ASSERT_TRUE(b.ok());
+  state({8, 2});
+  EXPECT_EQ(*pool.take(*b), 2);
+  EXPECT_EQ(*pool.take(*a), 3);
+  EXPECT_EQ(pool.take(*a).status().code(), absl::StatusCode::kFailedPrecondition);  // reservation used up
+  state({8, 4});
+  EXPECT_EQ(pool.open(1).status().code(), absl::StatusCode::kResourceExhausted);
+  pool.close(*a);
+  state({5, 1});
+  EXPECT_EQ(*pool.take(*b), 0);  // lowest free page first
+  EXPECT_EQ(*pool.take(*b), 1);
+  EXPECT_EQ(pool.owner_pages(*b), (std::vector<int32_t>{2, 0, 1}));
+  auto c = pool.open(3);
+  ASSERT_TRUE(c.ok());
+  state({8, 3});
+  EXPECT_EQ(pool.take(12345).status().code(), absl::StatusCode::kFailedPrecondition);  // unknown owner
+  pool.close(*b);
+  pool.close(*c);
+  pool.close(*c);  // twice is harmless
+  state({0, 0});
+  EXPECT_EQ(pool.owners(), 0u);
+  auto zero = pool.open(0);
+  EXPECT_TRUE(zero.ok());
+  EXPECT_EQ(pool.open(-1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PagePool, RandomOperationsKeepInvariants) {
+  std::mt19937 rng(7);
+  PagePool pool(50);
+  std::map<PagePool::Owner, int32_t> left;  // reservation not yet taken
+  for (int step = 0; step < 3000; ++step) {
+    const int op = static_cast<int>(rng() % 3);
+    if (op == 0) {
+      const int64_t want = rng() % 20;
+      auto o = pool.open(want);
+      EXPECT_EQ(o.ok(), want <= pool.capacity() - (pool.reserved() - (o.ok() ? want : 0)));
+      if (o.ok()) left[*o] = static_cast<int32_t>(want);
+    } else if (op == 1 && !left.empty()) {
+      auto it = std::next(left.begin(), static_cast<long>(rng() % left.size()));
+      auto p = pool.take(it->first);
+      EXPECT_EQ(p.ok(), it->second > 0);
+      if (p.ok()) --it->second;
+    } else if (op == 2 && !left.empty()) {
+      auto it = std::next(left.begin(), static_cast<long>(rng() % left.size()));
+      pool.close(it->first);
+      left.erase(it);
+    }
+    ASSERT_TRUE(pool.check()) << "step " << step;
+  }
+}
+
+// ---- per-session pages and slots -------------------------------------------
+
+PagedGeometry small_geometry(int T = 17, int W = 3, int S = 1, int page_tokens = 64) {
+  PagedGeometry g;
+  g.layers = 2;
+  g.heads = 3;
+  g.head_dim = 64;
+  g.tokens_per_frame = T;
+  g.window_frames = W;
+  g.sink_frames = S;
+  g.page_tokens = page_tokens;
+  return g;
+}
+
+TEST(KvPages, FollowsTheCachePolicyAcrossEviction) {
+  const PagedGeometry g = small_geometry();
+  KvPages kv(g);
+  const FrameWindow window(g.window_frames, g.sink_frames);
+  int32_t next_page = 0;
+  for (int64_t f = 0; f < 12;) {
+    const int32_t n = f == 4 ? 3 : 1;  // one append of a whole block in between
+    for (int32_t l = 0; l < g.layers; ++l) {
+      auto plan = kv.plan_append(l, f, n);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::vector<int32_t> pages;
+      for (int i = 0; i < g.heads * plan->new_pages_per_head; ++i) pages.push_back(next_page++);
+      const uint64_t v0 = kv.version(l);
+      kv.commit_append(*plan, pages);
+      EXPECT_EQ(kv.version(l), v0 + 1);
+    }
+    f += n;
+    std::vector<int64_t> expect;
+    for (int64_t j = 0; j < f; ++j)
+      if (window.keeps(j, f)) expect.push_back(j);
+    for (int32_t l = 0; l < g.layers; ++l) {
+      EXPECT_EQ(kv.frames(l), expect) << "after frame " << f;
+      EXPECT_EQ(kv.used_slots(l), static_cast<int32_t>(expect.size()));
+      // slots hold distinct frames, each in the slot the rule gives
+      const auto by_slot = kv.slot_frames(l);
+      for (size_t s = 0; s < by_slot.size(); ++s) EXPECT_EQ(kv.slot_of(by_slot[s]), static_cast<int32_t>(s));
+      // pages cover the used tokens, no more
+      const int32_t need = (kv.used_tokens(l) + g.page_tokens - 1) / g.page_tokens;
+      EXPECT_EQ(kv.pages_per_head(l), need);
+    }
+  }
+  EXPECT_LE(kv.pages_held(), g.reservation_pages());
+  EXPECT_EQ(kv.pages_held(), g.reservation_pages());  // the window is full: every page is in use
+}
+
+TEST(KvPages, RejectsOutOfOrderFramesAndSkipsFramesAnAppendEvicts) {
+  const PagedGeometry g = small_geometry(17, 3, 1);
+  KvPages kv(g);
+  EXPECT_EQ(kv.plan_append(0, 1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(kv.plan_append(5, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  // 6 frames at once with S = 1, W = 3: frame 0 (sink) and frames 3, 4, 5 are written
+  auto plan = kv.plan_append(0, 0, 6);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->src_frame, (std::vector<int32_t>{0, 3, 4, 5}));
+  std::set<int32_t> slots(plan->slot.begin(), plan->slot.end());
+  EXPECT_EQ(slots.size(), 4u);  // no two writes share a slot
+  std::vector<int32_t> pages(static_cast<size_t>(g.heads * plan->new_pages_per_head));
+  for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
+  kv.commit_append(*plan, pages);
+  EXPECT_EQ(kv.frames(0), (std::vector<int64_t>{0, 3, 4, 5}));
+  EXPECT_EQ(kv.plan_append(0, 5, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(kv.plan_append(0, 6, 1).ok());
+}
+
+TEST(KvPages, ValidatesGeometryForTheKernels) {
+  PagedGeometry g = small_geometry();
+  EXPECT_TRUE(validate_paged_geometry(g).ok());
+  g.head_dim = 96;
+  EXPECT_EQ(validate_paged_geometry(g).code(), absl::StatusCode::kUnimplemented);
+  g = small_geometry(17, 3, 1, 96);
+  EXPECT_EQ(validate_paged_geometry(g).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- planner ------------------------------------------------------------------
+
+// a session's cache with `frames` frames appended (page ids from a counter)
+struct FakeSession {
+  KvPages kv;
+  FakeSession(const PagedGeometry& g, int frames, int32_t* next_page) : kv(g) {
+    for (int32_t l = 0; l < g.layers; ++l) {
+      auto plan = kv.plan_append(l, 0, frames);
+      std::vector<int32_t> pages;
+      for (int i = 0; i < g.heads * plan->new_pages_per_head; ++i) pages.push_back((*next_page)++);
+      kv.commit_append(*plan, pages);
+    }
+  }
+};
+
+void expect_plan_covers_everything(const AttentionPlan& p, const std::vector<PlanInput>& in) {
+  std::map<std::tuple<int, int>, std::vector<int>> covered;  // (session, q tile) -> tile hits
+  std::set<int32_t> partials;
+  for (const WorkItem& w : p.items) {
+    const PlanSession& s = p.sessions[static_cast<size_t>(w.session)];
+    auto& hits = covered[{w.session, w.q_tile}];
+    hits.resize(static_cast<size_t>(s.cache_tiles + block_tiles(s.rows)), 0);
+    ASSERT_LE(w.tile_end, static_cast<int32_t>(hits.size()));
+    ASSERT_LT(w.tile_begin, w.tile_end) << "an empty work item";
+    for (int t = w.tile_begin; t < w.tile_end; ++t) ++hits[static_cast<size_t>(t)];
+    if (w.partial >= 0) {
+      EXPECT_TRUE(partials.insert(w.partial).second) << "partial reused";
+    }
+  }
+  for (size_t s = 0; s < in.size(); ++s) {
+    const int q_tiles = (in[s].rows + p.block_q - 1) / p.block_q;
+    for (int q = 0; q < q_tiles; ++q) {
+      auto it = covered.find({static_cast<int>(s), q});
+      ASSERT_NE(it, covered.end()) << "session " << s << " tile " << q << " has no work";
+      for (int h : it->second) EXPECT_EQ(h, 1) << "every key tile exactly once";
+    }
+  }
+  int32_t grouped = 0;
+  for (const CombineGroup& gr : p.groups) {
+    for (int k = 0; k < gr.splits; ++k) EXPECT_TRUE(partials.count(gr.first_partial + k));
+    grouped += gr.splits;
+  }
+  EXPECT_EQ(grouped, static_cast<int32_t>(partials.size()));
+  EXPECT_EQ(p.partials, grouped);
+}
+
+TEST(AttentionPlan, SplitsSmallQueryBlocksOverLongCaches) {
+  // the case: 64 queries over 64k cached tokens, 12 heads x 128, 132 SMs
+  PagedGeometry g;
+  g.layers = 1;
+  g.heads = 12;
+  g.head_dim = 128;
+  g.tokens_per_frame = 64;
+  g.window_frames = 1024;
+  g.page_tokens = 128;
+  int32_t next = 0;
+  FakeSession s(g, 1024, &next);
+  std::vector<PlanInput> in = {{&s.kv, 0, 64}};
+  auto p = make_attention_plan(in, PlanTuning{});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->block_q, 64);
+  EXPECT_EQ(p->sessions[0].cache_tiles, 1024);
+  const int64_t ctas = static_cast<int64_t>(p->items.size()) * g.heads;
+  EXPECT_GE(ctas, 132 * 2 * 0.9) << "about one full wave of CTAs";
+  EXPECT_LE(ctas, 132 * 2 * 1.2);
+  expect_plan_covers_everything(*p, in);
+}
+
+TEST(AttentionPlan, LargeBlocksUseBigTilesWithoutSplits) {
+  // Matrix-Game-2 shape: 2640 queries (3 frames x 880), window 6
+  PagedGeometry g;
+  g.layers = 2;
+  g.heads = 12;
+  g.head_dim = 128;
+  g.tokens_per_frame = 880;
+  g.window_frames = 6;
+  g.page_tokens = 128;
+  int32_t next = 0;
+  FakeSession a(g, 6, &next), b(g, 2, &next);
+  std::vector<PlanInput> in = {{&a.kv, 0, 2640}, {&b.kv, 2640, 2640}};
+  auto p = make_attention_plan(in, PlanTuning{});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->block_q, 128);
+  EXPECT_EQ(p->partials, 0);
+  EXPECT_EQ(p->items.size(), 2u * 21u);
+  EXPECT_EQ(p->sessions[1].cache_tiles, (2 * 880 + 63) / 64);
+  EXPECT_EQ(p->rows_total, 5280);
+  expect_plan_covers_everything(*p, in);
+}
+
+TEST(AttentionPlan, CoversEveryTileUnderEveryTuning) {
+  const PagedGeometry g = small_geometry(17, 5, 1, 64);
+  int32_t next = 0;
+  FakeSession a(g, 0, &next), b(g, 3, &next), c(g, 9, &next);
+  std::vector<PlanInput> in = {{&a.kv, 0, 17}, {&b.kv, 17, 34}, {&c.kv, 51, 200}};
+  for (int32_t bq : {0, 64, 128})
+    for (int32_t split : {-1, 1, 2, 3, 50}) {
+      PlanTuning t;
+      t.block_q = bq;
+      t.split = split;
+      auto p = make_attention_plan(in, t);
+      ASSERT_TRUE(p.ok());
+      SCOPED_TRACE(testing::Message() << "block_q " << bq << " split " << split);
+      expect_plan_covers_everything(*p, in);
+      if (split == 1) {
+        EXPECT_EQ(p->partials, 0);
+      }
+      // page tables: a session's rows hold its pages, padded with -1
+      for (size_t s = 0; s < in.size(); ++s) {
+        const PlanSession& ps = p->sessions[s];
+        for (int32_t l = 0; l < g.layers; ++l)
+          for (int32_t h = 0; h < g.heads; ++h) {
+            const auto& pages = in[s].kv->pages(l, h);
+            for (int32_t i = 0; i < ps.pages_per_head; ++i) {
+              const int32_t got = p->page_tables[static_cast<size_t>(page_row_offset(ps, l, g.heads, h) + i)];
+              EXPECT_EQ(got, i < static_cast<int32_t>(pages.size()) ? pages[static_cast<size_t>(i)] : -1);
+            }
+          }
+      }
+    }
+  std::vector<PlanInput> bad = {{&a.kv, -1, 3}};
+  EXPECT_FALSE(make_attention_plan(bad, PlanTuning{}).ok());
+}
+
+// ---- the plan run on the CPU ----------------------------------------------------
+
+// what kv_append.cu does, on a host pool
+void host_append(const KvPages& kv, const KvAppendPlan& plan, const std::vector<int32_t>& table /*[H][pph]*/,
+                 int32_t pph, const float* k, const float* v, std::vector<uint16_t>* pool, int64_t page_elems) {
+  const PagedGeometry& g = kv.geometry();
+  for (size_t w = 0; w < plan.slot.size(); ++w)
+    for (int32_t t = 0; t < g.tokens_per_frame; ++t)
+      for (int32_t h = 0; h < g.heads; ++h) {
+        const int64_t src = ((static_cast<int64_t>(plan.src_frame[w]) * g.tokens_per_frame + t) * g.heads + h) *
+                            g.head_dim;
+        const int64_t logical = static_cast<int64_t>(plan.slot[w]) * g.tokens_per_frame + t;
+        const int32_t page = table[static_cast<size_t>(h * pph + logical / g.page_tokens)];
+        const int64_t dk = page * page_elems + (logical % g.page_tokens) * g.head_dim;
+        const int64_t dv = dk + static_cast<int64_t>(g.page_tokens) * g.head_dim;
+        for (int32_t d = 0; d < g.head_dim; ++d) {
+          (*pool)[static_cast<size_t>(dk + d)] = f32_to_f16(k[src + d]);
+          (*pool)[static_cast<size_t>(dv + d)] = f32_to_f16(v[src + d]);
+        }
+      }
+}
+
+// what attention.cu + attention_combine.cu compute, in scalar code with the
+// same tile walk and online softmax; p_fp16 rounds probabilities like the
+// tensor-core path does before P V
+std::vector<float> host_attention(const AttentionPlan& p, int32_t layer, const std::vector<uint16_t>& pool,
+                                  int64_t page_elems, const std::vector<uint16_t>& q16,
+                                  const std::vector<uint16_t>& k16, const std::vector<uint16_t>& v16, bool p_fp16) {
+  const int32_t H = p.heads, Dh = p.head_dim, R = p.rows_total, S = static_cast<int32_t>(p.sessions.size());
+  const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
+  std::vector<float> out(static_cast<size_t>(R) * H * Dh, 0.0f);
+  std::vector<float> po(static_cast<size_t>(p.partials) * H * p.block_q * Dh, 0.0f);
+  std::vector<float> pml(static_cast<size_t>(p.partials) * H * p.block_q * 2, 0.0f);
+  auto f16 = [](uint16_t x) { return f16_to_f32(x); };
+  for (const WorkItem& w : p.items)
+    for (int32_t h = 0; h < H; ++h) {
+      const PlanSession& s = p.sessions[static_cast<size_t>(w.session)];
+      const int32_t cached = p.cached[static_cast<size_t>(layer) * S + w.session];
+      const int64_t pt = page_row_offset(s, layer, H, h);
+      for (int32_t row = 0; row < p.block_q; ++row) {
+        const int32_t qr = w.q_tile * p.block_q + row;
+        if (qr >= s.rows) break;
+        const uint16_t* q = q16.data() + (static_cast<int64_t>(h) * R + s.row0 + qr) * Dh;
+        float m = -INFINITY, l = 0;
+        std::vector<float> acc(static_cast<size_t>(Dh), 0.0f);
+        for (int32_t tile = w.tile_begin; tile < w.tile_end; ++tile) {
+          const TileRef t = tile_ref(s, cached, tile);
+          std::vector<float> logits(static_cast<size_t>(t.valid));
+          std::vector<const uint16_t*> vrows(static_cast<size_t>(t.valid));
+          float mx = -INFINITY;
+          for (int32_t j = 0; j < t.valid; ++j) {
+            const uint16_t *kr, *vr;
+            if (t.from_cache) {
+              const int32_t page = p.page_tables[static_cast<size_t>(pt + (t.first + j) / p.page_tokens)];
+              const int64_t off = page * page_elems + static_cast<int64_t>((t.first + j) % p.page_tokens) * Dh;
+              kr = pool.data() + off;
+              vr = kr + static_cast<int64_t>(p.page_tokens) * Dh;
+            } else {
+              const int64_t off = (static_cast<int64_t>(h) * R + s.row0 + t.first + j) * Dh;
+              kr = k16.data() + off;
+              vr = v16.data() + off;
+            }
+            float dot = 0;
+            for (int32_t d = 0; d < Dh; ++d) dot += f16(q[d]) * f16(kr[d]);
+            logits[static_cast<size_t>(j)] = dot;
+            vrows[static_cast<size_t>(j)] = vr;
+            mx = std::max(mx, dot);
+          }
+          const float m_new = std::max(m, mx * scale_log2);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          const float corr = std::exp2(m - m_use);
+          l *= corr;
+          for (float& a : acc) a *= corr;
+          for (int32_t j = 0; j < t.valid; ++j) {
+            const float pr = std::exp2(logits[static_cast<size_t>(j)] * scale_log2 - m_use);
+            l += pr;
+            const float pv = p_fp16 ? f16_to_f32(f32_to_f16(pr)) : pr;
+            for (int32_t d = 0; d < Dh; ++d) acc[static_cast<size_t>(d)] += pv * f16(vrows[static_cast<size_t>(j)][d]);
+          }
+          m = m_new;
+        }
+        if (w.partial < 0) {
+          for (int32_t d = 0; d < Dh; ++d)
+            out[(static_cast<size_t>(s.row0 + qr) * H + h) * Dh + d] = l > 0 ? acc[static_cast<size_t>(d)] / l : 0;
+        } else {
+          const size_t prow = (static_cast<size_t>(w.partial) * H + h) * p.block_q + row;
+          for (int32_t d = 0; d < Dh; ++d) po[prow * Dh + d] = acc[static_cast<size_t>(d)];
+          pml[2 * prow] = m;
+          pml[2 * prow + 1] = l;
+        }
+      }
+    }
+  for (const CombineGroup& gr : p.groups)
+    for (int32_t h = 0; h < H; ++h) {
+      const PlanSession& s = p.sessions[static_cast<size_t>(gr.session)];
+      for (int32_t row = 0; row < p.block_q; ++row) {
+        const int32_t qr = gr.q_tile * p.block_q + row;
+        if (qr >= s.rows) break;
+        float mstar = -INFINITY;
+        for (int k = 0; k < gr.splits; ++k)
+          mstar = std::max(mstar, pml[2 * ((static_cast<size_t>(gr.first_partial + k) * H + h) * p.block_q + row)]);
+        float den = 0;
+        std::vector<float> num(static_cast<size_t>(Dh), 0.0f);
+        for (int k = 0; k < gr.splits; ++k) {
+          const size_t prow = (static_cast<size_t>(gr.first_partial + k) * H + h) * p.block_q + row;
+          const float wk = pml[2 * prow] == -INFINITY ? 0.0f : std::exp2(pml[2 * prow] - mstar);
+          den += wk * pml[2 * prow + 1];
+          for (int32_t d = 0; d < Dh; ++d) num[static_cast<size_t>(d)] += wk * po[prow * Dh + d];
+        }
+        for (int32_t d = 0; d < Dh; ++d)
+          out[(static_cast<size_t>(s.row0 + qr) * H + h) * Dh + d] = den > 0 ? num[static_cast<size_t>(d)] / den : 0;
+      }
+    }
+  return out;
+}
+
+struct Session {
+  int frames_before;  // cached frames when attention runs
+  int rows;           // queries (= own block keys)
+};
+
+// runs one batch through: device-style paged pool + plan on the host vs the
+// CPU fp16 cache; returns the max abs difference and the max |reference|
+std::pair<double, double> paged_vs_cpu(const PagedGeometry& g, const std::vector<Session>& sessions,
+                                       const PlanTuning& tuning, bool p_fp16, float q_scale) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  const int32_t H = g.heads, Dh = g.head_dim, T = g.tokens_per_frame, L = g.layers;
+  const int64_t page_elems = static_cast<int64_t>(2) * g.page_tokens * Dh;
+  const int32_t capacity = static_cast<int32_t>(sessions.size() * g.reservation_pages());
+  PagePool pool_book(capacity);
+  // nan bits everywhere: a read of anything not written shows up
+  std::vector<uint16_t> pool(static_cast<size_t>(capacity * page_elems), 0x7e00);
+  KvGeometry cg;
+  cg.layers = L;
+  cg.heads = H;
+  cg.head_dim = Dh;
+  cg.tokens_per_frame = T;
+  cg.window_frames = g.window_frames;
+  cg.sink_frames = g.sink_frames;
+  std::vector<std::unique_ptr<KvPages>> kvs;
+  std::vector<std::unique_ptr<KvCache>> cpu;
+  for (const Session& s : sessions) {
+    kvs.push_back(std::make_unique<KvPages>(g));
+    auto owner = pool_book.open(g.reservation_pages());
+    EXPECT_TRUE(owner.ok());
+    auto c = make_kv_cache("fp16", cg);
+    EXPECT_TRUE(c.ok());
+    cpu.push_back(std::move(*c));
+    for (int f = 0; f < s.frames_before; ++f) {
+      std::vector<float> k(static_cast<size_t>(T) * H * Dh), v(k.size());
+      for (float& x : k) x = nd(rng);
+      for (float& x : v) x = nd(rng);
+      for (int32_t l = 0; l < L; ++l) {
+        KvPages& kv = *kvs.back();
+        auto plan = kv.plan_append(l, f, 1);
+        EXPECT_TRUE(plan.ok());
+        std::vector<int32_t> fresh;
+        for (int i = 0; i < H * plan->new_pages_per_head; ++i) fresh.push_back(*pool_book.take(*owner));
+        const int32_t pph = kv.pages_per_head(l) + plan->new_pages_per_head;
+        std::vector<int32_t> table(static_cast<size_t>(H * pph));
+        for (int32_t h = 0; h < H; ++h) {
+          const auto& old = kv.pages(l, h);
+          for (size_t i = 0; i < old.size(); ++i) table[static_cast<size_t>(h * pph) + i] = old[i];
+          for (int32_t i = 0; i < plan->new_pages_per_head; ++i)
+            table[static_cast<size_t>(h * pph) + old.size() + i] = fresh[static_cast<size_t>(h * plan->new_pages_per_head + i)];
+        }
+        host_append(kv, *plan, table, pph, k.data(), v.data(), &pool, page_elems);
+        kv.commit_append(*plan, fresh);
+        EXPECT_TRUE(cpu.back()->append(l, k.data(), v.data(), f, 1).ok());
+      }
+    }
+  }
+  int32_t rows_total = 0;
+  std::vector<PlanInput> in;
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    in.push_back({kvs[s].get(), rows_total, sessions[s].rows});
+    rows_total += sessions[s].rows;
+  }
+  std::vector<float> q(static_cast<size_t>(rows_total) * H * Dh), k(q.size()), v(q.size());
+  for (float& x : q) x = q_scale * nd(rng);
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  // the kernel's inputs: fp16 [H][rows][Dh]
+  std::vector<uint16_t> q16(q.size()), k16(q.size()), v16(q.size());
+  for (int32_t r = 0; r < rows_total; ++r)
+    for (int32_t h = 0; h < H; ++h)
+      for (int32_t d = 0; d < Dh; ++d) {
+        const size_t src = (static_cast<size_t>(r) * H + h) * Dh + d, dst = (static_cast<size_t>(h) * rows_total + r) * Dh + d;
+        q16[dst] = f32_to_f16(q[src]);
+        k16[dst] = f32_to_f16(k[src]);
+        v16[dst] = f32_to_f16(v[src]);
+      }
+  auto plan = make_attention_plan(in, tuning);
+  EXPECT_TRUE(plan.ok());
+  double worst = 0, ref_max = 0;
+  for (int32_t layer = 0; layer < L; ++layer) {
+    const std::vector<float> got = host_attention(*plan, layer, pool, page_elems, q16, k16, v16, p_fp16);
+    std::vector<float> ref(q.size());
+    for (size_t s = 0; s < sessions.size(); ++s) {
+      const size_t off = static_cast<size_t>(in[s].row0) * H * Dh;
+      cpu[s]->attend(layer, q.data() + off, k.data() + off, v.data() + off, in[s].rows, ref.data() + off);
+    }
+    for (size_t i = 0; i < ref.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(got[i] - ref[i])));
+      ref_max = std::max(ref_max, static_cast<double>(std::fabs(ref[i])));
+    }
+  }
+  return {worst, ref_max};
+}
+
+TEST(AttentionPlanOnHost, MatchesTheCpuCacheWithEverySplit) {
+  // sessions of different lengths, one empty, one past its window (ring reuse)
+  const PagedGeometry g = small_geometry(17, 4, 1, 64);
+  const std::vector<Session> sessions = {{0, 17}, {3, 34}, {9, 51}, {2, 5}};
+  for (int32_t bq : {64, 128})
+    for (int32_t split : {1, 2, 3, -1}) {
+      PlanTuning t;
+      t.block_q = bq;
+      t.split = split;
+      t.num_sms = 2;  // small "GPU": auto splits kick in
+      t.min_tiles_per_split = 1;
+      // exact probabilities: only fp16 storage of q and the block's k, v separates us from the CPU
+      const auto [err, ref_max] = paged_vs_cpu(g, sessions, t, /*p_fp16=*/false, 1.0f);
+      EXPECT_LT(err, 2e-3) << "block_q " << bq << " split " << split;
+      EXPECT_GT(ref_max, 0.1);
+    }
+}
+
+// the error budget the GPU suite states for attention (backend_ops_test.cc,
+// kAttentionTolerance): fp16 q, block k/v and probabilities against the CPU's
+// fp32 q and block k/v, at head_dim 64 and 128 and sharp softmaxes (q x 3)
+TEST(AttentionPlanOnHost, Fp16ErrorBudget) {
+  for (int hd : {64, 128}) {
+    PagedGeometry g = small_geometry(33, 6, 1, 8192 / hd);
+    g.head_dim = hd;
+    for (float q_scale : {1.0f, 3.0f}) {
+      PlanTuning t;
+      const auto [err, ref_max] = paged_vs_cpu(g, {{5, 66}, {1, 33}}, t, /*p_fp16=*/true, q_scale);
+      std::printf("attention fp16 budget: head_dim %d, q x %.0f: max |err| %.2e (max |ref| %.2f)\n", hd, q_scale, err,
+                  ref_max);
+      EXPECT_LT(err, 1e-2);
+    }
+  }
+}
+
+// ---- the attention kernel's tensor-core lane maps ---------------------------------
+//
+// A CPU model of the two PTX instructions the kernel is built on, written from
+// the PTX ISA's fragment tables (g = lane / 4, t = lane % 4):
+//   ldmatrix.m8n8.x4: lanes 8i..8i+7 give the row addresses of matrix i; each
+//     lane gets, in register i, row g columns 2t, 2t+1 of matrix i (with .trans:
+//     rows 2t, 2t+1 of column g)
+//   mma.m16n8k16.row.col f16 -> f32: A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..),
+//     a3 (g+8, 2t+8..); B b0 (k 2t.., n g), b1 (k 2t+8.., n g); C c0,c1 (g, 2t..), c2,c3 (g+8, 2t..)
+// and one warp's S = Q K^T and O = P V run with the kernel's lane maps
+// (mma_layout.h), against plain matrix products.
+
+using Lanes4 = std::array<std::array<uint32_t, 4>, 32>;
+using Acc = std::array<std::array<float, 4>, 32>;
+
+uint16_t half_at(const std::vector<uint8_t>& smem, uint32_t byte) {
+  return static_cast<uint16_t>(smem[byte] | (smem[byte + 1] << 8));
+}
+
+Lanes4 ldmatrix_x4(const std::vector<uint8_t>& smem, const std::array<uint32_t, 32>& addr, bool trans) {
+  Lanes4 r{};
+  for (int i = 0; i < 4; ++i)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      uint16_t lo, hi;
+      if (!trans) {
+        lo = half_at(smem, addr[8 * i + g] + 2 * (2 * t));
+        hi = half_at(smem, addr[8 * i + g] + 2 * (2 * t + 1));
+      } else {
+        lo = half_at(smem, addr[8 * i + 2 * t] + 2 * g);
+        hi = half_at(smem, addr[8 * i + 2 * t + 1] + 2 * g);
+      }
+      r[static_cast<size_t>(lane)][static_cast<size_t>(i)] = lo | (static_cast<uint32_t>(hi) << 16);
+    }
+  return r;
+}
+
+float lo_half(uint32_t r) { return f16_to_f32(static_cast<uint16_t>(r & 0xffff)); }
+float hi_half(uint32_t r) { return f16_to_f32(static_cast<uint16_t>(r >> 16)); }
+
+// c += a b for the whole warp; b[lane] = {b0, b1}
+void mma_16816(Acc& c, const Lanes4& a, const std::array<std::array<uint32_t, 2>, 32>& b) {
+  float A[16][16], B[16][8], C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const auto& ar = a[static_cast<size_t>(lane)];
+    A[g][2 * t] = lo_half(ar[0]), A[g][2 * t + 1] = hi_half(ar[0]);
+    A[g + 8][2 * t] = lo_half(ar[1]), A[g + 8][2 * t + 1] = hi_half(ar[1]);
+    A[g][2 * t + 8] = lo_half(ar[2]), A[g][2 * t + 9] = hi_half(ar[2]);
+    A[g + 8][2 * t + 8] = lo_half(ar[3]), A[g + 8][2 * t + 9] = hi_half(ar[3]);
+    const auto& br = b[static_cast<size_t>(lane)];
+    B[2 * t][g] = lo_half(br[0]), B[2 * t + 1][g] = hi_half(br[0]);
+    B[2 * t + 8][g] = lo_half(br[1]), B[2 * t + 9][g] = hi_half(br[1]);
+    const auto& cr = c[static_cast<size_t>(lane)];
+    C[g][2 * t] = cr[0], C[g][2 * t + 1] = cr[1], C[g + 8][2 * t] = cr[2], C[g + 8][2 * t + 1] = cr[3];
+  }
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      double acc = C[m][n];
+      for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[m][k]) * B[k][n];
+      C[m][n] = static_cast<float>(acc);
+    }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    c[static_cast<size_t>(lane)] = {C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1]};
+  }
+}
+
+uint32_t pack(float lo, float hi) { return f32_to_f16(lo) | (static_cast<uint32_t>(f32_to_f16(hi)) << 16); }
+
+template <int HD>
+void check_warp_tiles() {
+  constexpr int kWarp = 2, kRows = 64, BK = kTileKeys;  // warp 2 of a 64-row query tile
+  std::mt19937 rng(HD);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto fill = [&](int rows) {
+    std::vector<float> m(static_cast<size_t>(rows) * HD);
+    for (float& x : m) x = f16_to_f32(f32_to_f16(u(rng)));
+    return m;
+  };
+  const auto Q = fill(kRows), K = fill(BK), V = fill(BK);
+  // shared memory as the cp.async loads lay it out: Q, then K, then V
+  const uint32_t sq = 0, sk = kRows * HD * 2, sv = sk + BK * HD * 2;
+  std::vector<uint8_t> smem(sv + BK * HD * 2, 0xff);
+  auto store = [&](uint32_t base, const std::vector<float>& m, int rows) {
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < HD / 8; ++c)
+        for (int e = 0; e < 8; ++e) {
+          const uint16_t h = f32_to_f16(m[static_cast<size_t>(r) * HD + c * 8 + e]);
+          const uint32_t at = base + swz<HD>(r, c) + 2 * e;
+          smem[at] = static_cast<uint8_t>(h & 0xff);
+          smem[at + 1] = static_cast<uint8_t>(h >> 8);
+        }
+  };
+  store(sq, Q, kRows);
+  store(sk, K, BK);
+  store(sv, V, BK);
+  std::array<uint32_t, 32> addr{};
+  auto banks_distinct = [&](const std::array<uint32_t, 32>& a) {
+    for (int i = 0; i < 4; ++i) {
+      std::set<uint32_t> groups;
+      for (int l = 0; l < 8; ++l) groups.insert((a[static_cast<size_t>(8 * i + l)] / 16) % 8);
+      if (groups.size() != 8) return false;
+    }
+    return true;
+  };
+  // Q fragments
+  std::vector<Lanes4> qf(HD / 16);
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    for (int l = 0; l < 32; ++l) addr[static_cast<size_t>(l)] = sq + swz<HD>(kWarp * 16 + a_row(l), a_chunk(l, kk));
+    EXPECT_TRUE(banks_distinct(addr)) << "Q ldmatrix bank conflict, kk " << kk;
+    qf[static_cast<size_t>(kk)] = ldmatrix_x4(smem, addr, false);
+  }
+  // S = Q K^T
+  std::vector<Acc> sc(BK / 8, Acc{});
+  for (int kk = 0; kk < HD / 16; ++kk)
+    for (int jj = 0; jj < BK / 16; ++jj) {
+      for (int l = 0; l < 32; ++l) addr[static_cast<size_t>(l)] = sk + swz<HD>(kb_row(l, jj), kb_chunk(l, kk));
+      EXPECT_TRUE(banks_distinct(addr)) << "K ldmatrix bank conflict";
+      const Lanes4 b = ldmatrix_x4(smem, addr, false);
+      std::array<std::array<uint32_t, 2>, 32> b01{}, b23{};
+      for (int l = 0; l < 32; ++l) {
+        b01[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][0], b[static_cast<size_t>(l)][1]};
+        b23[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][2], b[static_cast<size_t>(l)][3]};
+      }
+      mma_16816(sc[static_cast<size_t>(2 * jj)], qf[static_cast<size_t>(kk)], b01);
+      mma_16816(sc[static_cast<size_t>(2 * jj + 1)], qf[static_cast<size_t>(kk)], b23);
+    }
+  std::vector<float> P(static_cast<size_t>(16) * BK);  // this warp's rows, fp16 like the kernel's P
+  for (int l = 0; l < 32; ++l)
+    for (int j = 0; j < BK / 8; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int row = c_row(l, e), key = 8 * j + c_col(l, e);
+        double ref = 0;
+        for (int d = 0; d < HD; ++d)
+          ref += static_cast<double>(Q[static_cast<size_t>(kWarp * 16 + row) * HD + d]) * K[static_cast<size_t>(key) * HD + d];
+        const float got = sc[static_cast<size_t>(j)][static_cast<size_t>(l)][static_cast<size_t>(e)];
+        ASSERT_NEAR(got, ref, 1e-4) << "S row " << row << " key " << key << " (lane " << l << ")";
+        P[static_cast<size_t>(row) * BK + key] = f16_to_f32(f32_to_f16(got));
+      }
+  // O = P V, P repacked from the S accumulators
+  std::vector<Acc> o(HD / 8, Acc{});
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    Lanes4 pa{};
+    for (int l = 0; l < 32; ++l)
+      for (int i = 0; i < 4; ++i) {
+        const auto& acc = sc[static_cast<size_t>(p_tile(kk, i))][static_cast<size_t>(l)];
+        pa[static_cast<size_t>(l)][static_cast<size_t>(i)] =
+            pack(acc[static_cast<size_t>(p_elem(i))], acc[static_cast<size_t>(p_elem(i) + 1)]);
+      }
+    for (int jj = 0; jj < HD / 16; ++jj) {
+      for (int l = 0; l < 32; ++l) addr[static_cast<size_t>(l)] = sv + swz<HD>(vb_row(l, kk), vb_chunk(l, jj));
+      EXPECT_TRUE(banks_distinct(addr)) << "V ldmatrix bank conflict";
+      const Lanes4 b = ldmatrix_x4(smem, addr, true);
+      std::array<std::array<uint32_t, 2>, 32> b01{}, b23{};
+      for (int l = 0; l < 32; ++l) {
+        b01[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][0], b[static_cast<size_t>(l)][1]};
+        b23[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][2], b[static_cast<size_t>(l)][3]};
+      }
+      mma_16816(o[static_cast<size_t>(2 * jj)], pa, b01);
+      mma_16816(o[static_cast<size_t>(2 * jj + 1)], pa, b23);
+    }
+  }
+  for (int l = 0; l < 32; ++l)
+    for (int j = 0; j < HD / 8; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int row = c_row(l, e), col = 8 * j + c_col(l, e);
+        double ref = 0;
+        for (int key = 0; key < BK; ++key)
+          ref += static_cast<double>(P[static_cast<size_t>(row) * BK + key]) * V[static_cast<size_t>(key) * HD + col];
+        ASSERT_NEAR(o[static_cast<size_t>(j)][static_cast<size_t>(l)][static_cast<size_t>(e)], ref, 1e-3)
+            << "O row " << row << " channel " << col << " (lane " << l << ")";
+      }
+}
+
+TEST(TensorCoreLaneMaps, OneWarpComputesQKAndPVHeadDim32) { check_warp_tiles<32>(); }
+TEST(TensorCoreLaneMaps, OneWarpComputesQKAndPVHeadDim64) { check_warp_tiles<64>(); }
+TEST(TensorCoreLaneMaps, OneWarpComputesQKAndPVHeadDim128) { check_warp_tiles<128>(); }
+
+TEST(TensorCoreLaneMaps, SwizzleIsAPermutationOfEachRow) {
+  for (int r = 0; r < 64; ++r) {
+    std::set<uint32_t> seen32, seen64, seen128;
+    for (int c = 0; c < 4; ++c) seen32.insert(swz<32>(r, c));
+    for (int c = 0; c < 8; ++c) seen64.insert(swz<64>(r, c));
+    for (int c = 0; c < 16; ++c) seen128.insert(swz<128>(r, c));
+    EXPECT_EQ(seen32.size(), 4u);
+    EXPECT_EQ(seen64.size(), 8u);
+    EXPECT_EQ(seen128.size(), 16u);
+    EXPECT_EQ(*seen128.begin(), static_cast<uint32_t>(r * 256));
+    EXPECT_EQ(*seen128.rbegin(), static_cast<uint32_t>(r * 256 + 240));
+  }
+}
+
+}  // namespace
+}  // namespace wm::cuda

@@ -1,0 +1,167 @@
+// Probes, the audited cache, capture/replay, and the engine's audit mode.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/engine.h"
+#include "quant/kv_audit.h"
+#include "quant/kv_cases.h"
+#include "quant/kv_replay.h"
+#include "quant/probe.h"
+#include "tests/quant/test_util.h"
+
+namespace wm {
+namespace {
+
+TEST(Probe, IdenticalHistoriesHaveNoDrift) {
+  std::mt19937 rng(1);
+  const int n = 6, m = 20, H = 2, D = 16;
+  auto q = testing_util::randn(static_cast<size_t>(n) * H * D, rng);
+  auto kc = testing_util::randn(q.size(), rng), vc = testing_util::randn(q.size(), rng);
+  auto k = testing_util::randn(static_cast<size_t>(m) * H * D, rng), v = testing_util::randn(k.size(), rng);
+  DriftStats s;
+  const auto samples = probe_sample(n, H, 100, 3);
+  EXPECT_EQ(samples.size(), static_cast<size_t>(n * H));
+  probe_attention(q.data(), kc.data(), vc.data(), n, H, D, k.data(), v.data(), k.data(), v.data(), m, samples, 5, &s);
+  EXPECT_EQ(s.queries, n * H);
+  EXPECT_EQ(s.top1_mismatches, 0);
+  EXPECT_DOUBLE_EQ(s.topk_overlap_sum, static_cast<double>(n * H));
+  EXPECT_EQ(s.logit_sq_err_sum, 0.0);
+  EXPECT_EQ(s.logits, static_cast<int64_t>(n) * H * m);
+  EXPECT_EQ(s.output_rel_err_sum, 0.0);
+  EXPECT_EQ(s.drift(), 0.0);
+}
+
+TEST(Probe, CountsASwappedTopToken) {
+  // one query, two cached keys; the quantized cache swaps which one wins
+  const int D = 4;
+  const float q[] = {1, 0, 0, 0};
+  const float kc[] = {0, 0, 0, 0}, vc[] = {0, 0, 0, 0};
+  const float kr[] = {2, 0, 0, 0, 1, 0, 0, 0};
+  const float kq[] = {1, 0, 0, 0, 2, 0, 0, 0};
+  const float v[] = {1, 0, 0, 0, 0, 1, 0, 0};
+  DriftStats s;
+  const ProbeQuery p[] = {{0, 0}};
+  probe_attention(q, kc, vc, 1, 1, D, kr, v, kq, v, 2, p, 1, &s);
+  EXPECT_EQ(s.queries, 1);
+  EXPECT_EQ(s.top1_mismatches, 1);
+  EXPECT_EQ(s.topk_overlap_sum, 0.0);
+  EXPECT_NEAR(s.logit_sq_err_sum, 2 * 0.25, 1e-12);  // (1/sqrt(4))^2 per logit
+  EXPECT_GT(s.output_rel_err_sum, 0.1);
+  // no history: nothing counted
+  DriftStats e;
+  probe_attention(q, kc, vc, 1, 1, D, kr, v, kq, v, 0, p, 1, &e);
+  EXPECT_EQ(e.queries, 0);
+}
+
+TEST(AuditedCache, ReturnsThePrimaryResultAndMeasuresDrift) {
+  const KvGeometry g = kv_case_geometry(64, 2, 32, 4, 1, 2);
+  AuditOptions ao;
+  ao.call_fraction = 1.0;
+  ao.queries_per_head = 8;
+  auto audited = make_audited_cache(*make_kv_cache("qvg2", g), ao);
+  auto plain = *make_kv_cache("qvg2", g);
+  SyntheticKv data(g, 4);
+  ASSERT_TRUE(fill_cache(audited.get(), data, 6, 16).ok());
+  ASSERT_TRUE(fill_cache(plain.get(), data, 6, 16).ok());
+  EXPECT_EQ(audited->format(), "qvg2");
+  EXPECT_EQ(audited->bytes().total(), plain->bytes().total());  // the shadow is not session KV
+  const auto* a = static_cast<const AuditedKvCache*>(audited.get());
+  EXPECT_EQ(a->shadow_bytes().total(), 5 * 32 * 2 * 64 * 4 * 2 * 2);  // fp32, 5 frames, 2 layers
+  std::vector<float> q, kc, vc, o1(16 * 128), o2(o1.size());
+  for (int step = 0; step < 5; ++step) {
+    data.queries(50 + step, 16, &q);
+    data.block(50 + step, 16, &kc, &vc);
+    for (int l = 0; l < 2; ++l) {
+      audited->attend(l, q.data(), kc.data(), vc.data(), 16, o1.data());
+      plain->attend(l, q.data(), kc.data(), vc.data(), 16, o2.data());
+      EXPECT_EQ(o1, o2);
+    }
+  }
+  ASSERT_NE(audited->drift(), nullptr);
+  EXPECT_EQ(audited->drift()->queries, 5 * 2 * 2 * 8);
+  EXPECT_GT(audited->drift()->logit_sq_err_sum, 0.0);
+  EXPECT_EQ(plain->drift(), nullptr);
+}
+
+TEST(Replay, EvaluatorComparesFormatsOnCapturedCalls) {
+  const KvGeometry g = kv_case_geometry(64, 2, 32, 4, 1, 2);
+  KvEventLog log(g);
+  auto cache = make_observed_cache(*make_kv_cache("fp32", g), &log);
+  SyntheticKv data(g, 6);
+  std::vector<float> k, v, q, kc, vc, out(16 * 128);
+  for (int f = 0; f < 6; ++f) {
+    data.frame(f, &k, &v);
+    data.queries(f, 16, &q);
+    data.block(f, 16, &kc, &vc);
+    for (int l = 0; l < 2; ++l) {
+      cache->observe_queries(l, q.data(), 16);
+      cache->attend(l, q.data(), kc.data(), vc.data(), 16, out.data());
+      ASSERT_TRUE(cache->append(l, k.data(), v.data(), f, 1).ok());
+    }
+  }
+  ASSERT_EQ(log.events().size(), 6u * 2 * 3);
+  EXPECT_TRUE(log.events()[1].q_from_previous);
+  DriftStats totals[2][3];
+  for (int run = 0; run < 2; ++run) {
+    KvEvaluator::Options o;
+    o.fused = true;
+    KvEvaluator ev(g, o);
+    for (const char* f : {"fp16", "qvg2", "quantwm2"}) ASSERT_TRUE(ev.add(f, {}).ok());
+    kv_replay(log.events(), &ev);
+    ASSERT_EQ(ev.candidates().size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      const auto& c = ev.candidates()[static_cast<size_t>(i)];
+      EXPECT_TRUE(c.error.empty()) << c.error;
+      EXPECT_EQ(c.per_layer.size(), 2u);
+      totals[run][i] = c.overall();
+      EXPECT_GT(c.fused_rows, 0);
+      EXPECT_GT(c.peak.total(), 0);
+      EXPECT_LE(c.peak.total(), c.reserved);
+    }
+    EXPECT_EQ(totals[run][0].top1_mismatches, 0);  // fp16 selects the same tokens here
+    EXPECT_GT(totals[run][1].logit_sq_err_sum, totals[run][0].logit_sq_err_sum);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(totals[0][i].top1_mismatches, totals[1][i].top1_mismatches);
+    EXPECT_EQ(totals[0][i].logit_sq_err_sum, totals[1][i].logit_sq_err_sum);
+  }
+}
+
+TEST(EngineAudit, AuditedSessionsReportDriftByFormat) {
+  EngineOptions o;
+  o.random_weights = true;
+  o.random_seed = 5;
+  o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
+  o.threads = 1;
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  SessionOptions so;
+  so.cache_format = "quantwm2";
+  so.audit = true;
+  auto id = (*e)->open_session(so);
+  ASSERT_TRUE(id.ok()) << id.status();
+  SessionOptions plain;
+  plain.cache_format = "qvg2";
+  auto id2 = (*e)->open_session(plain);
+  ASSERT_TRUE(id2.ok());
+  for (int i = 0; i < 12; ++i) {
+    StepRequest r[2];
+    r[0].session = *id;
+    r[1].session = *id2;
+    r[0].actions.resize(1);
+    r[1].actions.resize(1);
+    ASSERT_TRUE((*e)->step(std::span<const StepRequest>(r, 2)).ok());
+  }
+  const auto drift = (*e)->drift_by_format();
+  ASSERT_EQ(drift.count("quantwm2"), 1u);
+  EXPECT_EQ(drift.count("qvg2"), 0u);
+  EXPECT_GT(drift.at("quantwm2").queries, 0);
+  auto info = (*e)->session_info(*id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->cache_format, "quantwm2");
+  EXPECT_LE(info->kv.total(), info->kv_reserved);
+}
+
+}  // namespace
+}  // namespace wm

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Prepares the one H200 device run of the CUDA backend (docs/CUDA.md), on
+# THIS machine: builds the plugin, the parity suite and the benchmarks, runs
+# the host-side tests, bundles everything with ../shared/tools/gpu-bundle.sh
+# into .gpu/ (git-ignored), copies the PyTorch anchor scripts beside it, and
+# prints the device command. The device side is tools/gpu-run.sh.
+#
+#   tools/gpu-check.sh            (JOBS=2 by default; WM_SHARED=../shared)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+build=${WM_GPU_BUILD_DIR:-build-cuda}
+shared=${WM_SHARED:-$root/../shared}
+jobs=${JOBS:-2}
+
+grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+
+echo "== configure and build ($build, -j$jobs)"
+mkdir -p "$build"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWM_BUILD_CUDA=ON > "$build/configure.log" 2>&1 ||
+  { tail -30 "$build/configure.log"; exit 1; }
+targets=(wm_cuda backend_ops_tests wm_attention_bench wm_mg2_bench
+         wm_fake_plugin_noentry wm_fake_plugin_badabi wm_fake_plugin_badsize wm_fake_plugin_nodevice)
+cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+plugin="$build/cuda/libwm_cuda.so"
+[ -f "$plugin" ] || { echo "the CUDA plugin was not built: is nvcc at /usr/local/cuda/bin?"; exit 1; }
+
+echo "== host-side tests (the CUDA ones skip here without a GPU)"
+"$build/tests/engine/backend_ops_tests" --gtest_brief=1 > "$build/host-tests.log" 2>&1 ||
+  { tail -40 "$build/host-tests.log"; echo "host tests failed: fix before spending device time"; exit 1; }
+grep -E "^\[  (PASSED|SKIPPED|FAILED) " "$build/host-tests.log" || true
+
+echo "== bundle into .gpu/"
+bash "$shared/tools/gpu-bundle.sh" .gpu "$plugin" "$build/tests/engine/backend_ops_tests" \
+  "$build/bench/wm_attention_bench" "$build/bench/wm_mg2_bench" "$build"/tests/engine/libwm_fake_plugin_*.so
+# debug info is most of the size and useless there (the plugin keeps -lineinfo for the sanitizer)
+strip --strip-debug .gpu/bin/* .gpu/lib/* 2>/dev/null || true
+# the checkout travels too (the trained checkpoint alone is 28 MB): big libraries
+# (OpenBLAS: 36 MB -> 4 MB) travel xz-compressed, tools/gpu-run.sh inflates them first
+find .gpu/lib -type f -size +2M ! -name '*.xz' -print0 | xargs -0 -r xz -9 -T"$jobs"
+cp "$shared/research/torch_attn.py" "$shared/research/torch_mg2_step.py" .gpu/
+{
+  echo "commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "dirty_files=$(git status --porcelain 2>/dev/null | wc -l)"
+  echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "nvcc=$(/usr/local/cuda/bin/nvcc --version | tail -1)"
+} > .gpu/BUILD_INFO
+cat .gpu/BUILD_INFO
+
+# what travels: tracked + untracked-not-ignored files, plus the carried .gpu (limit 64 MiB)
+tree_bytes=$(git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+gpu_bytes=$(du -sb .gpu | awk '{print $1}')
+total=$(( (tree_bytes + gpu_bytes) / 1048576 ))
+echo "== travels: working tree $((tree_bytes / 1048576)) MiB + .gpu $((gpu_bytes / 1048576)) MiB = ${total} MiB (limit 64)"
+[ "$total" -lt 62 ] || { echo "too big to travel"; exit 1; }
+
+cat <<'EOF'
+
+== ready. The device call (one run, about 5 minutes; results in $OUT: gpu-check.log, results.json, parity.json):
+   run(command="source .gpu/env.sh && bash tools/gpu-run.sh", carry=[".gpu"], timeout_s=420)
+   (WM_GPU_BUDGET_S=290 by default inside; each stage also has its own limit)
+EOF

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The H200 device run of the CUDA backend, from the repo root, after
+# `source .gpu/env.sh` (tools/gpu-check.sh prepares .gpu/ and prints the call).
+# Stages, each under its own time limit and all under one budget, each
+# continuing whatever the one before did; results are rewritten after every
+# stage so that a cut-off run still returns what it measured:
+#   info        nvidia-smi
+#   parity      backend_ops_tests (CPU vs CUDA, end-to-end PSNR)   -> $OUT/parity.json
+#   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once)
+#   racecheck   compute-sanitizer racecheck on the same
+#   attention   wm_attention_bench (JSON lines)
+#   torch_attn  ../shared/research/torch_attn.py, same machine, same call
+#   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
+#   torch_mg2   ../shared/research/torch_mg2_step.py
+# $OUT gets gpu-check.log (every stage's output), results.json (everything
+# parsed, with the PyTorch ratios) and parity.json.
+set -u
+OUT=${OUT:-/tmp/wm-gpu-out}
+mkdir -p "$OUT"
+raw=$(mktemp -d /tmp/wm-gpu-raw.XXXXXX)
+log="$OUT/gpu-check.log"
+budget=${WM_GPU_BUDGET_S:-290}
+start=$(date +%s)
+: > "$log"
+echo "stage,rc,seconds,limit" > "$raw/stages.csv"
+export PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+
+# the PyTorch scripts get the machine's own libraries, not the bundle's
+py_ld=$(printf '%s' "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v '/\.gpu/' | paste -sd: -)
+
+sanitizer=""
+for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
+         /usr/local/cuda/compute-sanitizer/compute-sanitizer /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+  if [ -n "$c" ] && [ -x "$c" ]; then sanitizer=$c; break; fi
+done
+
+results() {
+  python3 tools/gpu_results.py "$raw" "$OUT/results.json" .gpu/BUILD_INFO >> "$raw/results.log" 2>&1 || true
+}
+
+# stage NAME LIMIT_S COMMAND...: output to $raw/NAME.out and the log
+# libraries gpu-check.sh compressed to fit the 64 MiB transfer
+for z in .gpu/lib/*.xz .gpu/bin/*.xz; do
+  [ -e "$z" ] || continue
+  if [ ! -e "${z%.xz}" ]; then
+    xz -d -k "$z" 2>/dev/null ||
+      python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$z" "${z%.xz}" ||
+      echo "cannot inflate $z" | tee -a "$log"
+  fi
+done
+
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local now left t rc t0 t1
+  now=$(date +%s)
+  left=$((budget - (now - start)))
+  if [ "$left" -lt 15 ]; then
+    echo "=== $name: skipped, ${left}s of the budget left" | tee -a "$log"
+    echo "$name,skipped,0,0" >> "$raw/stages.csv"
+    return
+  fi
+  t=$((limit < left ? limit : left))
+  echo "=== $name (limit ${t}s, $((now - start))s into the run): $*" | tee -a "$log"
+  t0=$(date +%s.%N)
+  timeout --kill-after=5 "$t" "$@" > "$raw/$name.out" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  cat "$raw/$name.out" >> "$log"
+  local secs
+  secs=$(python3 -c "print(round($t1 - $t0, 1))" 2>/dev/null || echo 0)
+  echo "=== $name: rc=$rc in ${secs}s$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ' (TIMED OUT)')" | tee -a "$log"
+  echo "$name,$rc,$secs,$t" >> "$raw/stages.csv"
+  results
+}
+
+stage info 10 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw --format=csv; cat .gpu/BUILD_INFO; echo "sanitizer: '"${sanitizer:-none}"'"; ldd .gpu/bin/libwm_cuda.so | grep -E "cublas|cudart|not found"'
+stage parity 75 .gpu/bin/backend_ops_tests --gtest_output=json:"$OUT/parity.json"
+if [ -n "$sanitizer" ]; then
+  for tool in memcheck racecheck; do
+    stage "$tool" 45 "$sanitizer" --tool "$tool" --error-exitcode 7 --print-limit 30 \
+      .gpu/bin/backend_ops_tests --gtest_filter='CudaSanitizerSmoke.*'
+  done
+else
+  echo "=== memcheck, racecheck: no compute-sanitizer found" | tee -a "$log"
+fi
+stage attention 40 .gpu/bin/wm_attention_bench
+stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
+stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
+stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
+
+results
+echo "=== done in $(( $(date +%s) - start ))s; summary:" | tee -a "$log"
+python3 tools/gpu_results.py --summary "$OUT/results.json" 2>&1 | tee -a "$log"
+cat "$raw/results.log" 2>/dev/null | tail -5
+rm -rf "$raw"

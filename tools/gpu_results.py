@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Collects the device run's stage outputs (tools/gpu-run.sh) into one
+results.json, with our numbers beside PyTorch's from the same call.
+
+  gpu_results.py RAW_DIR RESULTS_JSON BUILD_INFO   (after every stage)
+  gpu_results.py --summary RESULTS_JSON            (a short table for the log)
+"""
+import csv
+import json
+import os
+import re
+import sys
+import time
+
+
+def json_lines(path):
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{") and line.endswith("}"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    return out
+
+
+def text(path):
+    if not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def parity(raw, out_dir):
+    res = {}
+    p = os.path.join(out_dir, "parity.json")
+    if os.path.exists(p):
+        try:
+            with open(p) as f:
+                g = json.load(f)
+            res = {"tests": g.get("tests"), "failures": g.get("failures"), "errors": g.get("errors"),
+                   "disabled": g.get("disabled")}
+            failed, skipped = [], 0
+            for suite in g.get("testsuites", []):
+                for t in suite.get("testsuite", []):
+                    if t.get("result") == "SKIPPED":
+                        skipped += 1
+                    for fl in t.get("failures", []):
+                        failed.append({"test": suite["name"] + "." + t["name"],
+                                       "message": fl.get("failure", "")[:600]})
+            res["skipped"] = skipped
+            res["failed"] = failed[:20]
+        except (ValueError, KeyError) as e:
+            res = {"error": "parity.json unreadable: %s" % e}
+    log = text(os.path.join(raw, "parity.out"))
+    res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
+    res["op_errors"] = [l.strip() for l in log.splitlines() if l.startswith("  ") and "max |err|" in l][:80]
+    res["device_line"] = next((l.strip() for l in log.splitlines() if l.startswith("CUDA backend:")), None)
+    res["summary_lines"] = [l.strip() for l in log.splitlines() if re.match(r"^\[  (PASSED|FAILED|SKIPPED) ", l)][:40]
+    return res
+
+
+def sanitizer(raw, name):
+    log = text(os.path.join(raw, name + ".out"))
+    if not log:
+        return None
+    lines = [l.strip() for l in log.splitlines() if "SUMMARY" in l or "Error" in l or "error" in l]
+    return {"summary": lines[-12:]}
+
+
+def compare(results):
+    cmp = {"mg2": [], "attention": []}
+    torch_runs = {(r["sessions_batched"], r["window_latent_frames"]): r for r in results.get("torch_mg2", [])
+                  if "sessions_batched" in r}
+    for r in results.get("mg2", []):
+        if r.get("bench") != "mg2":
+            continue
+        t = torch_runs.get((r["sessions_batched"], r["window_latent_frames"]))
+        row = {"sessions": r["sessions_batched"], "window": r["window_latent_frames"], "ours_forward_ms": r["forward_ms"],
+               "ours_block_ms": r["block_ms"], "ours_fps": r["fps_aggregate"]}
+        if t:
+            row.update({"torch_forward_ms": t["forward_ms"], "torch_fps": t["fps_aggregate"],
+                        "fps_ratio": round(r["fps_aggregate"] / max(1e-9, t["fps_aggregate"]), 2)})
+        cmp["mg2"].append(row)
+    ours = [r for r in results.get("attention", []) if r.get("split") == "auto"]
+    for t in results.get("torch_attn", []):
+        if "bf16_sdpa_us" not in t:
+            continue
+        same_q = [r for r in ours if r["query_tokens"] == t["query_tokens"]]
+        if not same_q:
+            continue
+        r = min(same_q, key=lambda r: abs(r["cached_tokens"] - t["cached_tokens"]))
+        cmp["attention"].append({"cached_tokens": t["cached_tokens"], "ours_cached_tokens": r["cached_tokens"],
+                                 "query_tokens": t["query_tokens"], "torch_us": t["bf16_sdpa_us"], "ours_us": r["us"],
+                                 "speedup": round(t["bf16_sdpa_us"] / max(1e-9, r["us"]), 2),
+                                 "ours_GBps": r["GBps"], "ours_TFLOPs": r["TFLOPs"],
+                                 "torch_GBps": t.get("bf16_GBps"), "torch_TFLOPs": t.get("bf16_TFLOPs")})
+    return cmp
+
+
+def collect(raw, out_path, build_info):
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    results = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if os.path.exists(build_info):
+        results["build"] = dict(l.strip().split("=", 1) for l in open(build_info) if "=" in l)
+    stages = []
+    p = os.path.join(raw, "stages.csv")
+    if os.path.exists(p):
+        with open(p) as f:
+            stages = list(csv.DictReader(f))
+    results["stages"] = stages
+    results["info"] = text(os.path.join(raw, "info.out"))[-2000:]
+    results["parity"] = parity(raw, out_dir)
+    results["memcheck"] = sanitizer(raw, "memcheck")
+    results["racecheck"] = sanitizer(raw, "racecheck")
+    results["attention"] = json_lines(os.path.join(raw, "attention.out"))
+    results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
+    results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
+    results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
+    results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
+    results["comparison"] = compare(results)
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, out_path)
+
+
+def summary(path):
+    with open(path) as f:
+        r = json.load(f)
+    for s in r.get("stages", []):
+        print("stage %-10s rc=%-7s %6ss (limit %s)" % (s["stage"], s["rc"], s["seconds"], s["limit"]))
+    p = r.get("parity", {})
+    print("parity: %s tests, %s failures, %s skipped" % (p.get("tests"), p.get("failures"), p.get("skipped")))
+    for f in p.get("failed", [])[:8]:
+        print("  FAILED %s: %s" % (f["test"], f["message"].replace("\n", " ")[:300]))
+    for l in p.get("end_to_end", []):
+        print("  " + l)
+    for name in ("memcheck", "racecheck"):
+        s = r.get(name)
+        print("%s: %s" % (name, " | ".join(s["summary"][-2:]) if s else "not run"))
+    for a in r.get("comparison", {}).get("attention", []):
+        print("attention N=%(cached_tokens)s q=%(query_tokens)s: ours %(ours_us)s us (%(ours_GBps)s GB/s, "
+              "%(ours_TFLOPs)s TF/s) vs torch %(torch_us)s us: x%(speedup)s" % a)
+    for a in r.get("attention", []):
+        if a.get("bench") == "attention" and a.get("query_tokens") == 64:
+            print("attention q=64 N=%s split=%s: %s us, %s GB/s (%s%% of HBM)" % (
+                a["cached_tokens"], a["split"], a["us"], a["GBps"], a["pct_hbm_4800"]))
+    for m in r.get("comparison", {}).get("mg2", []):
+        print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
+              "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
+                                        if "torch_fps" in m else ""))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--summary":
+        summary(sys.argv[2])
+    elif len(sys.argv) == 4:
+        collect(sys.argv[1], sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
