@@ -1,0 +1,191 @@
+// wmplay: plays one session against a wmserve.
+//   wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]
+// Writes every frame as DIR/frame_%05d.jpg (by frame index) and DIR/summary.json:
+// frames, dropped frames (index gaps), freezes, action-to-frame latency
+// percentiles on this client's clock, and the server's timings.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "clients/play_client.h"
+#include "clients/stats.h"
+#include "common/image_io.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "wmserve address host:port");
+ABSL_FLAG(bool, headless, false, "play without a window (the only mode in this build)");
+ABSL_FLAG(std::string, script, "", "action script (engine/action.h format), one action per frame");
+ABSL_FLAG(std::string, out, "", "output directory for frames and summary.json");
+ABSL_FLAG(std::string, model, "", "model name (default: the server's)");
+ABSL_FLAG(uint64_t, seed, 1, "session seed");
+ABSL_FLAG(std::string, format, "", "KV-cache format (default: the server's)");
+ABSL_FLAG(double, fps, 0, "0: per-action pacing, one action in flight; > 0: fixed-rate pacing at this rate, "
+                           "actions sent at the same rate");
+ABSL_FLAG(int, window, 1, "per-action pacing: actions in flight at most");
+ABSL_FLAG(int, quality, 0, "JPEG quality (0: the server's default)");
+ABSL_FLAG(std::string, prompt, "", "comma-separated JPEG start frames");
+ABSL_FLAG(bool, audit, false, "ask the server to measure this session's token-selection drift");
+ABSL_FLAG(double, timeout_s, 300, "give up after this long");
+
+namespace v1 = ::wmserve::v1;
+
+namespace {
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "wmplay: %s\n", msg.c_str());
+  return 1;
+}
+
+wm::ActionSpace to_space(const v1::ActionSpace& s) {
+  wm::ActionSpace a;
+  a.keys.assign(s.keys().begin(), s.keys().end());
+  a.mouse.assign(s.mouse_axes().begin(), s.mouse_axes().end());
+  a.mouse_limit = s.mouse_limit();
+  a.mouse_scale = s.mouse_scale() > 0 ? s.mouse_scale() : 1.0f;
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "plays one session against wmserve and records it:\n"
+      "  wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]");
+  absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_headless))
+    return fail("the interactive window is not built yet: use --headless --script FILE --out DIR");
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (absl::GetFlag(FLAGS_script).empty() || out.empty()) return fail("--script and --out are required");
+
+  auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));
+  auto stub = v1::WorldModel::NewStub(channel);
+  v1::ListModelsResponse models;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Status st = stub->ListModels(&ctx, {}, &models);
+    if (!st.ok())
+      return fail(absl::StrFormat("cannot reach wmserve at %s: %s", absl::GetFlag(FLAGS_server), st.error_message()));
+  }
+  const v1::ModelInfo* model = nullptr;
+  for (const auto& m : models.models())
+    if (absl::GetFlag(FLAGS_model).empty() || m.name() == absl::GetFlag(FLAGS_model)) model = &m;
+  if (model == nullptr) return fail("the server does not serve model '" + absl::GetFlag(FLAGS_model) + "'");
+  auto actions = wm::load_action_script(absl::GetFlag(FLAGS_script), to_space(model->action_space()));
+  if (!actions.ok()) return fail(std::string(actions.status().message()));
+
+  wm::client::PlayConfig pc;
+  pc.start.set_model(absl::GetFlag(FLAGS_model));
+  pc.start.set_seed(absl::GetFlag(FLAGS_seed));
+  pc.start.set_cache_format(absl::GetFlag(FLAGS_format));
+  pc.start.set_jpeg_quality(absl::GetFlag(FLAGS_quality));
+  pc.start.set_audit(absl::GetFlag(FLAGS_audit));
+  const double fps = absl::GetFlag(FLAGS_fps);
+  if (fps > 0) {
+    pc.start.set_pacing(v1::PACING_FIXED_RATE);
+    pc.start.set_fps(fps);
+    pc.send_fps = fps;
+  } else {
+    pc.start.set_pacing(v1::PACING_PER_ACTION);
+    pc.window = absl::GetFlag(FLAGS_window);
+  }
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',', absl::SkipEmpty())) {
+    auto bytes = wm::read_file(std::string(p), 64 << 20);
+    if (!bytes.ok()) return fail(std::string(bytes.status().message()));
+    pc.start.add_prompt_jpeg(*bytes);
+  }
+  pc.actions = std::move(*actions);
+  pc.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return fail("cannot create " + out + ": " + ec.message());
+  for (const auto& e : std::filesystem::directory_iterator(out, ec))
+    if (e.path().filename().string().rfind("frame_", 0) == 0) std::filesystem::remove(e.path(), ec);
+
+  const wm::client::PlayResult r = wm::client::play(channel, pc);
+  if (r.frames.empty() && !r.status.ok())
+    return fail(absl::StrFormat("%s: %s", wm::client::status_code_name(r.status.error_code()), r.status.error_message()));
+
+  std::vector<int64_t> indices;
+  std::vector<double> queue_us, model_us, encode_us;
+  int64_t deadline_missed = 0;
+  for (const auto& f : r.frames) {
+    const std::string path = absl::StrFormat("%s/frame_%05d.jpg", out, f.index);
+    if (auto st = wm::write_file(path, f.jpeg.data(), f.jpeg.size()); !st.ok()) return fail(std::string(st.message()));
+    indices.push_back(f.index);
+    queue_us.push_back(static_cast<double>(f.timings.queue_us()));
+    model_us.push_back(static_cast<double>(f.timings.model_us()));
+    encode_us.push_back(static_cast<double>(f.timings.encode_us()));
+    deadline_missed += f.deadline_missed ? 1 : 0;
+  }
+  const auto intervals = r.intervals_s();
+  const auto freezes = wm::client::count_freezes(intervals);
+  const auto ms = [](double s) { return s * 1e3; };
+  nlohmann::json j;
+  j["server"] = absl::GetFlag(FLAGS_server);
+  j["status"] = wm::client::status_code_name(r.status.error_code());
+  j["status_message"] = r.status.error_message();
+  j["session_id"] = r.started.session_id();
+  j["model"] = r.started.model().name();
+  j["cache_format"] = r.started.cache_format();
+  j["seed"] = absl::GetFlag(FLAGS_seed);
+  j["pacing"] = fps > 0 ? "fixed_rate" : "per_action";
+  j["fps_requested"] = fps;
+  j["width"] = r.started.width();
+  j["height"] = r.started.height();
+  j["prompt_frames"] = r.started.prompt_frames();
+  j["actions_sent"] = r.actions_sent;
+  j["frames"] = r.frames.size();
+  j["dropped_frames"] = wm::client::count_index_gaps(indices);
+  j["server_frames_dropped"] = r.frames.empty() ? 0 : r.frames.back().frames_dropped;
+  j["freezes"] = freezes.count;
+  j["freeze_seconds"] = freezes.total_seconds;
+  j["deadline_missed_frames"] = deadline_missed;
+  j["wall_seconds"] = r.wall_s;
+  j["frames_per_second"] = r.wall_s > 0 ? static_cast<double>(r.frames.size()) / r.wall_s : 0;
+  j["action_to_frame_ms"] = {{"p50", ms(wm::client::percentile(r.action_to_frame_s, 0.50))},
+                             {"p95", ms(wm::client::percentile(r.action_to_frame_s, 0.95))},
+                             {"p99", ms(wm::client::percentile(r.action_to_frame_s, 0.99))},
+                             {"mean", ms(wm::client::mean(r.action_to_frame_s))},
+                             {"count", r.action_to_frame_s.size()}};
+  j["inter_frame_ms"] = {{"mean", ms(wm::client::mean(intervals))},
+                         {"p99", ms(wm::client::percentile(intervals, 0.99))}};
+  j["server_timings_us"] = {{"queue_mean", wm::client::mean(queue_us)},
+                            {"model_mean", wm::client::mean(model_us)},
+                            {"model_p99", wm::client::percentile(model_us, 0.99)},
+                            {"encode_mean", wm::client::mean(encode_us)}};
+  j["kv_cache_bytes"] = r.frames.empty() ? 0 : r.frames.back().kv_cache_bytes;
+  j["kv_reserved_bytes"] = r.started.kv_reserved_bytes();
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& e : r.events)
+    events.push_back({{"code", e.code()}, {"message", e.message()}, {"action_seq", e.action_seq()}});
+  j["events"] = events;
+  const std::string text = j.dump(2) + "\n";
+  if (auto st = wm::write_file(out + "/summary.json", text.data(), text.size()); !st.ok())
+    return fail(std::string(st.message()));
+
+  std::printf("wmplay: %zu frames of %dx%d from %s (session %s, %s) -> %s/frame_*.jpg\n", r.frames.size(),
+              r.started.width(), r.started.height(), absl::GetFlag(FLAGS_server).c_str(),
+              r.started.session_id().c_str(), r.started.cache_format().c_str(), out.c_str());
+  std::printf("wmplay: action-to-frame p50 %.1f ms, p95 %.1f ms, p99 %.1f ms; %.1f frames/s; dropped %lld, "
+              "freezes %lld; server model %.1f ms, encode %.2f ms per frame\n",
+              ms(wm::client::percentile(r.action_to_frame_s, 0.5)),
+              ms(wm::client::percentile(r.action_to_frame_s, 0.95)),
+              ms(wm::client::percentile(r.action_to_frame_s, 0.99)), j["frames_per_second"].get<double>(),
+              static_cast<long long>(wm::client::count_index_gaps(indices)), static_cast<long long>(freezes.count),
+              wm::client::mean(model_us) / 1e3, wm::client::mean(encode_us) / 1e3);
+  std::printf("wmplay: summary in %s/summary.json\n", out.c_str());
+  if (!r.status.ok()) {
+    std::fprintf(stderr, "wmplay: the stream ended with %s: %s\n", wm::client::status_code_name(r.status.error_code()),
+                 r.status.error_message().c_str());
+    return 1;
+  }
+  return 0;
+}

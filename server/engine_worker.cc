@@ -1,0 +1,367 @@
+#include "server/engine_worker.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace wm::server {
+
+namespace v1 = ::wmserve::v1;
+
+EngineWorker::EngineWorker(WorkerConfig config, ClosedFn on_closed)
+    : config_(std::move(config)), on_closed_(std::move(on_closed)) {}
+
+EngineWorker::~EngineWorker() { stop(); }
+
+absl::StatusOr<ServedModel> EngineWorker::start() {
+  WM_CHECK(!thread_.joinable());
+  std::promise<absl::StatusOr<ServedModel>> started;
+  auto result = started.get_future();
+  // the engine is built on its own thread: thread-local library settings
+  // (OpenMP thread counts) then apply where it runs
+  thread_ = std::thread([this, &started] { run(&started); });
+  absl::StatusOr<ServedModel> model = result.get();
+  if (!model.ok()) thread_.join();
+  return model;
+}
+
+void EngineWorker::run(std::promise<absl::StatusOr<ServedModel>>* started) {
+  auto engine = Engine::create(config_.engine);
+  if (!engine.ok()) {
+    started->set_value(engine.status());
+    return;
+  }
+  engine_ = std::move(*engine);
+  auto model = describe_served_model(*engine_, config_.engine.model_dir, config_.default_cache_format);
+  if (!model.ok()) {
+    engine_.reset();
+    started->set_value(model.status());
+    return;
+  }
+  model_ = *model;
+  started->set_value(std::move(*model));
+  loop();
+  engine_.reset();
+}
+
+void EngineWorker::open(std::shared_ptr<ServerSession> session) {
+  const StartParams& p = session->params();
+  const int B = model_.config.frames_per_block;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!stopping_) {
+      entries_.emplace(session->key(), Entry(session, ActionQueue(p.pacing, std::max(config_.action_queue, B), B)));
+      to_open_.push_back(session->key());
+      sessions_ = static_cast<int>(entries_.size());
+      cv_.notify_all();
+      return;
+    }
+  }
+  session->finish(absl::UnavailableError("the server is shutting down"), false);
+  on_closed_(session, EndReason::kShutdown);
+}
+
+absl::Status EngineWorker::submit(SessionManager::Key key, const TimedAction& action) {
+  int superseded = 0;
+  absl::Status st;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.close_requested || it->second.input_closed)
+      return absl::FailedPreconditionError("the session is ending");
+    const bool was_empty = it->second.input.empty();
+    st = it->second.input.push(action, &superseded);
+    if (st.ok() && was_empty && !it->second.pacer.has_value()) cv_.notify_all();
+  }
+  if (superseded > 0 && metrics_ != nullptr) metrics_->actions_superseded->Increment(superseded);
+  return st;
+}
+
+void EngineWorker::end_input(SessionManager::Key key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  it->second.input_closed = true;
+  cv_.notify_all();
+}
+
+void EngineWorker::close(SessionManager::Key key, const absl::Status& status, EndReason reason) {
+  std::shared_ptr<ServerSession> s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.close_requested) return;
+    it->second.close_requested = true;
+    it->second.end_reason = reason;
+    s = it->second.session;
+    cv_.notify_all();
+  }
+  s->finish(status, /*flush=*/false);
+}
+
+void EngineWorker::close_all(const absl::Status& status, EndReason reason) {
+  std::vector<std::shared_ptr<ServerSession>> sessions;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [key, e] : entries_) {
+      if (e.close_requested) continue;
+      e.close_requested = true;
+      e.end_reason = reason;
+      sessions.push_back(e.session);
+    }
+    cv_.notify_all();
+  }
+  for (auto& s : sessions) s->finish(status, false);
+}
+
+void EngineWorker::broadcast_event(v1::Event::Level level, absl::string_view code, absl::string_view message) {
+  std::vector<std::shared_ptr<ServerSession>> sessions;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [key, e] : entries_) sessions.push_back(e.session);
+  }
+  for (auto& s : sessions) s->send_event(level, code, message);
+}
+
+void EngineWorker::stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  close_all(absl::UnavailableError("the server is shutting down"), EndReason::kShutdown);
+  thread_.join();
+}
+
+void EngineWorker::loop() {
+  for (;;) {
+    std::vector<std::pair<SessionManager::Key, Entry>> closing;
+    std::vector<SessionManager::Key> opens;
+    std::vector<Planned> planned;
+    int queued = 0;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      std::vector<SessionManager::Key> keys;
+      std::vector<StepCandidate> candidates;
+      StepPlan plan;
+      TimePoint now;
+      for (;;) {
+        now = Clock::now();
+        keys.clear();
+        candidates.clear();
+        bool any_closing = false;
+        for (auto& [key, e] : entries_) {
+          const bool fixed = e.pacer.has_value();
+          if (e.close_requested || (e.opened && e.input_closed && (fixed || e.input.empty()))) {
+            any_closing = true;
+            continue;
+          }
+          if (!e.opened) continue;
+          StepCandidate c;
+          c.fixed_rate = fixed;
+          if (fixed) {
+            c.ready = e.pacer->is_due(now);
+            c.ready_since = c.next_due = e.pacer->due();
+          } else {
+            c.ready = !e.input.empty();
+            if (c.ready) c.ready_since = e.input.oldest_arrival();
+          }
+          keys.push_back(key);
+          candidates.push_back(c);
+        }
+        if (stopping_ && entries_.empty() && to_open_.empty()) return;
+        plan = plan_step(candidates, now, config_.max_batch_wait, config_.max_batch, engine_free_since_);
+        if (any_closing || !to_open_.empty() || plan.go) break;
+        cv_.wait_until(lk, std::min(plan.wake_at, now + std::chrono::milliseconds(250)));
+        if (Clock::now() - last_drift_publish_ > std::chrono::seconds(1)) break;  // refresh the gauges
+      }
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        Entry& e = it->second;
+        if (e.close_requested || (e.opened && e.input_closed && (e.pacer.has_value() || e.input.empty()))) {
+          closing.emplace_back(it->first, std::move(e));
+          it = entries_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      opens.swap(to_open_);
+      int ready = 0;
+      for (const auto& c : candidates) ready += c.ready ? 1 : 0;
+      if (plan.go) {
+        for (size_t idx : plan.batch) {
+          auto it = entries_.find(keys[idx]);
+          if (it == entries_.end()) continue;  // it was closing
+          Entry& e = it->second;
+          Planned p{keys[idx], e.engine_id, e.session, {}, candidates[idx].ready_since, std::nullopt};
+          if (e.pacer.has_value()) p.tick = e.pacer->take(now);
+          p.block = e.input.take_block();
+          planned.push_back(std::move(p));
+        }
+      }
+      queued = ready - static_cast<int>(planned.size());
+      sessions_ = static_cast<int>(entries_.size());
+    }
+
+    for (auto& [key, e] : closing) {
+      if (e.opened) {
+        if (auto st = engine_->close_session(e.engine_id); !st.ok())
+          std::fprintf(stderr, "wmserve: closing session %s: %s\n", e.session->id().c_str(), st.ToString().c_str());
+      }
+      // a client that half-closed gets its last frames, then OK
+      if (!e.close_requested) e.session->finish(absl::OkStatus(), /*flush=*/true);
+      on_closed_(e.session, e.end_reason);
+    }
+    for (SessionManager::Key key : opens) do_open(key);
+    if (!planned.empty()) do_step(planned);
+    publish_gauges(queued);
+  }
+}
+
+void EngineWorker::do_open(SessionManager::Key key) {
+  std::shared_ptr<ServerSession> s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;  // closed before it opened
+    s = it->second.session;
+  }
+  const StartParams& p = s->params();
+  SessionOptions so;
+  so.seed = p.seed;
+  so.cache_format = p.cache_format;
+  so.prompt = p.prompt;
+  so.audit = p.audit;
+  auto id = engine_->open_session(so);
+  if (!id.ok()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      entries_.erase(key);
+      sessions_ = static_cast<int>(entries_.size());
+    }
+    std::fprintf(stderr, "wmserve: opening session %s: %s\n", s->id().c_str(), id.status().ToString().c_str());
+    if (metrics_ != nullptr) {
+      metrics_->engine_errors->Increment();
+      metrics_->sessions_rejected("engine").Increment();
+    }
+    s->finish(id.status(), false);
+    on_closed_(s, EndReason::kError);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Entry& e = entries_.at(key);
+    e.engine_id = *id;
+    e.opened = true;
+    if (p.pacing == PacingMode::kFixedRate) e.pacer.emplace(from_seconds(1.0 / p.fps), Clock::now());
+    cv_.notify_all();
+  }
+  v1::Started st;
+  st.set_session_id(s->id());
+  st.set_width(model_.config.width);
+  st.set_height(model_.config.height);
+  fill_action_space(model_.config.actions, st.mutable_action_space());
+  fill_model_info(model_, st.mutable_model());
+  st.set_cache_format(p.cache_format);
+  st.set_pacing(p.pacing == PacingMode::kFixedRate ? v1::PACING_FIXED_RATE : v1::PACING_PER_ACTION);
+  st.set_fps(p.fps);
+  st.set_jpeg_quality(p.jpeg_quality);
+  st.set_kv_reserved_bytes(model_.reservation_bytes.at(p.cache_format));
+  st.set_prompt_frames(static_cast<int32_t>(p.prompt.size()));
+  st.set_action_queue_capacity(p.pacing == PacingMode::kFixedRate
+                                   ? model_.config.frames_per_block
+                                   : std::max(config_.action_queue, model_.config.frames_per_block));
+  if (metrics_ != nullptr) metrics_->sessions_started->Increment();
+  s->send_started(std::move(st));
+}
+
+void EngineWorker::do_step(std::vector<Planned>& planned) {
+  std::vector<StepRequest> requests;
+  requests.reserve(planned.size());
+  for (const auto& p : planned) requests.push_back(StepRequest{p.engine_id, p.block.actions, {}});
+  const TimePoint t_start = Clock::now();
+  StepStats stats;
+  auto results = engine_->step(requests, &stats);
+  const TimePoint t_done = Clock::now();
+  engine_free_since_ = t_done;
+  ++steps_;
+  if (metrics_ != nullptr) {
+    metrics_->step_duration->Observe(to_seconds(t_done - t_start));
+    metrics_->batch_size->Observe(static_cast<double>(planned.size()));
+  }
+  if (!results.ok()) {
+    std::fprintf(stderr, "wmserve: engine step of %zu sessions failed: %s\n", planned.size(),
+                 results.status().ToString().c_str());
+    if (metrics_ != nullptr) metrics_->engine_errors->Increment();
+    for (const auto& p : planned)
+      close(p.key, absl::InternalError(absl::StrCat("engine step failed: ", results.status().message())),
+            EndReason::kError);
+    return;
+  }
+  const int64_t model_us = to_us(t_done - t_start);
+  for (size_t i = 0; i < planned.size(); ++i) {
+    Planned& p = planned[i];
+    StepResult& r = (*results)[i];
+    auto info = engine_->session_info(p.engine_id);
+    const int64_t kv = info.ok() ? info->kv.total() : 0;
+    const bool late = p.tick.has_value() && t_done > p.tick->deadline;
+    std::vector<OutFrame> frames;
+    frames.reserve(r.frames.size());
+    for (size_t b = 0; b < r.frames.size(); ++b) {
+      OutFrame f;
+      f.frame = std::move(r.frames[b]);
+      f.client_time_us = p.block.client_time_us[b];
+      f.arrival = p.block.arrival[b];
+      f.fresh = p.block.fresh[b];
+      f.queue_us = std::max<int64_t>(0, to_us(t_start - p.ready_since));
+      f.model_us = model_us;
+      f.batch_size = static_cast<int32_t>(planned.size());
+      f.kv_cache_bytes = kv;
+      f.deadline_missed = late;
+      frames.push_back(std::move(f));
+    }
+    if (p.tick.has_value()) {
+      const int64_t missed = (late ? static_cast<int64_t>(frames.size()) : 0) + p.tick->skipped;
+      if (missed > 0) {
+        if (metrics_ != nullptr) metrics_->deadlines_missed->Increment(static_cast<double>(missed));
+        bool tell = false;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          auto it = entries_.find(p.key);
+          if (it != entries_.end() && t_done - it->second.last_deadline_event >= std::chrono::seconds(1)) {
+            it->second.last_deadline_event = t_done;
+            tell = true;
+          }
+        }
+        // at most one event a second per session
+        if (tell)
+          p.session->send_event(v1::Event::WARNING, "DEADLINE_MISSED",
+                                absl::StrCat("the server is behind the requested ", p.session->params().fps,
+                                             " frames/s: ", missed, " frame(s) late or skipped (step took ",
+                                             model_us / 1000, " ms for ", planned.size(), " sessions)"));
+      }
+    }
+    p.session->send_frames(std::move(frames));
+  }
+}
+
+void EngineWorker::publish_gauges(int queued) {
+  const int64_t used = engine_->kv_used_bytes();
+  kv_used_ = used;
+  if (metrics_ == nullptr) return;
+  metrics_->sessions_active->Set(sessions_.load());
+  metrics_->sessions_queued->Set(std::max(0, queued));
+  metrics_->kv_bytes_used->Set(static_cast<double>(used));
+  metrics_->kv_bytes_reserved->Set(static_cast<double>(engine_->kv_reserved_bytes()));
+  metrics_->kv_usage_ratio->Set(static_cast<double>(used) / static_cast<double>(engine_->kv_capacity_bytes()));
+  const TimePoint now = Clock::now();
+  if (now - last_drift_publish_ >= std::chrono::seconds(1)) {
+    last_drift_publish_ = now;
+    for (const auto& [format, d] : engine_->drift_by_format())
+      metrics_->set_drift(format, d.drift(), static_cast<double>(d.queries));
+    const BackendMemory mem = engine_->device_memory();
+    metrics_->set_gpu_memory(mem.device_total, mem.device_free);
+  }
+}
+
+}  // namespace wm::server

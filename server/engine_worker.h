@@ -1,0 +1,122 @@
+// The engine thread: it alone owns the wm::Engine. gRPC threads hand it
+// sessions to open, actions and close requests through one mutex-guarded
+// table (they never wait for the engine); it batches one block for every
+// session with work into each engine step, with a bounded wait to fill the
+// batch (server/pacing.h), and hands the frames to the sessions' output
+// paths (server/session.h), which never make it wait either.
+//
+// Threading: open/submit/end_input/close/close_all/broadcast_event and the
+// getters may be called from any thread; start() and stop() from the owner.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "server/action_queue.h"
+#include "server/metrics.h"
+#include "server/pacing.h"
+#include "server/served_model.h"
+#include "server/session.h"
+
+namespace wm::server {
+
+struct WorkerConfig {
+  EngineOptions engine;
+  std::string default_cache_format = "fp16";
+  Duration max_batch_wait = std::chrono::milliseconds(2);
+  int max_batch = 16;
+  int action_queue = 32;  // per-action pacing: queued actions per session at most
+};
+
+class EngineWorker {
+ public:
+  // called on the engine thread when a session's engine state is gone
+  using ClosedFn = std::function<void(const std::shared_ptr<ServerSession>&, EndReason)>;
+
+  EngineWorker(WorkerConfig config, ClosedFn on_closed);
+  ~EngineWorker();
+
+  // starts the thread, builds the engine on it and describes the model
+  absl::StatusOr<ServedModel> start();
+  // sets where metrics go (before any session opens)
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
+
+  // a session admitted by the session manager; Started is sent once the
+  // engine has opened it (or the stream finishes with the engine's error)
+  void open(std::shared_ptr<ServerSession> session);
+  // an action for a session (already checked against the action space):
+  // INVALID_ARGUMENT for a bad seq, RESOURCE_EXHAUSTED for a full queue
+  absl::Status submit(SessionManager::Key key, const TimedAction& action);
+  // the client half-closed: finish the queued actions (per-action pacing),
+  // then end the stream with OK
+  void end_input(SessionManager::Key key);
+  // ends the session now: finishes its stream with `status` (if not already)
+  // and frees its engine state; idempotent
+  void close(SessionManager::Key key, const absl::Status& status, EndReason reason);
+  void close_all(const absl::Status& status, EndReason reason);
+  void broadcast_event(wmserve::v1::Event::Level level, absl::string_view code, absl::string_view message);
+  // closes everything and joins the thread
+  void stop();
+
+  int sessions() const { return sessions_.load(); }
+  int64_t kv_used_bytes() const { return kv_used_.load(); }
+  int64_t steps() const { return steps_.load(); }
+
+ private:
+  struct Entry {
+    Entry(std::shared_ptr<ServerSession> s, ActionQueue q) : session(std::move(s)), input(std::move(q)) {}
+    std::shared_ptr<ServerSession> session;
+    ActionQueue input;
+    std::optional<FixedRatePacer> pacer;
+    SessionId engine_id = 0;
+    bool opened = false;
+    bool input_closed = false;
+    bool close_requested = false;
+    EndReason end_reason = EndReason::kClientClosed;
+    TimePoint last_deadline_event;
+  };
+  struct Planned {
+    SessionManager::Key key;
+    SessionId engine_id;
+    std::shared_ptr<ServerSession> session;
+    Block block;
+    TimePoint ready_since;
+    std::optional<Tick> tick;
+  };
+
+  void run(std::promise<absl::StatusOr<ServedModel>>* started);
+  void loop();
+  void do_open(SessionManager::Key key);
+  void do_step(std::vector<Planned>& planned);
+  void publish_gauges(int queued);
+
+  WorkerConfig config_;
+  ClosedFn on_closed_;
+  Metrics* metrics_ = nullptr;
+  std::unique_ptr<Engine> engine_;   // engine thread only
+  ServedModel model_;                // fixed after start()
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<SessionManager::Key, Entry> entries_;
+  std::vector<SessionManager::Key> to_open_;
+  bool stopping_ = false;
+
+  std::atomic<int> sessions_{0};
+  std::atomic<int64_t> kv_used_{0};
+  std::atomic<int64_t> steps_{0};
+  TimePoint last_drift_publish_;
+  TimePoint engine_free_since_;      // end of the last step (engine thread only)
+};
+
+}  // namespace wm::server

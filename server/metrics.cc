@@ -1,0 +1,152 @@
+#include "server/metrics.h"
+
+namespace wm::server {
+
+namespace pm = prometheus;
+
+absl::string_view end_reason_label(EndReason r) {
+  switch (r) {
+    case EndReason::kClientClosed: return "client_closed";
+    case EndReason::kCancelled: return "cancelled";
+    case EndReason::kIdleTtl: return "idle_ttl";
+    case EndReason::kShutdown: return "shutdown";
+    case EndReason::kError: return "error";
+    case EndReason::kProtocol: return "protocol_error";
+  }
+  return "unknown";
+}
+
+namespace {
+
+pm::Gauge* gauge(pm::Registry& r, const std::string& name, const std::string& help) {
+  return &pm::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+pm::Counter* counter(pm::Registry& r, const std::string& name, const std::string& help) {
+  return &pm::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+pm::Histogram* histogram(pm::Registry& r, const std::string& name, const std::string& help,
+                         const pm::Histogram::BucketBoundaries& buckets) {
+  return &pm::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+
+}  // namespace
+
+Metrics::Metrics(const ServedModel& model, const std::string& version)
+    : registry_(std::make_shared<pm::Registry>()) {
+  pm::Registry& r = *registry_;
+  pm::BuildGauge().Name("wm_build_info").Help("the server's version (value 1)").Register(r)
+      .Add({{"version", version}}).Set(1);
+  pm::BuildGauge().Name("wm_model_info").Help("the model served (value 1)").Register(r)
+      .Add({{"model", model.config.name}, {"device", model.device}, {"default_cache_format", model.default_format}})
+      .Set(1);
+  auto& compression = pm::BuildGauge()
+                          .Name("wm_kv_cache_compression_ratio")
+                          .Help("fp16 bytes / this format's bytes for a full cache window, all metadata counted")
+                          .Register(r);
+  auto& session_bytes = pm::BuildGauge()
+                            .Name("wm_kv_cache_session_reserved_bytes")
+                            .Help("KV bytes admission reserves for one session of this cache format")
+                            .Register(r);
+  for (const auto& [format, ratio] : model.compression_ratio) {
+    compression.Add({{"format", format}}).Set(ratio);
+    session_bytes.Add({{"format", format}}).Set(static_cast<double>(model.reservation_bytes.at(format)));
+  }
+
+  sessions_active = gauge(r, "wm_sessions_active", "sessions open (admitted and not ended)");
+  sessions_queued = gauge(r, "wm_sessions_queued", "sessions with work waiting for an engine step");
+  kv_bytes_used = gauge(r, "wm_kv_cache_bytes_used", "KV-cache bytes held by all sessions now");
+  kv_bytes_reserved = gauge(r, "wm_kv_cache_bytes_reserved", "KV-cache bytes reserved by admitted sessions");
+  kv_bytes_capacity = gauge(r, "wm_kv_cache_bytes_capacity", "the KV-cache byte budget (--kv_budget_bytes)");
+  kv_usage_ratio = gauge(r, "wm_kv_cache_usage_ratio", "wm_kv_cache_bytes_used / wm_kv_cache_bytes_capacity (0..1)");
+  admitting = gauge(r, "wm_admitting", "1 while a new session of the default cache format would be admitted");
+  kv_bytes_capacity->Set(static_cast<double>(model.kv_capacity_bytes));
+  drift_family_ = &pm::BuildGauge()
+                       .Name("wm_token_selection_drift_ratio")
+                       .Help("top-1 token-selection mismatch rate of audited sessions against their full-precision "
+                             "shadow, by cache format (0..1)")
+                       .Register(r);
+  drift_queries_family_ = &pm::BuildGauge()
+                               .Name("wm_token_selection_drift_queries")
+                               .Help("sampled queries behind wm_token_selection_drift_ratio, by cache format")
+                               .Register(r);
+
+  gpu_memory_family_ = &pm::BuildGauge()
+                            .Name("wm_gpu_memory_bytes")
+                            .Help("the accelerator's memory: total, and used by everything on it (absent on the CPU)")
+                            .Register(r);
+
+  sessions_started = counter(r, "wm_sessions_started_total", "sessions admitted and opened");
+  auto& ended = pm::BuildCounter().Name("wm_sessions_ended_total").Help("sessions ended, by reason").Register(r);
+  for (EndReason e : {EndReason::kClientClosed, EndReason::kCancelled, EndReason::kIdleTtl, EndReason::kShutdown,
+                      EndReason::kError, EndReason::kProtocol})
+    ended_[e] = &ended.Add({{"reason", std::string(end_reason_label(e))}});
+  auto& rejected =
+      pm::BuildCounter().Name("wm_sessions_rejected_total").Help("Play streams refused at Start, by reason").Register(r);
+  for (const char* reason : {"draining", "kv_budget", "max_sessions", "client_cap", "unknown_format",
+                             "unknown_model", "invalid_start", "unimplemented", "engine"})
+    rejected_[reason] = &rejected.Add({{"reason", reason}});
+  rejected_other_ = &rejected.Add({{"reason", "other"}});
+  sessions_evicted_idle = &pm::BuildCounter()
+                               .Name("wm_sessions_evicted_total")
+                               .Help("sessions closed by the server, by reason")
+                               .Register(r)
+                               .Add({{"reason", "idle_ttl"}});
+  frames_sent = counter(r, "wm_frames_sent_total", "frames written to clients");
+  auto& dropped = pm::BuildCounter().Name("wm_frames_dropped_total").Help("frames generated and never sent, by reason")
+                      .Register(r);
+  frames_dropped_slow_client = &dropped.Add({{"reason", "slow_client"}});
+  frames_dropped_session_end = &dropped.Add({{"reason", "session_end"}});
+  actions_received = counter(r, "wm_actions_received_total", "actions received");
+  auto& invalid = pm::BuildCounter().Name("wm_actions_invalid_total").Help("actions refused as invalid, by reason")
+                      .Register(r);
+  for (const char* reason : {"out_of_range", "bad_seq", "empty", "before_start"}) invalid_[reason] = &invalid.Add({{"reason", reason}});
+  invalid_other_ = &invalid.Add({{"reason", "other"}});
+  auto& actions_dropped = pm::BuildCounter()
+                              .Name("wm_actions_dropped_total")
+                              .Help("valid actions never applied, by reason")
+                              .Register(r);
+  actions_dropped_queue_full = &actions_dropped.Add({{"reason", "queue_full"}});
+  actions_superseded = &actions_dropped.Add({{"reason", "superseded"}});
+  deadlines_missed = counter(r, "wm_frame_deadlines_missed_total",
+                             "fixed-rate frames ready after their deadline, or ticks skipped because the engine was behind");
+  engine_errors = counter(r, "wm_engine_errors_total", "engine steps or session opens that failed");
+
+  action_to_frame = histogram(r, "wm_action_to_frame_seconds",
+                              "from an action's arrival to the write of the first frame that applies it",
+                              {.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 2.5, 5});
+  time_to_first_frame = histogram(r, "wm_time_to_first_frame_seconds", "from Start to the first frame's write",
+                                  {.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10});
+  step_duration = histogram(r, "wm_step_duration_seconds", "one engine step (one block for every session in the batch)",
+                            {.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5});
+  batch_size = histogram(r, "wm_batch_size", "sessions per engine step", {1, 2, 4, 8, 16, 32, 64, 128, 256});
+  jpeg_encode = histogram(r, "wm_jpeg_encode_seconds", "JPEG encoding of one frame",
+                          {.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05});
+  inter_frame_interval = histogram(r, "wm_inter_frame_interval_seconds",
+                                   "between two consecutive frame writes of a session",
+                                   {.005, .01, .02, .033, .05, .075, .1, .15, .25, .5, 1, 2.5});
+  session_duration = histogram(r, "wm_session_duration_seconds", "from Start to the session's end",
+                               {1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600});
+}
+
+pm::Counter& Metrics::sessions_rejected(absl::string_view reason) {
+  auto it = rejected_.find(reason);
+  return it == rejected_.end() ? *rejected_other_ : *it->second;
+}
+
+pm::Counter& Metrics::actions_invalid(absl::string_view reason) {
+  auto it = invalid_.find(reason);
+  return it == invalid_.end() ? *invalid_other_ : *it->second;
+}
+
+void Metrics::set_gpu_memory(int64_t total, int64_t free) {
+  if (total <= 0) return;
+  gpu_memory_family_->Add({{"kind", "total"}}).Set(static_cast<double>(total));
+  gpu_memory_family_->Add({{"kind", "used"}}).Set(static_cast<double>(total - free));
+}
+
+void Metrics::set_drift(const std::string& format, double ratio, double queries) {
+  drift_family_->Add({{"format", format}}).Set(ratio);
+  drift_queries_family_->Add({{"format", format}}).Set(queries);
+}
+
+}  // namespace wm::server

@@ -1,0 +1,49 @@
+// The Play protocol's messages checked and converted: Start -> the session's
+// parameters, Action -> an engine Action, and the model description sent to
+// clients. Every refusal is a Status with the code of docs/API.md and a
+// message that says what to change.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/image_io.h"
+#include "engine/action.h"
+#include "server/action_queue.h"
+#include "server/served_model.h"
+#include "wmserve/v1/wmserve.pb.h"
+
+namespace wm::server {
+
+struct ProtocolLimits {
+  int default_jpeg_quality = 90;
+  double max_fps = 240;
+  int max_prompt_frames = 16;
+};
+
+struct StartParams {
+  std::string cache_format;
+  uint64_t seed = 0;
+  PacingMode pacing = PacingMode::kPerAction;
+  double fps = 0;               // fixed-rate only
+  int jpeg_quality = 90;
+  bool audit = false;
+  std::vector<Rgb8Image> prompt;
+};
+
+// NOT_FOUND: unknown model or cache format; INVALID_ARGUMENT: bad pacing,
+// fps, quality or prompt; UNIMPLEMENTED: a resume token
+absl::StatusOr<StartParams> parse_start(const wmserve::v1::Start& start, const ServedModel& model,
+                                        const ProtocolLimits& limits);
+
+// INVALID_ARGUMENT when the action is not in the model's action space
+// (unknown key bits, a mouse value not finite or beyond the limit, a mouse
+// value for an axis the model does not have)
+absl::StatusOr<Action> parse_action(const wmserve::v1::Action& action, const ActionSpace& space);
+
+void fill_model_info(const ServedModel& model, wmserve::v1::ModelInfo* out);
+void fill_action_space(const ActionSpace& space, wmserve::v1::ActionSpace* out);
+
+}  // namespace wm::server

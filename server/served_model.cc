@@ -1,0 +1,61 @@
+#include "server/served_model.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/engine.h"
+
+namespace wm::server {
+
+absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const std::string& model_dir,
+                                                  const std::string& default_format) {
+  ServedModel m;
+  m.dir = model_dir;
+  m.config = engine.config();
+  m.parameters = engine.parameter_count();
+  m.device = engine.device();
+  m.device_note = engine.device_note();
+  m.kv_capacity_bytes = engine.kv_capacity_bytes();
+  // formats whose layout does not fit this model's geometry reserve nothing:
+  // they are not offered
+  for (const auto& f : engine.cache_formats()) {
+    const int64_t bytes = engine.session_reservation(f);
+    if (bytes > 0) {
+      m.cache_formats.push_back(f);
+      m.reservation_bytes[f] = bytes;
+    }
+  }
+  if (m.reservation_bytes.count(default_format) == 0)
+    return absl::InvalidArgumentError(absl::StrCat("--cache_format '", default_format,
+                                                   "' is not available for this model; it has ",
+                                                   absl::StrJoin(m.cache_formats, ", ")));
+  m.default_format = default_format;
+  const double fp16 = static_cast<double>(engine.session_reservation("fp16"));
+  for (const auto& [f, bytes] : m.reservation_bytes)
+    m.compression_ratio[f] = fp16 > 0 ? fp16 / static_cast<double>(bytes) : 0.0;
+  // the model's own prompt images, used when a Start brings none
+  const std::filesystem::path dir = std::filesystem::path(model_dir) / "prompts";
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) {
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.is_regular_file() && e.path().extension() == ".jpg") files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      WM_ASSIGN_OR_RETURN(std::string bytes, read_file(f, 64 << 20));
+      auto img = jpeg_decode(bytes.data(), bytes.size());
+      if (!img.ok()) return absl::InvalidArgumentError(absl::StrCat(f, ": ", img.status().message()));
+      if (img->width != m.config.width || img->height != m.config.height)
+        return absl::InvalidArgumentError(absl::StrCat(f, ": prompt is ", img->width, "x", img->height,
+                                                       ", the model makes ", m.config.width, "x",
+                                                       m.config.height, " frames"));
+      m.prompts.push_back(std::move(*img));
+    }
+  }
+  return m;
+}
+
+}  // namespace wm::server

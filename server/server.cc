@@ -1,0 +1,85 @@
+#include "server/server.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+
+namespace wm::server {
+
+absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
+  std::unique_ptr<Server> s(new Server());
+  s->options_ = options;
+  s->encoder_ = std::make_unique<EncoderPool>(options.encoder_threads);
+  Server* self = s.get();
+  s->worker_ = std::make_unique<EngineWorker>(
+      options.worker, [self](const std::shared_ptr<ServerSession>& session, EndReason reason) {
+        self->service_->on_session_closed(session, reason);
+      });
+  auto model = s->worker_->start();
+  if (!model.ok()) return model.status();
+  s->model_ = std::move(*model);
+  s->metrics_ = std::make_unique<Metrics>(s->model_, options.service.version);
+  s->worker_->set_metrics(s->metrics_.get());
+
+  SessionManagerConfig sm = options.sessions;
+  sm.kv_capacity_bytes = s->model_.kv_capacity_bytes;
+  sm.reservation_bytes = s->model_.reservation_bytes;
+  s->service_ = std::make_unique<PlayService>(options.service, s->model_, sm, s->worker_.get(), s->encoder_.get(),
+                                              s->metrics_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.service.max_request_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_send_bytes));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive.time_s * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive.timeout_s * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             options.keepalive.min_client_ping_interval_s * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  if (options.max_concurrent_streams > 0)
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  s->grpc_ = builder.BuildAndStart();
+  if (s->grpc_ == nullptr || s->port_ == 0) {
+    s->worker_->stop();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (in use, or a bad address?)"));
+  }
+  s->service_->set_health(s->grpc_->GetHealthCheckService());
+
+  if (options.metrics_port >= 0) {
+    const std::string maddr = absl::StrCat(options.metrics_host, ":", options.metrics_port);
+    try {
+      s->exposer_ = std::make_unique<prometheus::Exposer>(maddr, 2);
+    } catch (const std::exception& e) {
+      s->shutdown(std::chrono::seconds(0));
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", maddr, ": ", e.what()));
+    }
+    s->exposer_->RegisterCollectable(s->metrics_->registry());
+    const auto ports = s->exposer_->GetListeningPorts();
+    s->metrics_port_ = ports.empty() ? options.metrics_port : ports.front();
+  }
+  return s;
+}
+
+void Server::shutdown(Duration cancel_after) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (service_ != nullptr) service_->begin_drain(0);
+  // every stream ends now; Shutdown waits for them and cancels the ones that
+  // cannot finish (a client that stopped reading) after the deadline
+  worker_->close_all(absl::UnavailableError("the server is shutting down; start a new session elsewhere"),
+                     EndReason::kShutdown);
+  if (grpc_ != nullptr) grpc_->Shutdown(std::chrono::system_clock::now() + cancel_after);
+  worker_->stop();
+  encoder_->stop();
+  exposer_.reset();
+}
+
+Server::~Server() { shutdown(std::chrono::seconds(1)); }
+
+}  // namespace wm::server

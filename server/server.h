@@ -1,0 +1,74 @@
+// A whole wmserve instance: the engine worker, the encoder pool, the gRPC
+// server (WorldModel, health, reflection) and the Prometheus exposer, built
+// from typed options (main.cc maps flags onto them) and torn down in order.
+//
+// Threading: start() and shutdown() from the owner; the rest from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "prometheus/exposer.h"
+#include "server/encoder_pool.h"
+#include "server/engine_worker.h"
+#include "server/metrics.h"
+#include "server/service.h"
+
+namespace wm::server {
+
+struct KeepaliveOptions {
+  int time_s = 30;                  // ping an idle connection this often
+  int timeout_s = 10;               // and drop it when the ping is not answered this fast
+  int min_client_ping_interval_s = 10;  // clients may ping at most this often (then GOAWAY)
+};
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 50051;                 // 0: any free port
+  std::string metrics_host = "0.0.0.0";
+  int metrics_port = 9464;          // 0: any free port; -1: no exposer
+  int encoder_threads = 2;
+  int max_concurrent_streams = 0;   // per connection; 0: gRPC's default
+  int64_t max_send_bytes = 16 << 20;
+  KeepaliveOptions keepalive;
+  WorkerConfig worker;
+  SessionManagerConfig sessions;    // capacity and reservations come from the engine
+  ServiceConfig service;
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> start(ServerOptions options);
+  ~Server();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  const ServedModel& model() const { return model_; }
+  int sessions() const { return service_->sessions(); }
+
+  void sweep_idle() { service_->sweep_idle(Clock::now()); }
+  // refuse new sessions (UNAVAILABLE), health NOT_SERVING, tell the sessions
+  void begin_drain(double grace_seconds) { service_->begin_drain(grace_seconds); }
+  // ends every session (UNAVAILABLE), stops gRPC (cancelling what is left
+  // after `cancel_after`), the engine, the encoders and the exposer
+  void shutdown(Duration cancel_after);
+
+ private:
+  Server() = default;
+
+  ServerOptions options_;
+  ServedModel model_;
+  std::unique_ptr<EncoderPool> encoder_;
+  std::unique_ptr<EngineWorker> worker_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<PlayService> service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+  int metrics_port_ = -1;
+  bool shut_down_ = false;
+};
+
+}  // namespace wm::server

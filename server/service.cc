@@ -1,0 +1,348 @@
+#include "server/service.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace wm::server {
+
+namespace v1 = ::wmserve::v1;
+
+namespace {
+
+grpc::Status to_grpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// One Play stream. Until a Start is accepted the reactor answers alone;
+// afterwards its ServerSession decides every write and the Finish.
+class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::PlayResponse>, public StreamWriter {
+ public:
+  PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
+      : service_(service), client_(client_of_peer(context->peer())) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    std::shared_ptr<ServerSession> s = session();
+    if (!ok) {
+      // the client half-closed (or the stream is gone: OnCancel handles that)
+      if (s != nullptr) {
+        service_->worker().end_input(s->key());
+      } else {
+        finish_once(absl::FailedPreconditionError("the stream ended before a Start message"));
+      }
+      return;
+    }
+    if (s == nullptr) {
+      switch (request_.kind_case()) {
+        case v1::PlayRequest::kStart:
+          if (handle_start(request_.start())) StartRead(&request_);
+          return;
+        case v1::PlayRequest::kAction:
+          service_->metrics().actions_received->Increment();
+          service_->metrics().actions_invalid("before_start").Increment();
+          finish_once(absl::FailedPreconditionError(
+              absl::StrCat("the first message of a Play stream must be a Start; got an Action (seq ",
+                           request_.action().seq(), ")")));
+          return;
+        default:
+          finish_once(absl::InvalidArgumentError("empty PlayRequest: set start or action"));
+          return;
+      }
+    }
+    if (s->finishing()) return;  // nothing more to read
+    switch (request_.kind_case()) {
+      case v1::PlayRequest::kStart:
+        service_->worker().close(
+            s->key(), absl::FailedPreconditionError("this stream already has a session: one Start per Play stream"),
+            EndReason::kProtocol);
+        return;
+      case v1::PlayRequest::kAction:
+        handle_action(*s, request_.action());
+        break;
+      default:
+        service_->metrics().actions_invalid("empty").Increment();
+        s->send_event(v1::Event::WARNING, "INVALID_ACTION", "empty PlayRequest ignored: set start or action");
+        break;
+    }
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (auto s = session(); s != nullptr) s->on_write_done(ok);
+  }
+
+  void OnCancel() override {
+    std::shared_ptr<ServerSession> s;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cancelled_ = true;
+      s = session_;
+    }
+    if (s == nullptr) {
+      finish_once(absl::CancelledError("cancelled"));
+      return;
+    }
+    service_->worker().close(s->key(), absl::CancelledError("the client cancelled the stream"), EndReason::kCancelled);
+    s->finish(absl::CancelledError("the client cancelled the stream"), false);
+  }
+
+  void OnDone() override {
+    // a safety net: the engine state of a session always goes with its stream
+    if (auto s = session(); s != nullptr)
+      service_->worker().close(s->key(), absl::CancelledError("stream done"), EndReason::kCancelled);
+    delete this;
+  }
+
+  // StreamWriter: called by the ServerSession only
+  void start_write(const v1::PlayResponse* msg) override { StartWrite(msg); }
+  void finish(const absl::Status& status) override { finish_once(status); }
+
+ private:
+  std::shared_ptr<ServerSession> session() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return session_;
+  }
+
+  void finish_once(const absl::Status& status) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(to_grpc(status));
+  }
+
+  void reject(absl::string_view reason, const absl::Status& status) {
+    service_->metrics().sessions_rejected(reason).Increment();
+    finish_once(status);
+  }
+
+  bool handle_start(const v1::Start& start) {
+    const TimePoint now = Clock::now();
+    auto params = parse_start(start, service_->model(), service_->config().limits);
+    if (!params.ok()) {
+      absl::string_view reason = "invalid_start";
+      if (absl::IsNotFound(params.status()))
+        reason = (!start.model().empty() && start.model() != service_->model().config.name) ? "unknown_model"
+                                                                                              : "unknown_format";
+      if (absl::IsUnimplemented(params.status())) reason = "unimplemented";
+      reject(reason, params.status());
+      return false;
+    }
+    auto key = service_->admit(client_, params->cache_format, now);
+    if (!key.ok()) {
+      finish_once(key.status());  // admit() counted the rejection
+      return false;
+    }
+    SessionSetup setup;
+    setup.id = service_->new_session_id();
+    setup.key = *key;
+    setup.client = client_;
+    setup.params = std::move(*params);
+    setup.started = now;
+    // the unsent rest of the block being written plus one newer block; with
+    // one frame per block a newer frame replaces the unsent one
+    setup.frame_capacity = 2 * service_->model().config.frames_per_block - 1;
+    setup.event_capacity = service_->config().event_capacity;
+    auto s = std::make_shared<ServerSession>(std::move(setup), this, &service_->encoder(), &service_->metrics());
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (cancelled_) {
+        service_->release(*key);
+        s = nullptr;
+      } else {
+        session_ = s;
+      }
+    }
+    if (s == nullptr) {
+      finish_once(absl::CancelledError("cancelled"));
+      return false;
+    }
+    service_->worker().open(s);
+    return true;
+  }
+
+  void handle_action(ServerSession& s, const v1::Action& msg) {
+    const TimePoint now = Clock::now();
+    Metrics& m = service_->metrics();
+    m.actions_received->Increment();
+    auto action = parse_action(msg, service_->model().config.actions);
+    if (!action.ok()) {
+      m.actions_invalid("out_of_range").Increment();
+      s.send_event(v1::Event::WARNING, "INVALID_ACTION",
+                   absl::StrCat("action ", msg.seq(), " dropped: ", action.status().message()), msg.seq());
+      return;
+    }
+    TimedAction ta{*action, msg.client_time_us(), now};
+    const absl::Status st = service_->worker().submit(s.key(), ta);
+    if (st.ok()) {
+      service_->touch(s.key(), now);
+    } else if (absl::IsInvalidArgument(st)) {
+      m.actions_invalid("bad_seq").Increment();
+      s.send_event(v1::Event::WARNING, "INVALID_ACTION", absl::StrCat("action dropped: ", st.message()), msg.seq());
+    } else if (absl::IsResourceExhausted(st)) {
+      m.actions_dropped_queue_full->Increment();
+      s.send_event(v1::Event::WARNING, "ACTION_QUEUE_FULL", st.message(), msg.seq());
+    }
+    // FAILED_PRECONDITION: the session is ending; the action has no use
+  }
+
+  PlayService* const service_;
+  const std::string client_;
+  v1::PlayRequest request_;
+  std::mutex mu_;
+  std::shared_ptr<ServerSession> session_;
+  bool cancelled_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+PlayService::PlayService(ServiceConfig config, const ServedModel& model, SessionManagerConfig manager,
+                         EngineWorker* worker, EncoderPool* encoder, Metrics* metrics)
+    : config_(std::move(config)),
+      model_(model),
+      worker_(worker),
+      encoder_(encoder),
+      metrics_(metrics),
+      manager_(std::move(manager)) {
+  std::random_device rd;
+  id_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+void PlayService::set_health(grpc::HealthCheckServiceInterface* health) {
+  std::lock_guard<std::mutex> lk(mu_);
+  health_ = health;
+  if (health_ != nullptr) health_->SetServingStatus("", true);
+  admitting_ = -1;
+  update_health_locked();
+}
+
+void PlayService::update_health_locked() {
+  const bool can = manager_.can_admit(model_.default_format);
+  metrics_->admitting->Set(can ? 1 : 0);
+  if (health_ == nullptr || admitting_ == static_cast<int>(can)) return;
+  admitting_ = can;
+  health_->SetServingStatus(kAdmitHealthService, can);
+}
+
+absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client, const std::string& format,
+                                                       TimePoint now) {
+  std::lock_guard<std::mutex> lk(mu_);
+  RejectReason reason = RejectReason::kNone;
+  auto key = manager_.admit(AdmitRequest{client, format}, now, &reason);
+  if (!key.ok()) {
+    metrics_->sessions_rejected(reject_reason_label(reason)).Increment();
+    return key.status();
+  }
+  update_health_locked();
+  return key;
+}
+
+void PlayService::release(SessionManager::Key key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  manager_.release(key);
+  update_health_locked();
+}
+
+void PlayService::touch(SessionManager::Key key, TimePoint now) {
+  std::lock_guard<std::mutex> lk(mu_);
+  manager_.touch(key, now);
+}
+
+std::string PlayService::new_session_id() {
+  std::lock_guard<std::mutex> lk(mu_);
+  // splitmix64 over a random start: unique and not guessable from the count
+  uint64_t z = (id_state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return absl::StrFormat("%016x", z ^ (z >> 31));
+}
+
+void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason) {
+  release(session->key());
+  metrics_->sessions_ended(reason).Increment();
+  if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
+  metrics_->session_duration->Observe(to_seconds(Clock::now() - session->started()));
+}
+
+void PlayService::sweep_idle(TimePoint now) {
+  std::vector<SessionManager::Key> expired;
+  double ttl = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    expired = manager_.take_expired(now);
+    ttl = to_seconds(manager_.config().idle_ttl);
+  }
+  for (auto key : expired)
+    worker_->close(key,
+                   absl::DeadlineExceededError(absl::StrCat("no action for ", ttl,
+                                                            " s (the server's idle TTL, --idle_ttl_s): session closed; "
+                                                            "start a new one")),
+                   EndReason::kIdleTtl);
+}
+
+void PlayService::begin_drain(double grace_seconds) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (manager_.draining()) return;  // told once
+    manager_.set_draining();
+    update_health_locked();
+    // "" and the admit service NOT_SERVING, and they stay so
+    if (health_ != nullptr) health_->Shutdown();
+  }
+  worker_->broadcast_event(v1::Event::WARNING, "SERVER_DRAINING",
+                           absl::StrCat("the server is shutting down: this session ends within ", grace_seconds,
+                                        " s; start a new one elsewhere"));
+}
+
+int PlayService::sessions() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return manager_.sessions();
+}
+
+grpc::ServerBidiReactor<v1::PlayRequest, v1::PlayResponse>* PlayService::Play(grpc::CallbackServerContext* context) {
+  return new PlayReactor(this, context);
+}
+
+grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* context,
+                                                  const v1::ListModelsRequest* request,
+                                                  v1::ListModelsResponse* response) {
+  fill_model_info(model_, response->add_models());
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                     const v1::GetServerInfoRequest* request,
+                                                     v1::ServerInfo* response) {
+  response->set_version(config_.version);
+  response->add_models(model_.config.name);
+  for (const auto& f : model_.cache_formats) response->add_cache_formats(f);
+  response->set_default_cache_format(model_.default_format);
+  response->set_device(model_.device);
+  response->set_max_request_bytes(config_.max_request_bytes);
+  response->set_kv_used_bytes(worker_->kv_used_bytes());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    response->set_kv_capacity_bytes(manager_.capacity_bytes());
+    response->set_kv_reserved_bytes(manager_.reserved_bytes());
+    response->set_kv_free_bytes(manager_.free_bytes());
+    response->set_sessions_active(manager_.sessions());
+    response->set_max_sessions(manager_.config().max_sessions);
+    response->set_max_sessions_per_client(manager_.config().max_sessions_per_client);
+    response->set_draining(manager_.draining());
+    response->set_admitting(manager_.can_admit(model_.default_format));
+    response->set_idle_ttl_seconds(to_seconds(manager_.config().idle_ttl));
+  }
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace wm::server

@@ -1,0 +1,88 @@
+// The gRPC service wmserve.v1.WorldModel (callback API): Play streams,
+// ListModels and GetServerInfo. Handlers never wait for the engine: Play
+// admits against the session manager, then hands the session to the engine
+// worker and returns; everything else reads fixed or atomic state.
+//
+// Threading: all methods may be called from any gRPC thread; the session
+// manager is guarded by mu_.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/encoder_pool.h"
+#include "server/engine_worker.h"
+#include "server/metrics.h"
+#include "server/play_protocol.h"
+#include "server/served_model.h"
+#include "server/session_manager.h"
+#include "wmserve/v1/wmserve.grpc.pb.h"
+
+namespace wm::server {
+
+inline constexpr char kAdmitHealthService[] = "wmserve.v1.admit";
+
+struct ServiceConfig {
+  std::string version;
+  ProtocolLimits limits;
+  int64_t max_request_bytes = 4 << 20;
+  int event_capacity = 16;
+};
+
+class PlayService final : public wmserve::v1::WorldModel::CallbackService {
+ public:
+  PlayService(ServiceConfig config, const ServedModel& model, SessionManagerConfig manager, EngineWorker* worker,
+              EncoderPool* encoder, Metrics* metrics);
+
+  // the gRPC server's health service, once it is built
+  void set_health(grpc::HealthCheckServiceInterface* health);
+
+  grpc::ServerBidiReactor<wmserve::v1::PlayRequest, wmserve::v1::PlayResponse>* Play(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const wmserve::v1::ListModelsRequest* request,
+                                       wmserve::v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const wmserve::v1::GetServerInfoRequest* request,
+                                          wmserve::v1::ServerInfo* response) override;
+
+  // the engine worker's callback: a session's engine state is gone
+  void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason);
+  // closes sessions idle past the TTL; call periodically
+  void sweep_idle(TimePoint now);
+  // refuse new sessions from now on (UNAVAILABLE), health NOT_SERVING, tell
+  // every open session (Event SERVER_DRAINING)
+  void begin_drain(double grace_seconds);
+  int sessions() const;
+
+  // for the Play reactor
+  const ServedModel& model() const { return model_; }
+  const ServiceConfig& config() const { return config_; }
+  EngineWorker& worker() { return *worker_; }
+  Metrics& metrics() { return *metrics_; }
+  EncoderPool& encoder() { return *encoder_; }
+  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format, TimePoint now);
+  void release(SessionManager::Key key);
+  void touch(SessionManager::Key key, TimePoint now);
+  std::string new_session_id();
+
+ private:
+  void update_health_locked();
+
+  const ServiceConfig config_;
+  const ServedModel& model_;
+  EngineWorker* const worker_;
+  EncoderPool* const encoder_;
+  Metrics* const metrics_;
+
+  mutable std::mutex mu_;
+  SessionManager manager_;
+  grpc::HealthCheckServiceInterface* health_ = nullptr;
+  int admitting_ = -1;  // last value given to the health service
+  uint64_t id_state_;
+};
+
+}  // namespace wm::server

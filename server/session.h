@@ -1,0 +1,124 @@
+// One Play stream's server-side session: its fixed parameters and its
+// output path to the network.
+//
+// Output path: the engine thread hands over frames (raw RGB) and never
+// waits; an encoder thread turns the oldest unsent frame into JPEG only when
+// the stream can take it; at most one write is in flight. While a write is
+// in flight newer frames wait in a bounded outbox (2B - 1 frames for B frames
+// per block: the rest of the block being written and one newer block) and
+// push out older unsent ones, counted as
+// wm_frames_dropped_total{reason="slow_client"}.
+//
+// Threading: every public method may be called from any thread (engine,
+// encoder, gRPC). The stream writer (the reactor) is used only while
+// finish() has not reached it: after its finish() it is never touched again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/engine.h"
+#include "server/clock.h"
+#include "server/encoder_pool.h"
+#include "server/metrics.h"
+#include "server/outbox.h"
+#include "server/play_protocol.h"
+#include "server/session_manager.h"
+#include "wmserve/v1/wmserve.pb.h"
+
+namespace wm::server {
+
+// what the session writes to: the gRPC reactor (or a test double)
+class StreamWriter {
+ public:
+  virtual ~StreamWriter() = default;
+  // one at a time; msg stays valid until on_write_done()
+  virtual void start_write(const wmserve::v1::PlayResponse* msg) = 0;
+  // once, with no write in flight
+  virtual void finish(const absl::Status& status) = 0;
+};
+
+// a generated frame on its way to the client
+struct OutFrame {
+  Frame frame;                 // index, action_seq, rgb
+  int64_t client_time_us = 0;  // of the frame's action
+  TimePoint arrival;           // of the frame's action
+  bool fresh = false;          // first frame applying its action
+  int64_t queue_us = 0;
+  int64_t model_us = 0;
+  int32_t batch_size = 0;
+  int64_t kv_cache_bytes = 0;
+  bool deadline_missed = false;
+};
+
+struct OutItem {
+  wmserve::v1::PlayResponse message;   // Started, Event
+  std::unique_ptr<OutFrame> frame;     // or a frame still to encode
+};
+
+struct SessionSetup {
+  std::string id;                // public session id
+  SessionManager::Key key = 0;   // server-internal key
+  std::string client;            // peer address without port
+  StartParams params;
+  TimePoint started;             // when Start arrived
+  int frame_capacity = 1;        // frames the outbox holds (2B - 1)
+  int event_capacity = 16;
+};
+
+class ServerSession : public std::enable_shared_from_this<ServerSession> {
+ public:
+  ServerSession(SessionSetup setup, StreamWriter* writer, EncoderPool* encoder, Metrics* metrics);
+
+  const std::string& id() const { return setup_.id; }
+  SessionManager::Key key() const { return setup_.key; }
+  const StartParams& params() const { return setup_.params; }
+  const std::string& client() const { return setup_.client; }
+  TimePoint started() const { return setup_.started; }
+
+  void send_started(wmserve::v1::Started started);
+  void send_event(wmserve::v1::Event::Level level, absl::string_view code, absl::string_view message,
+                  uint64_t action_seq = 0);
+  void send_frames(std::vector<OutFrame> frames);
+  // ends the stream with `status`: with flush, after what is queued has been
+  // written; otherwise now (unsent frames are dropped). The first call wins.
+  void finish(const absl::Status& status, bool flush);
+
+  // the reactor's OnWriteDone
+  void on_write_done(bool ok);
+
+  bool finishing() const;
+  uint64_t frames_dropped() const;
+  uint64_t frames_sent() const;
+
+ private:
+  void pump();
+  void encode_and_write(std::unique_ptr<OutFrame> frame);
+  void on_frame_written(const OutFrame& f, TimePoint now);
+
+  const SessionSetup setup_;
+  StreamWriter* const writer_;
+  EncoderPool* const encoder_;
+  Metrics* const metrics_;
+
+  mutable std::mutex mu_;
+  Outbox<OutItem> outbox_;
+  bool write_in_flight_ = false;
+  bool encoding_ = false;
+  bool finish_requested_ = false;
+  bool flush_ = false;
+  bool finish_called_ = false;
+  bool broken_ = false;               // a write failed: the stream is gone
+  absl::Status finish_status_;
+  wmserve::v1::PlayResponse writing_;  // the message in flight
+  bool writing_frame_ = false;
+  uint64_t frames_sent_ = 0;
+  bool any_frame_written_ = false;
+  TimePoint last_frame_write_;
+};
+
+}  // namespace wm::server

@@ -1,0 +1,92 @@
+// Admission and lifetime bookkeeping of sessions: the KV byte budget, the
+// caps on sessions (in all and per client), the idle TTL and draining.
+//
+// Pure code (STYLE.md 7): no gRPC, no tensors, no clock of its own (callers
+// pass `now`), unit-tested step by step in tests/server/session_manager_test.cc.
+// It mirrors the engine's own admission (Engine::session_reservation against
+// Engine::kv_capacity_bytes) so that a gRPC thread can admit or refuse a
+// session without asking the engine thread.
+//
+// Threading: not thread-safe; the service holds one mutex around it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/clock.h"
+
+namespace wm::server {
+
+// why a session was refused (the label of wm_sessions_rejected_total)
+enum class RejectReason { kNone, kDraining, kKvBudget, kMaxSessions, kClientCap, kUnknownFormat };
+absl::string_view reject_reason_label(RejectReason r);
+
+struct SessionManagerConfig {
+  int64_t kv_capacity_bytes = 0;            // the engine's KV budget
+  std::map<std::string, int64_t> reservation_bytes;  // per cache format: what one session reserves
+  int max_sessions = 64;                    // 0: no cap besides the KV budget
+  int max_sessions_per_client = 16;         // 0: no per-client cap
+  Duration idle_ttl = std::chrono::seconds(60);  // zero: sessions never expire
+};
+
+struct AdmitRequest {
+  std::string client;        // the peer's address without the port
+  std::string cache_format;
+};
+
+class SessionManager {
+ public:
+  using Key = uint64_t;  // server-side session key, never reused
+
+  explicit SessionManager(SessionManagerConfig config);
+
+  // reserves the session's KV bytes; on refusal the status says why
+  // (UNAVAILABLE while draining, RESOURCE_EXHAUSTED when full, NOT_FOUND for
+  // an unknown format) and *reason names it for metrics
+  absl::StatusOr<Key> admit(const AdmitRequest& request, TimePoint now, RejectReason* reason = nullptr);
+  // frees the session's reservation; false if the key is not held
+  bool release(Key key);
+  // records client activity (an action) so the session does not expire
+  void touch(Key key, TimePoint now);
+  // sessions idle for at least the TTL that were not reported before, oldest
+  // activity first; they stay held until released (the engine frees their
+  // cache first)
+  std::vector<Key> take_expired(TimePoint now);
+
+  void set_draining() { draining_ = true; }
+  bool draining() const { return draining_; }
+  // whether a session of this format would be admitted now from a new client
+  bool can_admit(absl::string_view cache_format) const;
+
+  int64_t capacity_bytes() const { return config_.kv_capacity_bytes; }
+  int64_t reserved_bytes() const { return reserved_; }
+  int64_t free_bytes() const { return config_.kv_capacity_bytes - reserved_; }
+  int sessions() const { return static_cast<int>(sessions_.size()); }
+  int sessions_of(absl::string_view client) const;
+  const SessionManagerConfig& config() const { return config_; }
+
+ private:
+  struct Entry {
+    std::string client;
+    int64_t reserved = 0;
+    TimePoint last_activity;
+    bool expired = false;
+  };
+  absl::Status check(const AdmitRequest& request, RejectReason* reason) const;
+
+  SessionManagerConfig config_;
+  std::map<Key, Entry> sessions_;
+  std::map<std::string, int, std::less<>> per_client_;
+  int64_t reserved_ = 0;
+  Key next_key_ = 1;
+  bool draining_ = false;
+};
+
+// "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1", "ipv6:[::1]:5555" -> "ipv6:[::1]"
+std::string client_of_peer(absl::string_view peer);
+
+}  // namespace wm::server

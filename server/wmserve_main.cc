@@ -1,0 +1,197 @@
+// wmserve: the inference server. `wmserve --help` lists the flags;
+// docs/API.md describes the API, docs/SERVING.md how it runs.
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/image_io.h"
+#include "server/server.h"
+
+#ifndef WM_VERSION
+#define WM_VERSION "dev"
+#endif
+
+ABSL_FLAG(std::string, model, "",
+          "model directory (config.json + model.safetensors); default: models/default if it exists");
+ABSL_FLAG(std::string, host, "0.0.0.0", "address the gRPC server listens on");
+ABSL_FLAG(int, port, 50051, "gRPC port (0: any free port, printed and written to --port_file)");
+ABSL_FLAG(std::string, metrics_host, "", "address of the Prometheus /metrics endpoint (default: --host)");
+ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0: any free port; -1: off)");
+ABSL_FLAG(std::string, port_file, "", "write {\"port\": P, \"metrics_port\": M} here once listening");
+ABSL_FLAG(std::string, device, "cpu",
+          "engine device: cpu, cuda (the CUDA plugin and a GPU, or an error) or auto (cuda if possible)");
+ABSL_FLAG(std::string, cuda_plugin, "", "path of libwm_cuda.so (default: beside wmserve, then the loader's path)");
+ABSL_FLAG(int, threads, 0, "engine CPU threads (0: the libraries' default, all cores)");
+ABSL_FLAG(int64_t, kv_budget_bytes, int64_t{2} << 30,
+          "KV-cache byte budget: admission reserves each session's worst-case cache from it");
+ABSL_FLAG(std::string, cache_format, "fp16", "default KV-cache format when Start names none");
+ABSL_FLAG(int, max_sessions, 64, "sessions at most (0: only the KV budget limits)");
+ABSL_FLAG(int, max_sessions_per_client, 16, "sessions at most per client address (0: no cap)");
+ABSL_FLAG(double, idle_ttl_s, 60, "close a session after this many seconds without an action (0: never)");
+ABSL_FLAG(int, max_batch, 16, "sessions per engine step at most");
+ABSL_FLAG(double, max_batch_wait_ms, 2, "how long a ready session waits for others to fill a batch");
+ABSL_FLAG(int, action_queue, 32, "per-action pacing: queued actions per session at most");
+ABSL_FLAG(int, jpeg_quality, 90, "JPEG quality when Start asks for none (1..100)");
+ABSL_FLAG(double, max_fps, 240, "highest fixed-rate fps a session may ask for");
+ABSL_FLAG(int, max_prompt_frames, 16,
+          "prompt frames a Start may carry at most (each costs one engine pass on the engine thread)");
+ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
+ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
+ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
+ABSL_FLAG(int, keepalive_time_s, 30, "ping idle connections this often");
+ABSL_FLAG(int, keepalive_timeout_s, 10, "drop a connection whose ping is not answered within this");
+ABSL_FLAG(int, min_client_ping_interval_s, 10, "clients may send keepalive pings at most this often");
+ABSL_FLAG(double, shutdown_grace_s, 10, "on SIGTERM/SIGINT: how long open sessions may go on before they are ended");
+
+namespace {
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "wmserve: %s\n", msg.c_str());
+  return 1;
+}
+
+std::string default_model_dir() {
+  for (const char* dir : {"models/default"}) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec)) return dir;
+  }
+  return "";
+}
+
+// waits up to `ms` for SIGINT/SIGTERM (blocked in every thread); returns the signal or 0
+int wait_signal(const sigset_t& set, int ms) {
+  timespec ts{ms / 1000, static_cast<long>(ms % 1000) * 1000000L};
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the wmserve inference server: serves one world model over gRPC (wmserve.v1.WorldModel).\n"
+      "  wmserve [--model DIR] [--port 50051] [--metrics_port 9464] [--kv_budget_bytes N] ...\n"
+      "Without --model it serves models/default. SIGTERM/SIGINT drain and exit 0. See docs/API.md.");
+  absl::ParseCommandLine(argc, argv);
+
+  // signals are taken synchronously by main: block them before any thread starts
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) model = default_model_dir();
+  if (model.empty())
+    return fail(
+        "no --model given and models/default does not exist. Make a model first, e.g. a random one:\n"
+        "  build/tools/wmckpt init --config configs/default.json --seed 1 --out models/default\n"
+        "or pass --model DIR (a directory with config.json and model.safetensors).");
+
+  wm::server::ServerOptions o;
+  o.host = absl::GetFlag(FLAGS_host);
+  o.port = absl::GetFlag(FLAGS_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host).empty() ? o.host : absl::GetFlag(FLAGS_metrics_host);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.encoder_threads = absl::GetFlag(FLAGS_encoder_threads);
+  o.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  o.keepalive.time_s = absl::GetFlag(FLAGS_keepalive_time_s);
+  o.keepalive.timeout_s = absl::GetFlag(FLAGS_keepalive_timeout_s);
+  o.keepalive.min_client_ping_interval_s = absl::GetFlag(FLAGS_min_client_ping_interval_s);
+  o.worker.engine.model_dir = model;
+  o.worker.engine.device = absl::GetFlag(FLAGS_device);
+  o.worker.engine.cuda_plugin = absl::GetFlag(FLAGS_cuda_plugin);
+  o.worker.engine.threads = absl::GetFlag(FLAGS_threads);
+  o.worker.engine.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_bytes);
+  o.worker.default_cache_format = absl::GetFlag(FLAGS_cache_format);
+  o.worker.max_batch = absl::GetFlag(FLAGS_max_batch);
+  o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);
+  o.worker.action_queue = absl::GetFlag(FLAGS_action_queue);
+  o.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.sessions.max_sessions_per_client = absl::GetFlag(FLAGS_max_sessions_per_client);
+  o.sessions.idle_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_idle_ttl_s));
+  o.service.version = WM_VERSION;
+  o.service.limits.default_jpeg_quality = absl::GetFlag(FLAGS_jpeg_quality);
+  o.service.limits.max_fps = absl::GetFlag(FLAGS_max_fps);
+  o.service.limits.max_prompt_frames = absl::GetFlag(FLAGS_max_prompt_frames);
+  o.service.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+
+  // flags a user can get wrong, checked before anything starts
+  if (o.port < 0 || o.port > 65535) return fail("--port must be 0..65535");
+  if (o.metrics_port < -1 || o.metrics_port > 65535) return fail("--metrics_port must be -1..65535");
+  if (o.worker.engine.kv_budget_bytes <= 0) return fail("--kv_budget_bytes must be positive");
+  if (o.worker.max_batch < 1) return fail("--max_batch must be at least 1");
+  if (absl::GetFlag(FLAGS_max_batch_wait_ms) < 0) return fail("--max_batch_wait_ms must be >= 0");
+  if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
+  if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
+  if (o.worker.action_queue < 1) return fail("--action_queue must be at least 1");
+  if (o.sessions.max_sessions < 0 || o.sessions.max_sessions_per_client < 0)
+    return fail("--max_sessions and --max_sessions_per_client must be >= 0");
+  if (absl::GetFlag(FLAGS_idle_ttl_s) < 0) return fail("--idle_ttl_s must be >= 0");
+  if (o.service.limits.default_jpeg_quality < 1 || o.service.limits.default_jpeg_quality > 100)
+    return fail("--jpeg_quality must be 1..100");
+  if (!(o.service.limits.max_fps > 0)) return fail("--max_fps must be positive");
+  if (o.service.limits.max_prompt_frames < 0) return fail("--max_prompt_frames must be >= 0");
+  if (o.service.max_request_bytes < 1024 || o.service.max_request_bytes > (int64_t{1} << 30))
+    return fail("--max_request_bytes must be 1 KiB..1 GiB");
+  if (o.keepalive.time_s < 1 || o.keepalive.timeout_s < 1 || o.keepalive.min_client_ping_interval_s < 1)
+    return fail("keepalive settings must be at least 1 s");
+  const double grace = absl::GetFlag(FLAGS_shutdown_grace_s);
+  if (grace < 0) return fail("--shutdown_grace_s must be >= 0");
+
+  auto server = wm::server::Server::start(o);
+  if (!server.ok()) return fail(std::string(server.status().message()));
+  const wm::server::ServedModel& m = (*server)->model();
+  std::printf("wmserve %s: model '%s' (%s, %lld parameters, %dx%d, %d frame(s)/block) on %s, %s KV budget %lld bytes\n",
+              WM_VERSION, m.config.name.c_str(), model.c_str(), static_cast<long long>(m.parameters), m.config.width,
+              m.config.height, m.config.frames_per_block, m.device.c_str(), m.default_format.c_str(),
+              static_cast<long long>(m.kv_capacity_bytes));
+  if (!m.device_note.empty()) std::printf("wmserve: device: %s\n", m.device_note.c_str());
+  std::printf("wmserve: listening on %s:%d", o.host.c_str(), (*server)->port());
+  if ((*server)->metrics_port() >= 0)
+    std::printf(", metrics on http://%s:%d/metrics", o.metrics_host.c_str(), (*server)->metrics_port());
+  std::printf("\n");
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    const std::string text =
+        absl::StrCat("{\"port\": ", (*server)->port(), ", \"metrics_port\": ", (*server)->metrics_port(), "}\n");
+    // written whole, then renamed: a reader never sees half a file
+    const std::string tmp = path + ".tmp";
+    if (auto st = wm::write_file(tmp, text.data(), text.size()); !st.ok()) return fail(std::string(st.message()));
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) return fail(absl::StrCat("cannot write ", path, ": ", ec.message()));
+  }
+
+  int sig = 0;
+  while ((sig = wait_signal(signals, 200)) == 0) (*server)->sweep_idle();
+
+  std::printf("wmserve: %s: draining, %d session(s) get %.1f s to finish\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+              (*server)->sessions(), grace);
+  std::fflush(stdout);
+  (*server)->begin_drain(grace);
+  const auto deadline = std::chrono::steady_clock::now() + wm::server::from_seconds(grace);
+  while ((*server)->sessions() > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (wait_signal(signals, 50) != 0) {
+      std::printf("wmserve: second signal: ending sessions now\n");
+      break;
+    }
+    (*server)->sweep_idle();
+  }
+  (*server)->shutdown(std::chrono::seconds(2));
+  std::printf("wmserve: stopped\n");
+  std::fflush(stdout);
+  return 0;
+}

@@ -1,0 +1,703 @@
+// Integration: the real wmserve binary on a loopback port with a tiny
+// random checkpoint, driven by the real client library (clients/).
+#include <signal.h>
+
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "clients/play_client.h"
+#include "clients/stats.h"
+#include "common/image_io.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "tests/server/server_process.h"
+
+namespace wm {
+namespace {
+
+namespace v1 = ::wmserve::v1;
+using client::PlayConfig;
+using client::PlayResult;
+using testing::ServerProcess;
+
+constexpr char kScript[] =
+    "W 0 0 *4\n"
+    "- 10 0 *3\n"
+    "WA -5 2 *3\n"
+    "S 0 0 *2\n"
+    "D 20 -3 *4\n";
+
+std::vector<Action> script_actions() { return *parse_action_script(kScript, default_action_space()); }
+
+const std::string& tiny_model() {
+  static const std::string dir = testing::make_tiny_model("tiny");
+  return dir;
+}
+
+std::shared_ptr<grpc::Channel> channel(const ServerProcess& s) { return client::make_channel(s.target()); }
+
+PlayConfig per_action(uint64_t seed, std::vector<Action> actions) {
+  PlayConfig pc;
+  pc.start.set_seed(seed);
+  pc.start.set_pacing(v1::PACING_PER_ACTION);
+  pc.actions = std::move(actions);
+  pc.timeout_s = 60;
+  return pc;
+}
+
+// the offline rollout: wmgen's frames for (model, seed, script[, prompt])
+std::vector<std::string> wmgen_frames(const std::string& model, uint64_t seed, const std::string& prompt = "",
+                                      int quality = 90, const std::string& script_text = kScript) {
+  const std::string dir = testing::fresh_dir(absl::StrFormat("wmgen_%d", seed));
+  const std::string script = dir + "/script.txt";
+  EXPECT_TRUE(write_file(script, script_text.data(), script_text.size()).ok());
+  std::vector<std::string> argv = {WMGEN_BIN,           "--model=" + model, "--seed=" + std::to_string(seed),
+                                   "--script=" + script, "--out=" + dir,     "--quality=" + std::to_string(quality),
+                                   "--threads=1"};
+  if (!prompt.empty()) argv.push_back("--prompt=" + prompt);
+  std::string log;
+  EXPECT_EQ(testing::run_program(argv, &log), 0) << log;
+  std::vector<std::string> frames;
+  for (int i = 0;; ++i) {
+    auto bytes = read_file(absl::StrFormat("%s/frame_%05d.jpg", dir, i));
+    if (!bytes.ok()) break;
+    frames.push_back(*bytes);
+  }
+  return frames;
+}
+
+// mean absolute difference of two JPEGs' decoded pixels (256 if either is broken)
+double mean_pixel_diff(const std::string& a, const std::string& b, int* max_diff = nullptr) {
+  auto x = jpeg_decode(a.data(), a.size()), y = jpeg_decode(b.data(), b.size());
+  if (!x.ok() || !y.ok() || x->pixels.size() != y->pixels.size()) return 256;
+  int64_t sum = 0;
+  int most = 0;
+  for (size_t i = 0; i < x->pixels.size(); ++i) {
+    const int d = std::abs(x->pixels[i] - y->pixels[i]);
+    sum += d;
+    most = std::max(most, d);
+  }
+  if (max_diff != nullptr) *max_diff = most;
+  return static_cast<double>(sum) / static_cast<double>(x->pixels.size());
+}
+
+grpc::Status play_status(const ServerProcess& s, const std::vector<v1::PlayRequest>& requests,
+                         std::vector<v1::PlayResponse>* responses = nullptr) {
+  client::PlayStream stream(channel(s), std::chrono::system_clock::now() + std::chrono::seconds(20));
+  for (const auto& r : requests) stream.send(r);
+  stream.writes_done();
+  v1::PlayResponse resp;
+  while (stream.read(&resp))
+    if (responses != nullptr) responses->push_back(resp);
+  return stream.finish();
+}
+
+v1::PlayRequest start_req(std::function<void(v1::Start*)> edit = nullptr) {
+  v1::PlayRequest r;
+  r.mutable_start()->set_seed(1);
+  if (edit) edit(r.mutable_start());
+  return r;
+}
+
+v1::PlayRequest action_req(uint64_t seq, uint32_t keys = 1, float dx = 0, float dy = 0) {
+  v1::PlayRequest r;
+  *r.mutable_action() = client::to_proto(Action{keys, {dx, dy}, 0}, seq, client::now_us());
+  return r;
+}
+
+std::map<std::string, double> scrape(const ServerProcess& s) {
+  int code = 0;
+  const std::string body = testing::http_get(s.metrics_port(), "/metrics", &code);
+  EXPECT_EQ(code, 200);
+  return testing::parse_prometheus(body);
+}
+
+TEST(ServerIntegration, ServesModelsInfoHealthAndReflection) {
+  auto server = ServerProcess::start(tiny_model(), {"--kv_budget_bytes=1000000"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  auto stub = v1::WorldModel::NewStub(ch);
+  v1::ListModelsResponse models;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->ListModels(&ctx, {}, &models).ok());
+  }
+  ASSERT_EQ(models.models_size(), 1);
+  const v1::ModelInfo& m = models.models(0);
+  EXPECT_EQ(m.name(), "tiny-test");
+  EXPECT_EQ(m.width(), 32);
+  EXPECT_EQ(m.frames_per_block(), 1);
+  EXPECT_EQ(m.default_cache_format(), "fp16");
+  EXPECT_EQ(m.action_space().keys_size(), 4);
+  EXPECT_GT(m.parameters(), 0);
+  v1::ServerInfo info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetServerInfo(&ctx, {}, &info).ok());
+  }
+  EXPECT_EQ(info.kv_capacity_bytes(), 1000000);
+  EXPECT_EQ(info.kv_free_bytes(), 1000000);
+  EXPECT_EQ(info.sessions_active(), 0);
+  EXPECT_TRUE(info.admitting());
+  EXPECT_FALSE(info.draining());
+  EXPECT_FALSE(info.version().empty());
+
+  EXPECT_TRUE(client::health_check(ch, "").serving());
+  EXPECT_TRUE(client::health_check(ch, "wmserve.v1.admit").serving());
+  EXPECT_EQ(client::health_check(ch, "no.such.service").status.error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // reflection: list the services with a hand-made ServerReflectionRequest{list_services: ""}
+  grpc::GenericStub generic(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto wait = [&](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  const std::string req("\x3a\x00", 2);
+  grpc::Slice slice(req);
+  grpc::ByteBuffer out(&slice, 1), in;
+  call->Write(out, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(wait(2));
+  call->Read(&in, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(wait(3));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(in.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_TRUE(absl::StrContains(bytes, "wmserve.v1.WorldModel")) << bytes;
+  EXPECT_TRUE(absl::StrContains(bytes, "grpc.health.v1.Health")) << bytes;
+  ctx.TryCancel();
+  grpc::Status st;
+  call->Finish(&st, reinterpret_cast<void*>(4));
+  wait(4);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+TEST(ServerIntegration, OneSessionIsByteIdenticalToTheOfflineRollout) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  const auto expected = wmgen_frames(tiny_model(), 5);
+  ASSERT_EQ(expected.size(), script_actions().size());
+  PlayConfig pc = per_action(5, script_actions());
+  pc.start.set_jpeg_quality(90);
+  const PlayResult r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.frames.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(r.frames[i].index, static_cast<int64_t>(i));
+    EXPECT_EQ(r.frames[i].last_action_seq, i + 1);
+    EXPECT_EQ(r.frames[i].jpeg, expected[i]) << "frame " << i;
+  }
+  EXPECT_EQ(r.action_to_frame_s.size(), expected.size());
+  EXPECT_EQ(r.started.prompt_frames(), 0);
+}
+
+TEST(ServerIntegration, FourConcurrentSessionsMatchTheirOfflineRollouts) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  constexpr int kSessions = 4;
+  std::vector<std::future<PlayResult>> results;
+  for (int i = 0; i < kSessions; ++i) {
+    results.push_back(std::async(std::launch::async, [&, i] {
+      PlayConfig pc = per_action(10 + static_cast<uint64_t>(i), script_actions());
+      pc.start.set_jpeg_quality(90);
+      pc.window = 2;  // keep the engine busy so that sessions share steps
+      return client::play(client::make_channel(server->target(), {.own_connection = true}), pc);
+    }));
+  }
+  std::vector<PlayResult> played;
+  for (auto& f : results) played.push_back(f.get());
+  int batched_frames = 0, identical = 0, total = 0;
+  for (int i = 0; i < kSessions; ++i) {
+    SCOPED_TRACE(::testing::Message() << "session " << i);
+    const PlayResult& r = played[static_cast<size_t>(i)];
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    const auto expected = wmgen_frames(tiny_model(), 10 + static_cast<uint64_t>(i), "", 90);
+    // two actions in flight: a frame may be replaced by the next one when a
+    // write is slow (counted by the server); every frame that arrives is right
+    ASSERT_FALSE(r.frames.empty());
+    EXPECT_EQ(r.frames.back().index, static_cast<int64_t>(expected.size()) - 1);
+    EXPECT_EQ(r.frames.size() + r.frames.back().frames_dropped, expected.size());
+    for (const auto& f : r.frames) {
+      ASSERT_LT(f.index, static_cast<int64_t>(expected.size()));
+      EXPECT_EQ(f.last_action_seq, static_cast<uint64_t>(f.index) + 1);
+      EXPECT_LE(mean_pixel_diff(f.jpeg, expected[static_cast<size_t>(f.index)]), 0.5) << "frame " << f.index;
+      identical += f.jpeg == expected[static_cast<size_t>(f.index)] ? 1 : 0;
+      ++total;
+      batched_frames += f.timings.batch_size() > 1 ? 1 : 0;
+    }
+  }
+  EXPECT_GT(batched_frames, 0) << "no step ever batched two sessions";
+  // most frames are byte-identical; the rest differ by rounding only
+  EXPECT_GE(identical * 4, total * 3) << identical << " of " << total << " frames identical";
+}
+
+TEST(ServerIntegration, BlocksOfFramesTakeQueuedActionsAndRepeatTheLast) {
+  // a model that generates 3 frames per step
+  const std::string model = testing::make_tiny_model("tiny_fpb3", 4, /*frames_per_block=*/3);
+  auto server = ServerProcess::start(model);
+  ASSERT_NE(server, nullptr);
+  const auto actions = script_actions();
+  // one action in flight: every block takes one action and repeats it, so
+  // the offline rollout of the script with each action three times matches
+  std::string tripled;
+  for (const auto& a : actions) tripled += format_action_script({a, a, a}, default_action_space());
+  const auto expected = wmgen_frames(model, 4, "", 90, tripled);
+  ASSERT_EQ(expected.size(), 3 * actions.size());
+  PlayResult r = client::play(channel(*server), per_action(4, actions));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.started.model().frames_per_block(), 3);
+  ASSERT_EQ(r.frames.size(), expected.size());
+  for (size_t k = 0; k < expected.size(); ++k) {
+    EXPECT_EQ(r.frames[k].index, static_cast<int64_t>(k));
+    EXPECT_EQ(r.frames[k].last_action_seq, k / 3 + 1);
+    EXPECT_EQ(r.frames[k].jpeg, expected[k]) << "frame " << k;
+  }
+  EXPECT_EQ(r.action_to_frame_s.size(), actions.size());
+  // fixed-rate pacing: 3 frames per tick
+  PlayConfig pc;
+  pc.start.set_pacing(v1::PACING_FIXED_RATE);
+  pc.start.set_fps(10);
+  pc.actions = std::vector<Action>(5, Action{1, {0, 0}, 0});
+  pc.send_fps = 10;
+  pc.linger_s = 0.3;
+  r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_GE(r.frames.size(), 9u);
+  EXPECT_EQ(r.frames.size() % 3, 0u);
+  for (size_t k = 0; k < r.frames.size(); ++k) EXPECT_EQ(r.frames[k].index, static_cast<int64_t>(k));
+}
+
+TEST(ServerIntegration, PromptsFromTheStartOrTheModelDirectory) {
+  // a model that ships two prompt images
+  const std::string model = testing::make_tiny_model("tiny_prompts", 3);
+  std::filesystem::create_directories(model + "/prompts");
+  std::vector<std::string> prompts;
+  for (int p = 0; p < 2; ++p) {
+    std::vector<uint8_t> px(32 * 32 * 3);
+    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * (p + 3)) % 251);
+    prompts.push_back(*jpeg_encode(px.data(), 32, 32, 95));
+    const std::string path = model + "/prompts/p" + std::to_string(p) + ".jpg";
+    ASSERT_TRUE(write_file(path, prompts.back().data(), prompts.back().size()).ok());
+  }
+  auto server = ServerProcess::start(model);
+  ASSERT_NE(server, nullptr);
+  // seed 3 -> prompt 3 % 2 = 1
+  const auto expected = wmgen_frames(model, 3, model + "/prompts/p1.jpg");
+  PlayResult r = client::play(channel(*server), per_action(3, script_actions()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.started.prompt_frames(), 1);
+  ASSERT_EQ(r.frames.size(), expected.size());
+  for (size_t k = 0; k < expected.size(); ++k) EXPECT_EQ(r.frames[k].jpeg, expected[k]) << "frame " << k;
+  // a prompt in the Start wins over the model's
+  PlayConfig pc = per_action(3, script_actions());
+  pc.start.add_prompt_jpeg(prompts[0]);
+  const auto expected0 = wmgen_frames(model, 3, model + "/prompts/p0.jpg");
+  r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.frames.size(), expected0.size());
+  EXPECT_EQ(r.frames[0].jpeg, expected0[0]);
+  EXPECT_NE(r.frames[0].jpeg, expected[0]);
+}
+
+TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
+  auto server = ServerProcess::start(tiny_model(), {"--max_request_bytes=1048576"});
+  ASSERT_NE(server, nullptr);
+  // a clean session runs next to all of this and must not notice
+  auto clean = std::async(std::launch::async, [&] {
+    PlayConfig pc = per_action(21, script_actions());
+    return client::play(client::make_channel(server->target(), {.own_connection = true}), pc);
+  });
+
+  struct Case {
+    const char* what;
+    std::vector<v1::PlayRequest> requests;
+    grpc::StatusCode code;
+    const char* says;
+  };
+  std::string huge(1100 * 1024, 'x');
+  const Case cases[] = {
+      {"action before start", {action_req(1)}, grpc::StatusCode::FAILED_PRECONDITION, "must be a Start"},
+      {"empty request", {v1::PlayRequest()}, grpc::StatusCode::INVALID_ARGUMENT, "empty PlayRequest"},
+      {"unknown model", {start_req([](v1::Start* s) { s->set_model("nope"); })}, grpc::StatusCode::NOT_FOUND,
+       "unknown model 'nope'"},
+      {"unknown cache format", {start_req([](v1::Start* s) { s->set_cache_format("fp3"); })},
+       grpc::StatusCode::NOT_FOUND, "unknown cache format 'fp3'"},
+      {"resume token", {start_req([](v1::Start* s) { s->set_resume_token("t"); })},
+       grpc::StatusCode::UNIMPLEMENTED, "resume"},
+      {"bad quality", {start_req([](v1::Start* s) { s->set_jpeg_quality(500); })},
+       grpc::StatusCode::INVALID_ARGUMENT, "jpeg_quality"},
+      {"bad fps",
+       {start_req([](v1::Start* s) {
+         s->set_pacing(v1::PACING_FIXED_RATE);
+         s->set_fps(-1);
+       })},
+       grpc::StatusCode::INVALID_ARGUMENT, "fps"},
+      {"prompt not a jpeg", {start_req([](v1::Start* s) { s->add_prompt_jpeg("garbage"); })},
+       grpc::StatusCode::INVALID_ARGUMENT, "prompt_jpeg[0]"},
+      {"oversize message", {start_req([&](v1::Start* s) { s->add_prompt_jpeg(huge); })},
+       grpc::StatusCode::RESOURCE_EXHAUSTED, ""},
+      {"second start", {start_req(), action_req(1), start_req()}, grpc::StatusCode::FAILED_PRECONDITION,
+       "already has a session"},
+      {"stream ends before start", {}, grpc::StatusCode::FAILED_PRECONDITION, "before a Start"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const grpc::Status st = play_status(*server, c.requests);
+    EXPECT_EQ(st.error_code(), c.code) << st.error_message();
+    EXPECT_TRUE(absl::StrContains(st.error_message(), c.says)) << st.error_message();
+  }
+
+  // invalid actions are dropped with an in-band event; the session goes on
+  // and its frames are those of the same session without them
+  std::vector<v1::PlayRequest> reqs = {start_req([](v1::Start* s) { s->set_seed(5); }), action_req(1, 1)};
+  reqs.push_back(action_req(2, 1u << 7));                       // a key the model does not have
+  reqs.push_back(action_req(3, 1, std::nanf(""), 0));           // not a number
+  reqs.push_back(action_req(4, 1, 0, 1000));                    // out of range
+  reqs.push_back(action_req(1, 1));                             // seq not increasing
+  reqs.push_back(v1::PlayRequest());                            // empty
+  reqs.push_back(action_req(5, 0, 10, 0));
+  std::vector<v1::PlayResponse> responses;
+  const grpc::Status st = play_status(*server, reqs, &responses);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  std::vector<uint64_t> invalid_seqs;
+  std::map<int64_t, std::string> frames;
+  uint64_t dropped = 0;
+  for (const auto& r : responses) {
+    if (r.has_event()) {
+      EXPECT_EQ(r.event().code(), "INVALID_ACTION") << r.event().message();
+      EXPECT_EQ(r.event().level(), v1::Event::WARNING);
+      invalid_seqs.push_back(r.event().action_seq());
+    }
+    if (r.has_frame()) {
+      frames[r.frame().index()] = r.frame().jpeg();
+      dropped = r.frame().frames_dropped();
+    }
+  }
+  EXPECT_EQ(invalid_seqs, (std::vector<uint64_t>{2, 3, 4, 1, 0}));
+  // two frames (this reader only reads after sending everything, so the
+  // first may have been replaced by the second: then it is counted)
+  ASSERT_FALSE(frames.empty());
+  EXPECT_EQ(frames.rbegin()->first, 1);
+  EXPECT_EQ(frames.size() + dropped, 2u);
+  std::vector<v1::PlayResponse> ref;
+  ASSERT_TRUE(play_status(*server, {start_req([](v1::Start* s) { s->set_seed(5); }), action_req(1, 1),
+                                    action_req(2, 0, 10, 0)},
+                          &ref)
+                  .ok());
+  std::map<int64_t, std::string> ref_frames;
+  for (const auto& r : ref)
+    if (r.has_frame()) ref_frames[r.frame().index()] = r.frame().jpeg();
+  for (const auto& [index, jpeg] : frames) {
+    if (ref_frames.count(index) != 0) {
+      EXPECT_EQ(jpeg, ref_frames[index]) << "frame " << index;
+    }
+  }
+  EXPECT_EQ(frames.at(1), ref_frames.at(1));
+
+  const PlayResult c = clean.get();
+  EXPECT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.frames.size(), script_actions().size());
+  EXPECT_EQ(client::count_index_gaps([&] {
+              std::vector<int64_t> v;
+              for (const auto& f : c.frames) v.push_back(f.index);
+              return v;
+            }()),
+            0);
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"out_of_range\"}"), 3);
+  EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"bad_seq\"}"), 1);
+  EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"before_start\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unknown_model\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unknown_format\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unimplemented\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"invalid_start\"}"), 3);
+  EXPECT_EQ(m.at("wm_sessions_active"), 0);
+}
+
+TEST(ServerIntegration, AdmissionRefusesWhenTheBudgetOrTheClientCapIsFull) {
+  v1::Start start;
+  // the per-client cap; this server also tells what each format reserves
+  auto capped = ServerProcess::start(tiny_model(), {"--max_sessions_per_client=1"});
+  ASSERT_NE(capped, nullptr);
+  auto cch = channel(*capped);
+  std::map<std::string, int64_t> bytes;
+  {
+    v1::ListModelsResponse models;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(cch)->ListModels(&ctx, {}, &models).ok());
+    for (const auto& f : models.models(0).cache_format_info()) bytes[f.name()] = f.session_bytes();
+  }
+  ASSERT_EQ(bytes["fp16"], 40960);  // 2 layers x K,V x 2 heads x 32 x 16 tokens x 5 frames x 2 bytes
+  client::PlayStream one(cch), two(cch);
+  ASSERT_TRUE(one.start(start).ok());
+  const grpc::Status cap = two.start(start);
+  EXPECT_EQ(cap.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(cap.error_message(), "already has 1 sessions")) << cap.error_message();
+
+  // the KV budget: room for two fp16 sessions (fp32 sessions reserve twice as much)
+  ASSERT_EQ(bytes["fp32"], 2 * bytes["fp16"]);
+  const int64_t budget = 2 * bytes["fp16"] + 100;
+  auto server = ServerProcess::start(
+      tiny_model(), {"--kv_budget_bytes=" + std::to_string(budget), "--max_sessions_per_client=0"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  v1::Start fp32;
+  fp32.set_cache_format("fp32");
+  client::PlayStream a(ch), big(ch), b(ch), c(ch);
+  ASSERT_TRUE(a.start(start).ok());
+  EXPECT_EQ(a.started().kv_reserved_bytes(), bytes["fp16"]);
+  EXPECT_TRUE(client::health_check(ch, "wmserve.v1.admit").serving());
+  // an fp32 session does not fit in what is left, an fp16 one does
+  const grpc::Status too_big = big.start(fp32);
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(too_big.error_message(), "KV cache budget full: a fp32 session needs"))
+      << too_big.error_message();
+  ASSERT_TRUE(b.start(start).ok());
+  const auto full = client::health_check(ch, "wmserve.v1.admit");
+  EXPECT_TRUE(full.status.ok());
+  EXPECT_EQ(full.serving_status, 2);  // NOT_SERVING: no room for one more default session
+  EXPECT_TRUE(client::health_check(ch, "").serving());  // but alive
+  const grpc::Status refused = c.start(start);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "100 of " + std::to_string(budget) + " are free"))
+      << refused.error_message();
+  {
+    v1::ServerInfo info;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(ch)->GetServerInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.kv_reserved_bytes(), 2 * bytes["fp16"]);
+    EXPECT_EQ(info.kv_free_bytes(), 100);
+    EXPECT_EQ(info.sessions_active(), 2);
+    EXPECT_FALSE(info.admitting());
+  }
+  // closing a session frees its reservation: admitting again
+  a.writes_done();
+  v1::PlayResponse r;
+  while (a.read(&r)) {
+  }
+  EXPECT_TRUE(a.finish().ok());
+  for (int i = 0; i < 100 && !client::health_check(ch, "wmserve.v1.admit").serving(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(client::health_check(ch, "wmserve.v1.admit").serving());
+  client::PlayStream e(ch);
+  EXPECT_TRUE(e.start(start).ok());
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"kv_budget\"}"), 2);
+  EXPECT_EQ(m.at("wm_admitting"), 0);
+  // the gauges follow the engine thread's view, a moment later
+  double reserved = 0;
+  for (int i = 0; i < 100 && reserved != 2.0 * bytes["fp16"]; ++i) {
+    reserved = scrape(*server).at("wm_kv_cache_bytes_reserved");
+    if (reserved != 2.0 * bytes["fp16"]) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(reserved, 2.0 * bytes["fp16"]);
+}
+
+TEST(ServerIntegration, IdleSessionsExpireAndFreeTheirCache) {
+  auto server = ServerProcess::start(tiny_model(), {"--idle_ttl_s=0.5"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  client::PlayStream s(ch, std::chrono::system_clock::now() + std::chrono::seconds(20));
+  ASSERT_TRUE(s.start(v1::Start()).ok());
+  ASSERT_TRUE(s.send_action(client::to_proto(Action{}, 1, 0)));
+  v1::PlayResponse r;
+  ASSERT_TRUE(s.read(&r));
+  EXPECT_TRUE(r.has_frame());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.read(&r)) {
+  }
+  const grpc::Status st = s.finish();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "idle TTL")) << st.error_message();
+  EXPECT_GT(waited, 0.3);
+  EXPECT_LT(waited, 3.0);
+  auto stub = v1::WorldModel::NewStub(ch);
+  v1::ServerInfo info;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetServerInfo(&ctx, {}, &info).ok());
+    if (info.sessions_active() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(info.sessions_active(), 0);
+  EXPECT_EQ(info.kv_reserved_bytes(), 0);
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_evicted_total{reason=\"idle_ttl\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"idle_ttl\"}"), 1);
+}
+
+TEST(ServerIntegration, ASlowReaderLosesFramesNotMemoryAndOthersDoNotNotice) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  // warm up, then measure the server's memory
+  ASSERT_TRUE(client::play(channel(*server), per_action(1, script_actions())).status.ok());
+  const int64_t rss0 = server->rss_bytes();
+  // the slow reader: 200 frames/s for 3 s at the highest quality, reading
+  // nothing for 2.5 s; a small HTTP/2 window so that the transport fills up
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 * 1024);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto slow_ch = grpc::CreateCustomChannel(server->target(), grpc::InsecureChannelCredentials(), args);
+  auto slow = std::async(std::launch::async, [&] {
+    PlayConfig pc;
+    pc.start.set_pacing(v1::PACING_FIXED_RATE);
+    pc.start.set_fps(200);
+    pc.start.set_jpeg_quality(100);
+    pc.actions = std::vector<Action>(60, Action{1, {5, 0}, 0});
+    pc.send_fps = 20;
+    pc.reader_stall_s = 2.5;
+    pc.timeout_s = 30;
+    return client::play(slow_ch, pc);
+  });
+  // a normal player at the same time
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  PlayConfig normal = per_action(2, std::vector<Action>(100, Action{2, {0, 1}, 0}));
+  const PlayResult n = client::play(client::make_channel(server->target(), {.own_connection = true}), normal);
+  const int64_t rss_during = server->rss_bytes();
+  const PlayResult s = slow.get();
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  ASSERT_TRUE(n.status.ok()) << n.status.error_message();
+
+  std::vector<int64_t> idx;
+  for (const auto& f : s.frames) idx.push_back(f.index);
+  const int64_t gaps = client::count_index_gaps(idx);
+  EXPECT_GT(gaps, 100) << "the stalled reader should have lost most frames";
+  EXPECT_EQ(s.frames.back().frames_dropped, static_cast<uint64_t>(gaps));
+  const auto m = scrape(*server);
+  EXPECT_GE(m.at("wm_frames_dropped_total{reason=\"slow_client\"}"), static_cast<double>(gaps));
+  // the normal player got every frame, none dropped, promptly
+  EXPECT_EQ(n.frames.size(), 100u);
+  EXPECT_EQ(n.frames.back().frames_dropped, 0u);
+  EXPECT_LT(client::percentile(n.action_to_frame_s, 0.5), 0.25);
+  // nothing piled up in the server: ~600 frames at q100 would be megabytes
+  EXPECT_LT(rss_during - rss0, int64_t{24} << 20) << "rss " << rss0 << " -> " << rss_during;
+  EXPECT_LT(server->rss_bytes() - rss0, int64_t{24} << 20);
+}
+
+TEST(ServerIntegration, FixedRatePacingKeepsASteadyRateWithTheLatestAction) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  PlayConfig pc;
+  pc.start.set_pacing(v1::PACING_FIXED_RATE);
+  pc.start.set_fps(25);
+  pc.actions = script_actions();  // 16 actions at 10/s: 1.6 s
+  pc.send_fps = 10;
+  pc.linger_s = 0.4;  // frames go on without new actions
+  const PlayResult r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.started.pacing(), v1::PACING_FIXED_RATE);
+  // about 25 frames a second for about 2 s
+  EXPECT_GT(r.frames.size(), 35u);
+  EXPECT_LT(r.frames.size(), 65u);
+  const double mean_interval = client::mean(r.intervals_s());
+  EXPECT_NEAR(mean_interval, 0.040, 0.012);
+  // every action got applied; frames repeat the latest one in between
+  EXPECT_EQ(r.last_acked_seq, script_actions().size());
+  int repeats = 0;
+  for (size_t i = 1; i < r.frames.size(); ++i)
+    repeats += r.frames[i].last_action_seq == r.frames[i - 1].last_action_seq ? 1 : 0;
+  EXPECT_GT(repeats, 10);
+  EXPECT_EQ(r.frames.back().last_action_seq, script_actions().size());
+}
+
+TEST(ServerIntegration, MetricsAreScrapedOverHttp) {
+  auto server = ServerProcess::start(tiny_model(), {"--kv_budget_bytes=5000000"});
+  ASSERT_NE(server, nullptr);
+  const PlayResult r = client::play(channel(*server), per_action(1, script_actions()));
+  ASSERT_TRUE(r.status.ok());
+  int code = 0;
+  const std::string body = testing::http_get(server->metrics_port(), "/metrics", &code);
+  ASSERT_EQ(code, 200);
+  const auto m = testing::parse_prometheus(body);
+  ASSERT_FALSE(m.empty());
+  for (const auto& [name, value] : m) {
+    // ours, and prometheus-cpp's own exposer_* family
+    EXPECT_TRUE(name.rfind("wm_", 0) == 0 || name.rfind("exposer_", 0) == 0) << name;
+    EXPECT_FALSE(absl::StrContains(name, "session_id")) << name;
+    EXPECT_FALSE(absl::StrContains(name, r.started.session_id())) << name;
+  }
+  const double frames = static_cast<double>(r.frames.size());
+  EXPECT_EQ(m.at("wm_frames_sent_total"), frames);
+  EXPECT_EQ(m.at("wm_actions_received_total"), frames);
+  EXPECT_EQ(m.at("wm_sessions_started_total"), 1);
+  EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"client_closed\"}"), 1);
+  EXPECT_EQ(m.at("wm_action_to_frame_seconds_count"), frames);
+  EXPECT_EQ(m.at("wm_jpeg_encode_seconds_count"), frames);
+  EXPECT_EQ(m.at("wm_time_to_first_frame_seconds_count"), 1);
+  EXPECT_EQ(m.at("wm_inter_frame_interval_seconds_count"), frames - 1);
+  EXPECT_EQ(m.at("wm_step_duration_seconds_count"), frames);
+  EXPECT_EQ(m.at("wm_batch_size_sum"), frames);
+  EXPECT_EQ(m.at("wm_action_to_frame_seconds_bucket{le=\"+Inf\"}"), frames);
+  EXPECT_EQ(m.at("wm_kv_cache_bytes_capacity"), 5000000);
+  EXPECT_EQ(m.at("wm_kv_cache_compression_ratio{format=\"fp16\"}"), 1);
+  EXPECT_EQ(m.at("wm_kv_cache_session_reserved_bytes{format=\"fp16\"}"), 40960);
+  EXPECT_EQ(m.at("wm_frames_dropped_total{reason=\"slow_client\"}"), 0);
+  EXPECT_EQ(m.count("wm_sessions_active"), 1u);
+  EXPECT_EQ(m.count("wm_sessions_queued"), 1u);
+  EXPECT_EQ(m.count("wm_kv_cache_usage_ratio"), 1u);
+  EXPECT_EQ(m.count("wm_kv_cache_bytes_used"), 1u);
+  // SIGTERM with nothing open: exit 0 at once
+  server->signal(SIGTERM);
+  EXPECT_EQ(server->wait_exit(5), std::optional<int>(0)) << server->log();
+}
+
+TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
+  auto server = ServerProcess::start(tiny_model(), {"--shutdown_grace_s=1.5"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  std::atomic<int> frames{0};
+  auto player = std::async(std::launch::async, [&] {
+    PlayConfig pc = per_action(1, std::vector<Action>(400, Action{1, {0, 0}, 0}));
+    pc.send_fps = 50;  // 8 s of play: longer than the grace period
+    pc.on_frame = [&](const v1::Frame&) { ++frames; };
+    return client::play(client::make_channel(server->target(), {.own_connection = true}), pc);
+  });
+  while (frames < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto t0 = std::chrono::steady_clock::now();
+  server->signal(SIGTERM);
+  // draining: not serving, new sessions refused with UNAVAILABLE
+  bool not_serving = false;
+  for (int i = 0; i < 50 && !not_serving; ++i) {
+    const auto h = client::health_check(ch, "");
+    not_serving = h.status.ok() && h.serving_status == 2;
+    if (!not_serving) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(not_serving);
+  client::PlayStream late(ch);
+  const grpc::Status refused = late.start(v1::Start());
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  // the open session is told, plays on during the grace period, then ends
+  const PlayResult r = player.get();
+  const double lasted = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_GT(lasted, 1.2);
+  bool told = false;
+  for (const auto& e : r.events) told |= e.code() == "SERVER_DRAINING";
+  EXPECT_TRUE(told);
+  EXPECT_GT(frames.load(), 40);  // it kept playing while draining
+  EXPECT_EQ(server->wait_exit(5), std::optional<int>(0)) << server->log();
+  const double exited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(exited, 5.0);
+}
+
+}  // namespace
+}  // namespace wm

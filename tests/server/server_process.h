@@ -1,0 +1,54 @@
+// Test helpers: a real wmserve process on a loopback port, a tiny random
+// checkpoint, running a tool, and a plain-socket HTTP GET.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace wm::testing {
+
+// a seeded random checkpoint of configs/tiny-test.json in a fresh directory
+// (frames_per_block > 1 makes a variant that generates blocks of frames)
+std::string make_tiny_model(const std::string& name, uint64_t seed = 1, int frames_per_block = 1);
+// a fresh empty directory under the test's temporary directory
+std::string fresh_dir(const std::string& name);
+
+class ServerProcess {
+ public:
+  // starts build/server/wmserve on 127.0.0.1 (any free ports) and waits until it listens
+  static std::unique_ptr<ServerProcess> start(const std::string& model_dir, const std::vector<std::string>& args = {});
+  ~ServerProcess();
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const;
+  // the exit code (128 + signal when killed), or nothing after the timeout
+  std::optional<int> wait_exit(double timeout_s);
+  int64_t rss_bytes() const;
+  std::string log() const;
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int metrics_port_ = -1;
+  std::string log_path_;
+  bool exited_ = false;
+};
+
+// runs a program to completion; returns its exit code, output in *log
+int run_program(const std::vector<std::string>& argv, std::string* log);
+
+// GET path over a plain TCP socket; returns the body (empty on failure)
+std::string http_get(int port, const std::string& path, int* http_status = nullptr);
+
+// Prometheus text format: "name{labels}" -> value, for every sample line
+std::map<std::string, double> parse_prometheus(const std::string& text);
+
+}  // namespace wm::testing

@@ -1,0 +1,158 @@
+// The session manager step by step against tables of expected states
+// (STYLE.md 7): admission against the KV budget and the caps, release,
+// TTL expiry and draining, with no tensors and no clock.
+#include "server/session_manager.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+
+namespace wm::server {
+namespace {
+
+using std::chrono::seconds;
+
+SessionManagerConfig config() {
+  SessionManagerConfig c;
+  c.kv_capacity_bytes = 1000;
+  c.reservation_bytes = {{"fp16", 400}, {"q2", 100}};
+  c.max_sessions = 5;
+  c.max_sessions_per_client = 3;
+  c.idle_ttl = seconds(10);
+  return c;
+}
+
+TEST(SessionManager, AdmissionFollowsTheBudgetAndTheCapsStepByStep) {
+  SessionManager m(config());
+  const TimePoint t0{};
+  struct Step {
+    const char* op;            // "admit" or "release"
+    const char* client;
+    const char* format;
+    int release_index;         // for release: which admitted key (by order)
+    absl::StatusCode code;     // admit's status
+    RejectReason reason;
+    int64_t reserved_after;
+    int sessions_after;
+  };
+  const Step steps[] = {
+      {"admit", "a", "fp16", 0, absl::StatusCode::kOk, RejectReason::kNone, 400, 1},
+      {"admit", "a", "fp16", 0, absl::StatusCode::kOk, RejectReason::kNone, 800, 2},
+      // 800 + 400 > 1000: the budget refuses, a smaller format still fits
+      {"admit", "b", "fp16", 0, absl::StatusCode::kResourceExhausted, RejectReason::kKvBudget, 800, 2},
+      {"admit", "b", "q2", 0, absl::StatusCode::kOk, RejectReason::kNone, 900, 3},
+      {"admit", "a", "q2", 0, absl::StatusCode::kOk, RejectReason::kNone, 1000, 4},
+      // client a has 3 sessions: its cap, whatever the budget
+      {"admit", "a", "q2", 0, absl::StatusCode::kResourceExhausted, RejectReason::kClientCap, 1000, 4},
+      {"admit", "c", "nope", 0, absl::StatusCode::kNotFound, RejectReason::kUnknownFormat, 1000, 4},
+      {"admit", "c", "q2", 0, absl::StatusCode::kResourceExhausted, RejectReason::kKvBudget, 1000, 4},
+      {"release", "", "", 0, absl::StatusCode::kOk, RejectReason::kNone, 600, 3},
+      {"admit", "a", "q2", 0, absl::StatusCode::kOk, RejectReason::kNone, 700, 4},
+      {"admit", "c", "q2", 0, absl::StatusCode::kOk, RejectReason::kNone, 800, 5},
+      // five sessions: the server cap
+      {"admit", "d", "q2", 0, absl::StatusCode::kResourceExhausted, RejectReason::kMaxSessions, 800, 5},
+  };
+  std::vector<SessionManager::Key> keys;
+  int i = 0;
+  for (const Step& s : steps) {
+    SCOPED_TRACE(testing::Message() << "step " << i++);
+    if (std::string(s.op) == "admit") {
+      RejectReason reason = RejectReason::kKvBudget;
+      auto key = m.admit({s.client, s.format}, t0, &reason);
+      EXPECT_EQ(key.status().code(), s.code) << key.status();
+      EXPECT_EQ(reason, s.reason);
+      if (key.ok()) keys.push_back(*key);
+    } else {
+      EXPECT_TRUE(m.release(keys[static_cast<size_t>(s.release_index)]));
+      EXPECT_FALSE(m.release(keys[static_cast<size_t>(s.release_index)]));  // once only
+    }
+    EXPECT_EQ(m.reserved_bytes(), s.reserved_after);
+    EXPECT_EQ(m.free_bytes(), 1000 - s.reserved_after);
+    EXPECT_EQ(m.sessions(), s.sessions_after);
+  }
+  EXPECT_EQ(m.sessions_of("a"), 3);
+  EXPECT_EQ(m.sessions_of("zzz"), 0);
+}
+
+TEST(SessionManager, RefusalsSayWhyAndWhatToDo) {
+  SessionManager m(config());
+  ASSERT_TRUE(m.admit({"a", "fp16"}, {}).ok());
+  ASSERT_TRUE(m.admit({"a", "fp16"}, {}).ok());
+  auto full = m.admit({"b", "fp16"}, {});
+  EXPECT_TRUE(absl::StrContains(full.status().message(), "needs 400 bytes, 200 of 1000 are free"))
+      << full.status();
+  m.set_draining();
+  RejectReason reason;
+  auto draining = m.admit({"b", "q2"}, {}, &reason);
+  EXPECT_EQ(draining.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reason, RejectReason::kDraining);
+  EXPECT_EQ(reject_reason_label(reason), "draining");
+}
+
+TEST(SessionManager, CanAdmitTracksTheDefaultFormatAndDraining) {
+  SessionManager m(config());
+  EXPECT_TRUE(m.can_admit("fp16"));
+  auto a = m.admit({"a", "fp16"}, {});
+  auto b = m.admit({"b", "fp16"}, {});
+  EXPECT_FALSE(m.can_admit("fp16"));  // 800 + 400 > 1000
+  EXPECT_TRUE(m.can_admit("q2"));
+  EXPECT_FALSE(m.can_admit("unknown"));
+  m.release(*a);
+  EXPECT_TRUE(m.can_admit("fp16"));
+  m.set_draining();
+  EXPECT_FALSE(m.can_admit("fp16"));
+  EXPECT_FALSE(m.can_admit("q2"));
+}
+
+TEST(SessionManager, IdleSessionsExpireOnceInOrderOfTheirLastAction) {
+  SessionManager m(config());
+  const TimePoint t0{};
+  auto a = *m.admit({"a", "q2"}, t0);
+  auto b = *m.admit({"b", "q2"}, t0 + seconds(1));
+  auto c = *m.admit({"c", "q2"}, t0 + seconds(2));
+  m.touch(a, t0 + seconds(5));
+  struct Step {
+    int at_s;
+    std::vector<SessionManager::Key> expired;
+  };
+  const Step steps[] = {
+      {9, {}},
+      {11, {b}},       // b idle since 1 s
+      {12, {c}},       // c idle since 2 s; b reported before, not again
+      {14, {}},
+      {15, {a}},       // a touched at 5 s
+      {30, {}},
+  };
+  for (const Step& s : steps) {
+    SCOPED_TRACE(testing::Message() << "t = " << s.at_s << " s");
+    EXPECT_EQ(m.take_expired(t0 + seconds(s.at_s)), s.expired);
+  }
+  // expired sessions stay held until released
+  EXPECT_EQ(m.sessions(), 3);
+  EXPECT_TRUE(m.release(b));
+  EXPECT_EQ(m.sessions(), 2);
+}
+
+TEST(SessionManager, TouchNeverMovesActivityBackAndZeroTtlNeverExpires) {
+  SessionManagerConfig c = config();
+  SessionManager m(c);
+  const TimePoint t0{};
+  auto a = *m.admit({"a", "q2"}, t0 + seconds(8));
+  m.touch(a, t0 + seconds(1));  // an out-of-order touch
+  EXPECT_TRUE(m.take_expired(t0 + seconds(17)).empty());
+  EXPECT_EQ(m.take_expired(t0 + seconds(18)).size(), 1u);
+  c.idle_ttl = Duration::zero();
+  SessionManager forever(c);
+  forever.admit({"a", "q2"}, t0).IgnoreError();
+  EXPECT_TRUE(forever.take_expired(t0 + seconds(100000)).empty());
+}
+
+TEST(SessionManager, PeerAddressesLoseTheirPort) {
+  EXPECT_EQ(client_of_peer("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
+  EXPECT_EQ(client_of_peer("ipv6:[::1]:5555"), "ipv6:[::1]");
+  EXPECT_EQ(client_of_peer("unix:/tmp/sock"), "unix:/tmp/sock");
+  EXPECT_EQ(client_of_peer(""), "");
+}
+
+}  // namespace
+}  // namespace wm::server

@@ -1,0 +1,188 @@
+// A session's output path with a fake stream: one write in flight, frames
+// that arrive meanwhile replace older unsent ones (counted as slow_client),
+// the Finish waits for the write in flight, flush or not.
+#include "server/session.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+
+#include "common/image_io.h"
+
+namespace wm::server {
+namespace {
+
+namespace v1 = ::wmserve::v1;
+
+class FakeWriter : public StreamWriter {
+ public:
+  void start_write(const v1::PlayResponse* msg) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    EXPECT_FALSE(in_flight_) << "two writes in flight";
+    EXPECT_FALSE(finished_) << "a write after finish";
+    in_flight_ = true;
+    writes_.push_back(*msg);
+    cv_.notify_all();
+  }
+  void finish(const absl::Status& status) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    EXPECT_FALSE(in_flight_) << "finish with a write in flight";
+    EXPECT_FALSE(finished_) << "finish twice";
+    finished_ = true;
+    status_ = status;
+    cv_.notify_all();
+  }
+  // waits until n writes have started (or finish)
+  bool wait_writes(size_t n) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, std::chrono::seconds(10), [&] { return writes_.size() >= n; });
+  }
+  bool wait_finished() {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, std::chrono::seconds(10), [&] { return finished_; });
+  }
+  void complete(ServerSession& s, bool ok = true) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ASSERT_TRUE(in_flight_);
+      in_flight_ = false;
+    }
+    s.on_write_done(ok);
+  }
+  std::vector<v1::PlayResponse> writes() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return writes_;
+  }
+  bool finished() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return finished_;
+  }
+  absl::Status status() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool in_flight_ = false;
+  bool finished_ = false;
+  absl::Status status_;
+  std::vector<v1::PlayResponse> writes_;
+};
+
+struct Fixture {
+  Fixture() : encoder(1) {
+    model.config.name = "m";
+    model.default_format = "fp16";
+    model.reservation_bytes["fp16"] = 100;
+    model.compression_ratio["fp16"] = 1;
+    metrics = std::make_unique<Metrics>(model, "test");
+    SessionSetup setup;
+    setup.id = "s1";
+    setup.key = 1;
+    setup.params.jpeg_quality = 80;
+    setup.frame_capacity = 1;
+    session = std::make_shared<ServerSession>(std::move(setup), &writer, &encoder, metrics.get());
+  }
+  OutFrame frame(int64_t index) {
+    OutFrame f;
+    f.frame.index = index;
+    f.frame.action_seq = static_cast<uint64_t>(index + 1);
+    f.frame.width = 8;
+    f.frame.height = 8;
+    f.frame.rgb.assign(8 * 8 * 3, static_cast<uint8_t>(index * 10));
+    return f;
+  }
+  void send(int64_t index) {
+    std::vector<OutFrame> v;
+    v.push_back(frame(index));
+    session->send_frames(std::move(v));
+  }
+  ServedModel model;
+  EncoderPool encoder;
+  std::unique_ptr<Metrics> metrics;
+  FakeWriter writer;
+  std::shared_ptr<ServerSession> session;
+};
+
+TEST(ServerSession, OneWriteInFlightAndNewerFramesReplaceUnsentOnes) {
+  Fixture t;
+  t.session->send_started(v1::Started());
+  ASSERT_TRUE(t.writer.wait_writes(1));
+  // the client is slow: frames 0..4 arrive while Started is still in flight
+  for (int i = 0; i < 5; ++i) t.send(i);
+  EXPECT_EQ(t.writer.writes().size(), 1u);
+  EXPECT_EQ(t.session->frames_dropped(), 4u);  // only frame 4 waits
+  EXPECT_EQ(t.metrics->frames_dropped_slow_client->Value(), 4);
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_writes(2));
+  const auto w = t.writer.writes();
+  ASSERT_TRUE(w[1].has_frame());
+  EXPECT_EQ(w[1].frame().index(), 4);
+  EXPECT_EQ(w[1].frame().last_action_seq(), 5u);
+  EXPECT_EQ(w[1].frame().frames_dropped(), 4u);
+  auto img = jpeg_decode(w[1].frame().jpeg().data(), w[1].frame().jpeg().size());
+  ASSERT_TRUE(img.ok());
+  EXPECT_EQ(img->width, 8);
+  EXPECT_NEAR(img->pixels[0], 40, 2);
+  t.writer.complete(*t.session);
+  EXPECT_EQ(t.session->frames_sent(), 1u);
+  EXPECT_EQ(t.metrics->frames_sent->Value(), 1);
+}
+
+TEST(ServerSession, FinishWaitsForTheWriteInFlight) {
+  Fixture t;
+  t.send(0);
+  ASSERT_TRUE(t.writer.wait_writes(1));
+  t.send(1);  // waits
+  t.session->finish(absl::UnavailableError("bye"), /*flush=*/false);
+  EXPECT_FALSE(t.writer.finished());
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_finished());
+  EXPECT_EQ(t.writer.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(t.writer.writes().size(), 1u);  // frame 1 was dropped, not written
+  EXPECT_EQ(t.metrics->frames_dropped_session_end->Value(), 1);
+  // later frames and events go nowhere, and nothing touches the writer again
+  t.send(2);
+  t.session->send_event(v1::Event::WARNING, "X", "late");
+  t.session->finish(absl::OkStatus(), true);
+  EXPECT_EQ(t.writer.writes().size(), 1u);
+}
+
+TEST(ServerSession, FlushWritesWhatIsQueuedThenFinishes) {
+  Fixture t;
+  t.send(0);
+  ASSERT_TRUE(t.writer.wait_writes(1));
+  t.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "x", 7);
+  t.send(1);
+  t.session->finish(absl::OkStatus(), /*flush=*/true);
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_writes(2));
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_writes(3));
+  EXPECT_FALSE(t.writer.finished());
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_finished());
+  EXPECT_TRUE(t.writer.status().ok());
+  const auto w = t.writer.writes();
+  ASSERT_EQ(w.size(), 3u);
+  EXPECT_EQ(w[1].event().code(), "INVALID_ACTION");
+  EXPECT_EQ(w[1].event().action_seq(), 7u);
+  EXPECT_EQ(w[2].frame().index(), 1);
+}
+
+TEST(ServerSession, AFailedWriteEndsTheStream) {
+  Fixture t;
+  t.send(0);
+  ASSERT_TRUE(t.writer.wait_writes(1));
+  t.send(1);
+  t.writer.complete(*t.session, /*ok=*/false);
+  ASSERT_TRUE(t.writer.wait_finished());
+  EXPECT_EQ(t.writer.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(t.writer.writes().size(), 1u);
+  EXPECT_TRUE(t.session->finishing());
+}
+
+}  // namespace
+}  // namespace wm::server
