@@ -175,6 +175,9 @@ absl::Status Engine::close_session(SessionId id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", id));
   reserved_ -= it->second.reserved;
+  // drift is a property of the format, not of one session: keep what closed sessions measured
+  if (const DriftStats* d = it->second.cache->drift(); d != nullptr)
+    retired_drift_[std::string(it->second.cache->format())] += *d;
   sessions_.erase(it);
   return absl::OkStatus();
 }
@@ -338,7 +341,7 @@ int64_t Engine::kv_used_bytes() const {
 namespace wm {
 
 std::map<std::string, DriftStats> Engine::drift_by_format() const {
-  std::map<std::string, DriftStats> out;
+  std::map<std::string, DriftStats> out = retired_drift_;
   for (const auto& [id, s] : sessions_)
     if (const DriftStats* d = s.cache->drift(); d != nullptr) out[std::string(s.cache->format())] += *d;
   return out;

@@ -125,7 +125,7 @@ class Engine {
   // bytes admission reserves for one session of this format
   int64_t session_reservation(absl::string_view format) const;
   KvGeometry kv_geometry() const;
-  // drift of every audited session, summed per cache format
+  // drift of every audited session so far (open and closed), summed per cache format
   std::map<std::string, DriftStats> drift_by_format() const;
 
  private:
@@ -147,6 +147,7 @@ class Engine {
   std::map<SessionId, Session> sessions_;
   SessionId next_id_ = 1;
   int64_t reserved_ = 0;
+  std::map<std::string, DriftStats> retired_drift_;  // audited sessions already closed
   float* x_ = nullptr;              // backend [frames * T, P] tokens being denoised
   float* v_ = nullptr;              // backend [frames * T, P] velocity
   float* pixels_ = nullptr;         // backend [frames, H, W, C]

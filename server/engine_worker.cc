@@ -1,5 +1,8 @@
 #include "server/engine_worker.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -218,6 +221,15 @@ void EngineWorker::loop() {
   }
 }
 
+bool EngineWorker::sample_audit() {
+  // deterministic and evenly spread: the n-th session is audited when the
+  // running count of fraction * n crosses an integer
+  const double f = std::clamp(config_.audit_fraction, 0.0, 1.0);
+  const auto before = static_cast<int64_t>(std::floor(f * static_cast<double>(opened_)));
+  ++opened_;
+  return static_cast<int64_t>(std::floor(f * static_cast<double>(opened_))) > before;
+}
+
 void EngineWorker::do_open(SessionManager::Key key) {
   std::shared_ptr<ServerSession> s;
   {
@@ -231,7 +243,7 @@ void EngineWorker::do_open(SessionManager::Key key) {
   so.seed = p.seed;
   so.cache_format = p.cache_format;
   so.prompt = p.prompt;
-  so.audit = p.audit;
+  so.audit = p.audit || sample_audit();
   auto id = engine_->open_session(so);
   if (!id.ok()) {
     {

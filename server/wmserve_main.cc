@@ -44,6 +44,9 @@ ABSL_FLAG(int, jpeg_quality, 90, "JPEG quality when Start asks for none (1..100)
 ABSL_FLAG(double, max_fps, 240, "highest fixed-rate fps a session may ask for");
 ABSL_FLAG(int, max_prompt_frames, 16,
           "prompt frames a Start may carry at most (each costs one engine pass on the engine thread)");
+ABSL_FLAG(double, audit_fraction, 0.0,
+          "fraction of sessions (0..1) that keep a full-precision shadow of their cache and feed "
+          "wm_token_selection_drift_ratio{format}; costs one fp32 cache and a probe per audited session");
 ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
 ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
   o.worker.engine.threads = absl::GetFlag(FLAGS_threads);
   o.worker.engine.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_bytes);
   o.worker.default_cache_format = absl::GetFlag(FLAGS_cache_format);
+  o.worker.audit_fraction = absl::GetFlag(FLAGS_audit_fraction);
   o.worker.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);
   o.worker.action_queue = absl::GetFlag(FLAGS_action_queue);
@@ -133,6 +137,8 @@ int main(int argc, char** argv) {
   if (o.worker.engine.kv_budget_bytes <= 0) return fail("--kv_budget_bytes must be positive");
   if (o.worker.max_batch < 1) return fail("--max_batch must be at least 1");
   if (absl::GetFlag(FLAGS_max_batch_wait_ms) < 0) return fail("--max_batch_wait_ms must be >= 0");
+  if (!(absl::GetFlag(FLAGS_audit_fraction) >= 0 && absl::GetFlag(FLAGS_audit_fraction) <= 1))
+    return fail("--audit_fraction must be in [0, 1]");
   if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
   if (o.worker.action_queue < 1) return fail("--action_queue must be at least 1");

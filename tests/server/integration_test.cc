@@ -701,3 +701,44 @@ TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
 
 }  // namespace
 }  // namespace wm
+
+namespace wm {
+namespace {
+
+// --audit_fraction 1: every session keeps a full-precision shadow; its drift
+// reaches /metrics as wm_token_selection_drift_ratio{format}, a rate in [0, 1]
+TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
+  auto server = ServerProcess::start(tiny_model(), {"--audit_fraction=1"});
+  ASSERT_NE(server, nullptr);
+  PlayConfig pc = per_action(3, script_actions());
+  pc.start.set_cache_format("quantwm2");
+  const PlayResult r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.frames.size(), script_actions().size());
+  const std::string key = "wm_token_selection_drift_ratio{format=\"quantwm2\"}";
+  const std::string queries = "wm_token_selection_drift_queries{format=\"quantwm2\"}";
+  std::map<std::string, double> m;
+  // the gauges are refreshed about once a second by the engine thread
+  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0); ++i) {
+    m = scrape(*server);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(m.count(key)) << "no drift gauge for quantwm2";
+  EXPECT_GT(m[queries], 0);
+  EXPECT_GE(m[key], 0.0);
+  EXPECT_LE(m[key], 1.0);
+  // fp16 sessions are audited too, and their drift against fp32 is tiny
+  PlayConfig pf = per_action(4, script_actions());
+  pf.start.set_cache_format("fp16");
+  ASSERT_TRUE(client::play(channel(*server), pf).status.ok());
+  const std::string fkey = "wm_token_selection_drift_ratio{format=\"fp16\"}";
+  for (int i = 0; i < 50 && !m.count(fkey); ++i) {
+    m = scrape(*server);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(m.count(fkey));
+  EXPECT_LE(m[fkey], m[key]);
+}
+
+}  // namespace
+}  // namespace wm
