@@ -715,7 +715,7 @@ void expect_same_rollouts(const std::string& config, int blocks) {
 
 TEST(CudaEndToEnd, DefaultModelShapesMatchTheCpu) {
   WM_REQUIRE_CUDA();
-  // maze-64's shapes (4 heads x 64, 64 tokens per frame, window 16 + 1 sink): 20 frames pass the window
+  // wm-default-64's shapes (4 heads x 64, 64 tokens per frame, window 16 + 1 sink): 20 frames pass the window
   expect_same_rollouts(std::string(WM_SOURCE_DIR) + "/configs/default.json", 20);
 }
 
