@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, script, "", "action script (engine/action.h format), one 
 ABSL_FLAG(std::string, out, "", "output directory for frames and summary.json");
 ABSL_FLAG(std::string, model, "", "model name (default: the server's)");
 ABSL_FLAG(uint64_t, seed, 1, "session seed");
+ABSL_FLAG(std::string, resume_token, "",
+          "re-attach to the parked session of this token (Started.resume_token, printed by wmplay); the other "
+          "session flags are then ignored by the server");
 ABSL_FLAG(std::string, format, "", "KV-cache format (default: the server's)");
 ABSL_FLAG(double, fps, 0, "0: per-action pacing, one action in flight; > 0: fixed-rate pacing at this rate, "
                            "actions sent at the same rate");
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   pc.start.set_cache_format(absl::GetFlag(FLAGS_format));
   pc.start.set_jpeg_quality(absl::GetFlag(FLAGS_quality));
   pc.start.set_audit(absl::GetFlag(FLAGS_audit));
+  pc.start.set_resume_token(absl::GetFlag(FLAGS_resume_token));
   const double fps = absl::GetFlag(FLAGS_fps);
   if (fps > 0) {
     pc.start.set_pacing(v1::PACING_FIXED_RATE);
@@ -133,6 +137,8 @@ int main(int argc, char** argv) {
   j["status"] = wm::client::status_code_name(r.status.error_code());
   j["status_message"] = r.status.error_message();
   j["session_id"] = r.started.session_id();
+  j["resume_token"] = r.started.resume_token();
+  j["resumed"] = r.started.resumed();
   j["model"] = r.started.model().name();
   j["cache_format"] = r.started.cache_format();
   j["seed"] = absl::GetFlag(FLAGS_seed);

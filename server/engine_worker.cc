@@ -48,13 +48,16 @@ void EngineWorker::run(std::promise<absl::StatusOr<ServedModel>>* started) {
   engine_.reset();
 }
 
-void EngineWorker::open(std::shared_ptr<ServerSession> session) {
-  const StartParams& p = session->params();
+ActionQueue EngineWorker::new_action_queue(const StartParams& p) const {
   const int B = model_.config.frames_per_block;
+  return ActionQueue(p.pacing, std::max(config_.action_queue, B), B);
+}
+
+void EngineWorker::open(std::shared_ptr<ServerSession> session) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!stopping_) {
-      entries_.emplace(session->key(), Entry(session, ActionQueue(p.pacing, std::max(config_.action_queue, B), B)));
+      entries_.emplace(session->key(), Entry(session, new_action_queue(session->params())));
       to_open_.push_back(session->key());
       sessions_ = static_cast<int>(entries_.size());
       cv_.notify_all();
@@ -65,13 +68,14 @@ void EngineWorker::open(std::shared_ptr<ServerSession> session) {
   on_closed_(session, EndReason::kShutdown);
 }
 
-absl::Status EngineWorker::submit(SessionManager::Key key, const TimedAction& action) {
+absl::Status EngineWorker::submit(const ServerSession& from, const TimedAction& action) {
   int superseded = 0;
   absl::Status st;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = entries_.find(key);
-    if (it == entries_.end() || it->second.close_requested || it->second.input_closed)
+    auto it = entries_.find(from.key());
+    if (it == entries_.end() || it->second.session.get() != &from || it->second.parked ||
+        it->second.close_requested || it->second.input_closed)
       return absl::FailedPreconditionError("the session is ending");
     const bool was_empty = it->second.input.empty();
     st = it->second.input.push(action, &superseded);
@@ -81,11 +85,74 @@ absl::Status EngineWorker::submit(SessionManager::Key key, const TimedAction& ac
   return st;
 }
 
-void EngineWorker::end_input(SessionManager::Key key) {
+void EngineWorker::end_input(const ServerSession& from) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(from.key());
+  if (it == entries_.end() || it->second.session.get() != &from || it->second.parked) return;
+  it->second.input_closed = true;
+  cv_.notify_all();
+}
+
+bool EngineWorker::park(const ServerSession& from) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(from.key());
+  if (it == entries_.end()) return false;
+  Entry& e = it->second;
+  if (e.session.get() != &from || !e.opened || e.close_requested || e.input_closed) return false;
+  if (e.parked) return true;  // attached by a resume that never got going
+  e.parked = true;
+  // actions not applied yet are dropped: the resumed stream's frame indices
+  // tell the client where the session stands
+  e.input = new_action_queue(from.params());
+  e.pacer.reset();
+  cv_.notify_all();
+  return true;
+}
+
+void EngineWorker::close_stream(const ServerSession& from, const absl::Status& status, EndReason reason) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(from.key());
+    if (it == entries_.end() || it->second.session.get() != &from || it->second.parked) return;
+  }
+  // a resume cannot slip in between: only a parked session is resumed
+  close(from.key(), status, reason);
+}
+
+std::shared_ptr<ServerSession> EngineWorker::parked_session(SessionManager::Key key) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  it->second.input_closed = true;
+  if (it == entries_.end() || !it->second.parked || it->second.close_requested) return nullptr;
+  return it->second.session;
+}
+
+bool EngineWorker::attach(std::shared_ptr<ServerSession> fresh) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(fresh->key());
+  if (it == entries_.end() || !it->second.parked || it->second.close_requested || stopping_) return false;
+  it->second.session = std::move(fresh);
+  return true;
+}
+
+void EngineWorker::activate(const std::shared_ptr<ServerSession>& fresh) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(fresh->key());
+    if (it == entries_.end() || it->second.session != fresh || it->second.close_requested) return;
+  }
+  // Started first: the session is still parked, so no frame can overtake it
+  v1::Started st = started_message(*fresh);
+  st.set_resumed(true);
+  fresh->send_started(std::move(st));
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(fresh->key());
+  if (it == entries_.end() || it->second.session != fresh || it->second.close_requested) return;
+  Entry& e = it->second;
+  e.parked = false;
+  e.input = new_action_queue(fresh->params());
+  e.input_closed = false;
+  if (fresh->params().pacing == PacingMode::kFixedRate)
+    e.pacer.emplace(from_seconds(1.0 / fresh->params().fps), Clock::now());
   cv_.notify_all();
 }
 
@@ -122,7 +189,8 @@ void EngineWorker::broadcast_event(v1::Event::Level level, absl::string_view cod
   std::vector<std::shared_ptr<ServerSession>> sessions;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [key, e] : entries_) sessions.push_back(e.session);
+    for (auto& [key, e] : entries_)
+      if (!e.parked) sessions.push_back(e.session);
   }
   for (auto& s : sessions) s->send_event(level, code, message);
 }
@@ -160,7 +228,7 @@ void EngineWorker::loop() {
             any_closing = true;
             continue;
           }
-          if (!e.opened) continue;
+          if (!e.opened || e.parked) continue;
           StepCandidate c;
           c.fixed_rate = fixed;
           if (fixed) {
@@ -268,8 +336,14 @@ void EngineWorker::do_open(SessionManager::Key key) {
     if (p.pacing == PacingMode::kFixedRate) e.pacer.emplace(from_seconds(1.0 / p.fps), Clock::now());
     cv_.notify_all();
   }
+  if (metrics_ != nullptr) metrics_->sessions_started->Increment();
+  s->send_started(started_message(*s));
+}
+
+v1::Started EngineWorker::started_message(const ServerSession& s) const {
+  const StartParams& p = s.params();
   v1::Started st;
-  st.set_session_id(s->id());
+  st.set_session_id(s.id());
   st.set_width(model_.config.width);
   st.set_height(model_.config.height);
   fill_action_space(model_.config.actions, st.mutable_action_space());
@@ -283,8 +357,8 @@ void EngineWorker::do_open(SessionManager::Key key) {
   st.set_action_queue_capacity(p.pacing == PacingMode::kFixedRate
                                    ? model_.config.frames_per_block
                                    : std::max(config_.action_queue, model_.config.frames_per_block));
-  if (metrics_ != nullptr) metrics_->sessions_started->Increment();
-  s->send_started(std::move(st));
+  st.set_resume_token(s.resume_token());
+  return st;
 }
 
 void EngineWorker::do_step(std::vector<Planned>& planned) {

@@ -5,6 +5,12 @@
 // batch (server/pacing.h), and hands the frames to the sessions' output
 // paths (server/session.h), which never make it wait either.
 //
+// A parked session (its stream broke; SessionManager decides whether it may
+// park) keeps its engine state and is never stepped until resume() attaches
+// a new stream to it. Calls that come from a stream (submit, end_input,
+// park, close_stream) name their ServerSession: a stream that is no longer
+// the one attached to its key is ignored.
+//
 // Threading: open/submit/end_input/close/close_all/broadcast_event and the
 // getters may be called from any thread; start() and stop() from the owner.
 #pragma once
@@ -58,10 +64,26 @@ class EngineWorker {
   void open(std::shared_ptr<ServerSession> session);
   // an action for a session (already checked against the action space):
   // INVALID_ARGUMENT for a bad seq, RESOURCE_EXHAUSTED for a full queue
-  absl::Status submit(SessionManager::Key key, const TimedAction& action);
+  absl::Status submit(const ServerSession& from, const TimedAction& action);
   // the client half-closed: finish the queued actions (per-action pacing),
   // then end the stream with OK
-  void end_input(SessionManager::Key key);
+  void end_input(const ServerSession& from);
+  // the stream of `from` broke: detach it and keep the engine state, never
+  // stepped; queued actions are dropped. True also when `from` was attached
+  // by a resume that was never activated; false (nothing changes) when `from`
+  // is not attached, not opened yet, or its session is already ending.
+  bool park(const ServerSession& from);
+  // close(), if `from` is still attached to its key and not parked
+  void close_stream(const ServerSession& from, const absl::Status& status, EndReason reason);
+  // the detached session of a parked key (its setup serves the new stream), or null
+  std::shared_ptr<ServerSession> parked_session(SessionManager::Key key) const;
+  // resume, in two steps so that the stream's owner can record `fresh`
+  // before anything is written to it. attach: `fresh` (same key, id and
+  // parameters as the parked session) replaces the detached session, which
+  // stays parked; false when the key is not parked or is ending.
+  bool attach(std::shared_ptr<ServerSession> fresh);
+  // sends `fresh` Started (resumed = true) and lets it be stepped again
+  void activate(const std::shared_ptr<ServerSession>& fresh);
   // ends the session now: finishes its stream with `status` (if not already)
   // and frees its engine state; idempotent
   void close(SessionManager::Key key, const absl::Status& status, EndReason reason);
@@ -86,6 +108,7 @@ class EngineWorker {
     bool opened = false;
     bool input_closed = false;
     bool close_requested = false;
+    bool parked = false;     // no stream: not stepped until resumed
     EndReason end_reason = EndReason::kClientClosed;
     TimePoint last_deadline_event;
   };
@@ -101,6 +124,8 @@ class EngineWorker {
   void run(std::promise<absl::StatusOr<ServedModel>>* started);
   void loop();
   void do_open(SessionManager::Key key);
+  wmserve::v1::Started started_message(const ServerSession& s) const;
+  ActionQueue new_action_queue(const StartParams& p) const;
   void do_step(std::vector<Planned>& planned);
   void publish_gauges(int queued);
 

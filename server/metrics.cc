@@ -12,6 +12,7 @@ absl::string_view end_reason_label(EndReason r) {
     case EndReason::kShutdown: return "shutdown";
     case EndReason::kError: return "error";
     case EndReason::kProtocol: return "protocol_error";
+    case EndReason::kParkExpired: return "park_expired";
   }
   return "unknown";
 }
@@ -59,6 +60,8 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
   kv_bytes_capacity = gauge(r, "wm_kv_cache_bytes_capacity", "the KV-cache byte budget (--kv_budget_bytes)");
   kv_usage_ratio = gauge(r, "wm_kv_cache_usage_ratio", "wm_kv_cache_bytes_used / wm_kv_cache_bytes_capacity (0..1)");
   admitting = gauge(r, "wm_admitting", "1 while a new session of the default cache format would be admitted");
+  sessions_parked = gauge(r, "wm_sessions_parked",
+                          "sessions whose stream broke, kept for a resume (--park_ttl_s); counted in wm_sessions_active");
   kv_bytes_capacity->Set(static_cast<double>(model.kv_capacity_bytes));
   drift_family_ = &pm::BuildGauge()
                        .Name("wm_token_selection_drift_ratio")
@@ -78,12 +81,13 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
   sessions_started = counter(r, "wm_sessions_started_total", "sessions admitted and opened");
   auto& ended = pm::BuildCounter().Name("wm_sessions_ended_total").Help("sessions ended, by reason").Register(r);
   for (EndReason e : {EndReason::kClientClosed, EndReason::kCancelled, EndReason::kIdleTtl, EndReason::kShutdown,
-                      EndReason::kError, EndReason::kProtocol})
+                      EndReason::kError, EndReason::kProtocol, EndReason::kParkExpired})
     ended_[e] = &ended.Add({{"reason", std::string(end_reason_label(e))}});
   auto& rejected =
       pm::BuildCounter().Name("wm_sessions_rejected_total").Help("Play streams refused at Start, by reason").Register(r);
   for (const char* reason : {"draining", "kv_budget", "max_sessions", "client_cap", "unknown_format",
-                             "unknown_model", "invalid_start", "unimplemented", "engine"})
+                             "unknown_model", "invalid_start", "unimplemented", "engine", "resume_not_found",
+                             "resume_attached", "resume_draining"})
     rejected_[reason] = &rejected.Add({{"reason", reason}});
   rejected_other_ = &rejected.Add({{"reason", "other"}});
   sessions_evicted_idle = &pm::BuildCounter()
@@ -91,6 +95,8 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
                                .Help("sessions closed by the server, by reason")
                                .Register(r)
                                .Add({{"reason", "idle_ttl"}});
+  sessions_parked_total = counter(r, "wm_sessions_parked_total", "streams that broke and left their session parked");
+  sessions_resumed = counter(r, "wm_sessions_resumed_total", "parked sessions re-attached to a new stream");
   frames_sent = counter(r, "wm_frames_sent_total", "frames written to clients");
   auto& dropped = pm::BuildCounter().Name("wm_frames_dropped_total").Help("frames generated and never sent, by reason")
                       .Register(r);

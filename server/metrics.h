@@ -21,7 +21,7 @@
 namespace wm::server {
 
 // why a session ended (wm_sessions_ended_total{reason})
-enum class EndReason { kClientClosed, kCancelled, kIdleTtl, kShutdown, kError, kProtocol };
+enum class EndReason { kClientClosed, kCancelled, kIdleTtl, kShutdown, kError, kProtocol, kParkExpired };
 absl::string_view end_reason_label(EndReason r);
 
 class Metrics {
@@ -37,6 +37,7 @@ class Metrics {
   prometheus::Gauge* kv_bytes_capacity;
   prometheus::Gauge* kv_usage_ratio;        // used / capacity
   prometheus::Gauge* admitting;             // 1 while a new default-format session would be admitted
+  prometheus::Gauge* sessions_parked;       // sessions whose stream broke, waiting for a resume
   void set_drift(const std::string& format, double ratio, double queries);
   // the accelerator's memory (no series on the CPU, which reports none)
   void set_gpu_memory(int64_t total, int64_t free);
@@ -46,6 +47,8 @@ class Metrics {
   prometheus::Counter& sessions_ended(EndReason r) { return *ended_.at(r); }
   prometheus::Counter& sessions_rejected(absl::string_view reason);
   prometheus::Counter* sessions_evicted_idle;
+  prometheus::Counter* sessions_parked_total;   // streams that broke and left their session parked
+  prometheus::Counter* sessions_resumed;
   prometheus::Counter* frames_sent;
   prometheus::Counter* frames_dropped_slow_client;
   prometheus::Counter* frames_dropped_session_end;

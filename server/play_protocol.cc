@@ -12,8 +12,6 @@ namespace v1 = ::wmserve::v1;
 absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedModel& model,
                                         const ProtocolLimits& limits) {
   StartParams p;
-  if (!start.resume_token().empty())
-    return absl::UnimplementedError("session resume is not implemented yet: start a new session without resume_token");
   if (!start.model().empty() && start.model() != model.config.name)
     return absl::NotFoundError(absl::StrCat("unknown model '", start.model(), "'; this server serves '",
                                             model.config.name, "' (ListModels)"));

@@ -34,7 +34,8 @@ struct StartParams {
 };
 
 // NOT_FOUND: unknown model or cache format; INVALID_ARGUMENT: bad pacing,
-// fps, quality or prompt; UNIMPLEMENTED: a resume token
+// fps, quality or prompt. A resume token is not looked at: a resuming Start
+// never gets here (the service re-attaches the parked session instead)
 absl::StatusOr<StartParams> parse_start(const wmserve::v1::Start& start, const ServedModel& model,
                                         const ProtocolLimits& limits);
 

@@ -21,16 +21,17 @@ grpc::Status to_grpc(const absl::Status& s) {
 class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::PlayResponse>, public StreamWriter {
  public:
   PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
-      : service_(service), client_(client_of_peer(context->peer())) {
+      : service_(service), context_(context), client_(client_of_peer(context->peer())) {
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
     std::shared_ptr<ServerSession> s = session();
     if (!ok) {
-      // the client half-closed (or the stream is gone: OnCancel handles that)
+      // the client half-closed (or the stream is gone: OnCancel parks or
+      // closes the session, and a half-close must not close it first)
       if (s != nullptr) {
-        service_->worker().end_input(s->key());
+        if (!context_->IsCancelled()) service_->worker().end_input(*s);
       } else {
         finish_once(absl::FailedPreconditionError("the stream ended before a Start message"));
       }
@@ -56,8 +57,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
     if (s->finishing()) return;  // nothing more to read
     switch (request_.kind_case()) {
       case v1::PlayRequest::kStart:
-        service_->worker().close(
-            s->key(), absl::FailedPreconditionError("this stream already has a session: one Start per Play stream"),
+        service_->worker().close_stream(
+            *s, absl::FailedPreconditionError("this stream already has a session: one Start per Play stream"),
             EndReason::kProtocol);
         return;
       case v1::PlayRequest::kAction:
@@ -86,14 +87,15 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
       finish_once(absl::CancelledError("cancelled"));
       return;
     }
-    service_->worker().close(s->key(), absl::CancelledError("the client cancelled the stream"), EndReason::kCancelled);
+    // a broken stream parks its session (--park_ttl_s) for a resume
+    service_->park_or_close(s, absl::CancelledError("the client cancelled the stream"), EndReason::kCancelled);
     s->finish(absl::CancelledError("the client cancelled the stream"), false);
   }
 
   void OnDone() override {
-    // a safety net: the engine state of a session always goes with its stream
+    // a safety net: a session never outlives its stream unless it is parked
     if (auto s = session(); s != nullptr)
-      service_->worker().close(s->key(), absl::CancelledError("stream done"), EndReason::kCancelled);
+      service_->park_or_close(s, absl::CancelledError("stream done"), EndReason::kCancelled);
     delete this;
   }
 
@@ -121,8 +123,32 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
     finish_once(status);
   }
 
+  // a Start with a resume token: every other field is ignored
+  bool handle_resume(const v1::Start& start, TimePoint now) {
+    auto s = service_->resume(start.resume_token(), this, now);
+    if (!s.ok()) {
+      finish_once(s.status());  // resume() counted the rejection
+      return false;
+    }
+    bool cancelled = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cancelled = cancelled_;
+      if (!cancelled) session_ = *s;
+    }
+    if (cancelled) {
+      // the new stream is gone already: the session goes back to its parking
+      service_->park_or_close(*s, absl::CancelledError("cancelled"), EndReason::kCancelled);
+      finish_once(absl::CancelledError("cancelled"));
+      return false;
+    }
+    service_->worker().activate(*s);
+    return true;
+  }
+
   bool handle_start(const v1::Start& start) {
     const TimePoint now = Clock::now();
+    if (!start.resume_token().empty()) return handle_resume(start, now);
     auto params = parse_start(start, service_->model(), service_->config().limits);
     if (!params.ok()) {
       absl::string_view reason = "invalid_start";
@@ -133,7 +159,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
       reject(reason, params.status());
       return false;
     }
-    auto key = service_->admit(client_, params->cache_format, now);
+    std::string token;
+    auto key = service_->admit(client_, params->cache_format, now, &token);
     if (!key.ok()) {
       finish_once(key.status());  // admit() counted the rejection
       return false;
@@ -143,6 +170,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
     setup.key = *key;
     setup.client = client_;
     setup.params = std::move(*params);
+    setup.resume_token = std::move(token);
     setup.started = now;
     // the unsent rest of the block being written plus one newer block; with
     // one frame per block a newer frame replaces the unsent one
@@ -178,7 +206,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
       return;
     }
     TimedAction ta{*action, msg.client_time_us(), now};
-    const absl::Status st = service_->worker().submit(s.key(), ta);
+    const absl::Status st = service_->worker().submit(s, ta);
     if (st.ok()) {
       service_->touch(s.key(), now);
     } else if (absl::IsInvalidArgument(st)) {
@@ -192,6 +220,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
   }
 
   PlayService* const service_;
+  grpc::CallbackServerContext* const context_;
   const std::string client_;
   v1::PlayRequest request_;
   std::mutex mu_;
@@ -231,16 +260,70 @@ void PlayService::update_health_locked() {
 }
 
 absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client, const std::string& format,
-                                                       TimePoint now) {
+                                                       TimePoint now, std::string* token) {
   std::lock_guard<std::mutex> lk(mu_);
   RejectReason reason = RejectReason::kNone;
-  auto key = manager_.admit(AdmitRequest{client, format}, now, &reason);
+  std::string t = new_resume_token_locked();
+  auto key = manager_.admit(AdmitRequest{client, format, t}, now, &reason);
   if (!key.ok()) {
     metrics_->sessions_rejected(reject_reason_label(reason)).Increment();
     return key.status();
   }
+  *token = std::move(t);
   update_health_locked();
   return key;
+}
+
+std::string PlayService::new_resume_token_locked() {
+  // 128 bits from the OS's generator, hex: unguessable, unlike session ids
+  std::string token;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(static_cast<uint32_t>(entropy_()), absl::kZeroPad8));
+  return token;
+}
+
+void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, const absl::Status& status,
+                                EndReason reason) {
+  bool parked = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // the worker first: it knows whether the engine state is still there
+    if (manager_.can_park(session->key()) && worker_->park(*session)) {
+      parked = manager_.park(session->key(), Clock::now());
+      metrics_->sessions_parked_total->Increment();
+      metrics_->sessions_parked->Set(manager_.parked());
+    }
+  }
+  if (!parked) worker_->close_stream(*session, status, reason);
+}
+
+absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_view token, StreamWriter* writer,
+                                                                   TimePoint now) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto key = manager_.unpark(token, now);
+  if (!key.ok()) {
+    metrics_->sessions_rejected(absl::IsAlreadyExists(key.status()) ? "resume_attached"
+                                : absl::IsUnavailable(key.status()) ? "resume_draining"
+                                                                    : "resume_not_found")
+        .Increment();
+    return key.status();
+  }
+  metrics_->sessions_parked->Set(manager_.parked());
+  std::shared_ptr<ServerSession> old = worker_->parked_session(*key);
+  if (old != nullptr) {
+    auto fresh = std::make_shared<ServerSession>(old->setup(), writer, encoder_, metrics_);
+    if (worker_->attach(fresh)) {
+      metrics_->sessions_resumed->Increment();
+      return fresh;
+    }
+  }
+  // the session is being closed (its release follows)
+  metrics_->sessions_rejected("resume_not_found").Increment();
+  return absl::NotFoundError("the session of this resume token has ended; start a new session");
+}
+
+void PlayService::close_parked(const std::vector<SessionManager::Key>& keys, const absl::Status& status,
+                               EndReason reason) {
+  for (auto key : keys) worker_->close(key, status, reason);
 }
 
 void PlayService::release(SessionManager::Key key) {
@@ -264,20 +347,31 @@ std::string PlayService::new_session_id() {
 }
 
 void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason) {
-  release(session->key());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    manager_.release(session->key());
+    update_health_locked();
+    metrics_->sessions_parked->Set(manager_.parked());
+  }
   metrics_->sessions_ended(reason).Increment();
   if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
   metrics_->session_duration->Observe(to_seconds(Clock::now() - session->started()));
 }
 
 void PlayService::sweep_idle(TimePoint now) {
-  std::vector<SessionManager::Key> expired;
-  double ttl = 0;
+  std::vector<SessionManager::Key> expired, park_expired;
+  double ttl = 0, park_ttl = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     expired = manager_.take_expired(now);
+    park_expired = manager_.take_park_expired(now);
     ttl = to_seconds(manager_.config().idle_ttl);
+    park_ttl = to_seconds(manager_.config().park_ttl);
   }
+  // no stream is told: a parked session has none
+  close_parked(park_expired,
+               absl::DeadlineExceededError(absl::StrCat("parked for ", park_ttl, " s (--park_ttl_s)")),
+               EndReason::kParkExpired);
   for (auto key : expired)
     worker_->close(key,
                    absl::DeadlineExceededError(absl::StrCat("no action for ", ttl,
@@ -287,14 +381,18 @@ void PlayService::sweep_idle(TimePoint now) {
 }
 
 void PlayService::begin_drain(double grace_seconds) {
+  std::vector<SessionManager::Key> parked;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (manager_.draining()) return;  // told once
     manager_.set_draining();
+    // tokens do not outlive the process: parked sessions end now
+    parked = manager_.take_parked();
     update_health_locked();
     // "" and the admit service NOT_SERVING, and they stay so
     if (health_ != nullptr) health_->Shutdown();
   }
+  close_parked(parked, absl::UnavailableError("the server is shutting down"), EndReason::kShutdown);
   worker_->broadcast_event(v1::Event::WARNING, "SERVER_DRAINING",
                            absl::StrCat("the server is shutting down: this session ends within ", grace_seconds,
                                         " s; start a new one elsewhere"));

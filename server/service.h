@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 
 #include "grpcpp/grpcpp.h"
@@ -51,8 +52,14 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
 
   // the engine worker's callback: a session's engine state is gone
   void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason);
-  // closes sessions idle past the TTL; call periodically
+  // closes sessions idle past the TTL and parked past the park TTL; call periodically
   void sweep_idle(TimePoint now);
+  // the stream of `session` ended without a purposeful close (cancelled,
+  // broken): park the session if allowed, else close it with `status`
+  void park_or_close(const std::shared_ptr<ServerSession>& session, const absl::Status& status, EndReason reason);
+  // a new stream for the parked session of `token` (counted as a rejection
+  // on failure); the caller records it, then calls worker().activate()
+  absl::StatusOr<std::shared_ptr<ServerSession>> resume(absl::string_view token, StreamWriter* writer, TimePoint now);
   // refuse new sessions from now on (UNAVAILABLE), health NOT_SERVING, tell
   // every open session (Event SERVER_DRAINING)
   void begin_drain(double grace_seconds);
@@ -64,13 +71,17 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   EngineWorker& worker() { return *worker_; }
   Metrics& metrics() { return *metrics_; }
   EncoderPool& encoder() { return *encoder_; }
-  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format, TimePoint now);
+  // admits a session and gives it a fresh resume token (*token)
+  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format, TimePoint now,
+                                            std::string* token);
   void release(SessionManager::Key key);
   void touch(SessionManager::Key key, TimePoint now);
   std::string new_session_id();
 
  private:
   void update_health_locked();
+  std::string new_resume_token_locked();
+  void close_parked(const std::vector<SessionManager::Key>& keys, const absl::Status& status, EndReason reason);
 
   const ServiceConfig config_;
   const ServedModel& model_;
@@ -83,6 +94,7 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   grpc::HealthCheckServiceInterface* health_ = nullptr;
   int admitting_ = -1;  // last value given to the health service
   uint64_t id_state_;
+  std::random_device entropy_;  // the OS's CSPRNG (getrandom / rdrand) for resume tokens
 };
 
 }  // namespace wm::server

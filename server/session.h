@@ -65,6 +65,7 @@ struct SessionSetup {
   SessionManager::Key key = 0;   // server-internal key
   std::string client;            // peer address without port
   StartParams params;
+  std::string resume_token;      // "" = not resumable
   TimePoint started;             // when Start arrived
   int frame_capacity = 1;        // frames the outbox holds (2B - 1)
   int event_capacity = 16;
@@ -79,6 +80,8 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   const StartParams& params() const { return setup_.params; }
   const std::string& client() const { return setup_.client; }
   TimePoint started() const { return setup_.started; }
+  const std::string& resume_token() const { return setup_.resume_token; }
+  const SessionSetup& setup() const { return setup_; }
 
   void send_started(wmserve::v1::Started started);
   void send_event(wmserve::v1::Event::Level level, absl::string_view code, absl::string_view message,

@@ -66,8 +66,15 @@ absl::StatusOr<SessionManager::Key> SessionManager::admit(const AdmitRequest& re
                                                           RejectReason* reason) {
   WM_RETURN_IF_ERROR(check(request, reason));
   const int64_t need = config_.reservation_bytes.at(request.cache_format);
+  WM_CHECK(request.resume_token.empty() || tokens_.count(request.resume_token) == 0);
   const Key key = next_key_++;
-  sessions_.emplace(key, Entry{request.client, need, now, false});
+  Entry e;
+  e.client = request.client;
+  e.reserved = need;
+  e.last_activity = now;
+  e.token = request.resume_token;
+  if (!e.token.empty()) tokens_.emplace(e.token, key);
+  sessions_.emplace(key, std::move(e));
   ++per_client_[request.client];
   reserved_ += need;
   return key;
@@ -80,6 +87,8 @@ bool SessionManager::release(Key key) {
   auto pc = per_client_.find(it->second.client);
   WM_CHECK(pc != per_client_.end() && pc->second > 0);
   if (--pc->second == 0) per_client_.erase(pc);
+  forget_token(it->second);
+  if (it->second.parked) --parked_;
   sessions_.erase(it);
   WM_CHECK(reserved_ >= 0);
   return true;
@@ -94,7 +103,8 @@ std::vector<SessionManager::Key> SessionManager::take_expired(TimePoint now) {
   std::vector<std::pair<TimePoint, Key>> out;
   if (config_.idle_ttl <= Duration::zero()) return {};
   for (auto& [key, e] : sessions_) {
-    if (!e.expired && now - e.last_activity >= config_.idle_ttl) {
+    // a parked session has no stream to be idle on: park_ttl decides
+    if (!e.expired && !e.parked && now - e.last_activity >= config_.idle_ttl) {
       e.expired = true;
       out.emplace_back(e.last_activity, key);
     }
@@ -102,6 +112,72 @@ std::vector<SessionManager::Key> SessionManager::take_expired(TimePoint now) {
   std::sort(out.begin(), out.end());
   std::vector<Key> keys;
   for (const auto& [t, k] : out) keys.push_back(k);
+  return keys;
+}
+
+void SessionManager::forget_token(Entry& e) {
+  if (!e.token.empty()) tokens_.erase(e.token);
+  e.token.clear();
+}
+
+bool SessionManager::can_park(Key key) const {
+  if (draining_ || config_.park_ttl <= Duration::zero()) return false;
+  auto it = sessions_.find(key);
+  return it != sessions_.end() && !it->second.parked && !it->second.expired && !it->second.token.empty();
+}
+
+bool SessionManager::park(Key key, TimePoint now) {
+  if (!can_park(key)) return false;
+  Entry& e = sessions_.at(key);
+  e.parked = true;
+  e.parked_since = now;
+  ++parked_;
+  return true;
+}
+
+absl::StatusOr<SessionManager::Key> SessionManager::unpark(absl::string_view token, TimePoint now) {
+  if (draining_)
+    return absl::UnavailableError("the server is shutting down and resumes no sessions; start a new one elsewhere");
+  auto t = token.empty() ? tokens_.end() : tokens_.find(token);
+  if (t == tokens_.end())
+    return absl::NotFoundError(
+        "unknown or expired resume token: the session ended, its park TTL (--park_ttl_s) ran out, or it belongs to "
+        "another server process; start a new session");
+  Entry& e = sessions_.at(t->second);
+  if (!e.parked)
+    return absl::AlreadyExistsError(
+        "the session of this resume token is attached to a live stream; a session is resumed only after its "
+        "stream ended (cancel that stream first)");
+  e.parked = false;
+  --parked_;
+  e.last_activity = std::max(e.last_activity, now);
+  return t->second;
+}
+
+std::vector<SessionManager::Key> SessionManager::take_park_expired(TimePoint now) {
+  std::vector<std::pair<TimePoint, Key>> out;
+  for (auto& [key, e] : sessions_) {
+    if (e.parked && !e.expired && now - e.parked_since >= config_.park_ttl) {
+      e.expired = true;
+      forget_token(e);
+      out.emplace_back(e.parked_since, key);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  std::vector<Key> keys;
+  for (const auto& [t, k] : out) keys.push_back(k);
+  return keys;
+}
+
+std::vector<SessionManager::Key> SessionManager::take_parked() {
+  std::vector<Key> keys;
+  for (auto& [key, e] : sessions_) {
+    if (e.parked && !e.expired) {
+      e.expired = true;
+      forget_token(e);
+      keys.push_back(key);
+    }
+  }
   return keys;
 }
 

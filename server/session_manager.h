@@ -1,5 +1,7 @@
 // Admission and lifetime bookkeeping of sessions: the KV byte budget, the
-// caps on sessions (in all and per client), the idle TTL and draining.
+// caps on sessions (in all and per client), the idle TTL, draining, and
+// parking: a session whose stream broke keeps its reservation for a while
+// and can be re-attached to a new stream with its resume token.
 //
 // Pure code (STYLE.md 7): no gRPC, no tensors, no clock of its own (callers
 // pass `now`), unit-tested step by step in tests/server/session_manager_test.cc.
@@ -31,11 +33,13 @@ struct SessionManagerConfig {
   int max_sessions = 64;                    // 0: no cap besides the KV budget
   int max_sessions_per_client = 16;         // 0: no per-client cap
   Duration idle_ttl = std::chrono::seconds(60);  // zero: sessions never expire
+  Duration park_ttl = std::chrono::seconds(30);  // how long a parked session waits; zero: never park
 };
 
 struct AdmitRequest {
   std::string client;        // the peer's address without the port
   std::string cache_format;
+  std::string resume_token = "";  // "" = not resumable; otherwise unique among held sessions
 };
 
 class SessionManager {
@@ -57,6 +61,23 @@ class SessionManager {
   // cache first)
   std::vector<Key> take_expired(TimePoint now);
 
+  // the session's stream ended without a purposeful close: keep it (and its
+  // reservation) for park_ttl. False (and nothing changes) when parking is
+  // off, while draining, or when the key is not held, already parked or expired.
+  bool can_park(Key key) const;
+  bool park(Key key, TimePoint now);
+  // the parked session of a resume token, attached again (its idle clock
+  // restarts at `now`): NOT_FOUND for an unknown or expired token,
+  // ALREADY_EXISTS when its session is attached to a live stream,
+  // UNAVAILABLE while draining
+  absl::StatusOr<Key> unpark(absl::string_view token, TimePoint now);
+  // sessions parked for at least park_ttl, oldest first; their tokens stop
+  // working at once, and they stay held until released
+  std::vector<Key> take_park_expired(TimePoint now);
+  // every parked session (draining closes them); their tokens stop working
+  std::vector<Key> take_parked();
+  int parked() const { return parked_; }
+
   void set_draining() { draining_ = true; }
   bool draining() const { return draining_; }
   // whether a session of this format would be admitted now from a new client
@@ -74,13 +95,19 @@ class SessionManager {
     std::string client;
     int64_t reserved = 0;
     TimePoint last_activity;
-    bool expired = false;
+    bool expired = false;   // reported by take_expired or take_park_expired
+    std::string token;      // "" once the token stopped working
+    bool parked = false;
+    TimePoint parked_since;
   };
+  void forget_token(Entry& e);
   absl::Status check(const AdmitRequest& request, RejectReason* reason) const;
 
   SessionManagerConfig config_;
   std::map<Key, Entry> sessions_;
   std::map<std::string, int, std::less<>> per_client_;
+  std::map<std::string, Key, std::less<>> tokens_;
+  int parked_ = 0;
   int64_t reserved_ = 0;
   Key next_key_ = 1;
   bool draining_ = false;

@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, cache_format, "fp16", "default KV-cache format when Start
 ABSL_FLAG(int, max_sessions, 64, "sessions at most (0: only the KV budget limits)");
 ABSL_FLAG(int, max_sessions_per_client, 16, "sessions at most per client address (0: no cap)");
 ABSL_FLAG(double, idle_ttl_s, 60, "close a session after this many seconds without an action (0: never)");
+ABSL_FLAG(double, park_ttl_s, 30,
+          "keep a session whose stream broke (cancelled, network drop) this many seconds for a resume with its "
+          "token, still holding its KV reservation (0: close it at once)");
 ABSL_FLAG(int, max_batch, 16, "sessions per engine step at most");
 ABSL_FLAG(double, max_batch_wait_ms, 2, "how long a ready session waits for others to fill a batch");
 ABSL_FLAG(int, action_queue, 32, "per-action pacing: queued actions per session at most");
@@ -125,6 +128,7 @@ int main(int argc, char** argv) {
   o.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.sessions.max_sessions_per_client = absl::GetFlag(FLAGS_max_sessions_per_client);
   o.sessions.idle_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_idle_ttl_s));
+  o.sessions.park_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_park_ttl_s));
   o.service.version = WM_VERSION;
   o.service.limits.default_jpeg_quality = absl::GetFlag(FLAGS_jpeg_quality);
   o.service.limits.max_fps = absl::GetFlag(FLAGS_max_fps);
@@ -145,6 +149,7 @@ int main(int argc, char** argv) {
   if (o.sessions.max_sessions < 0 || o.sessions.max_sessions_per_client < 0)
     return fail("--max_sessions and --max_sessions_per_client must be >= 0");
   if (absl::GetFlag(FLAGS_idle_ttl_s) < 0) return fail("--idle_ttl_s must be >= 0");
+  if (!(absl::GetFlag(FLAGS_park_ttl_s) >= 0)) return fail("--park_ttl_s must be >= 0");
   if (o.service.limits.default_jpeg_quality < 1 || o.service.limits.default_jpeg_quality > 100)
     return fail("--jpeg_quality must be 1..100");
   if (!(o.service.limits.max_fps > 0)) return fail("--max_fps must be positive");

@@ -339,8 +339,8 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
        "unknown model 'nope'"},
       {"unknown cache format", {start_req([](v1::Start* s) { s->set_cache_format("fp3"); })},
        grpc::StatusCode::NOT_FOUND, "unknown cache format 'fp3'"},
-      {"resume token", {start_req([](v1::Start* s) { s->set_resume_token("t"); })},
-       grpc::StatusCode::UNIMPLEMENTED, "resume"},
+      {"bogus resume token", {start_req([](v1::Start* s) { s->set_resume_token("t"); })},
+       grpc::StatusCode::NOT_FOUND, "unknown or expired resume token"},
       {"bad quality", {start_req([](v1::Start* s) { s->set_jpeg_quality(500); })},
        grpc::StatusCode::INVALID_ARGUMENT, "jpeg_quality"},
       {"bad fps",
@@ -426,7 +426,7 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
   EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"before_start\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unknown_model\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unknown_format\"}"), 1);
-  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unimplemented\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_not_found\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"invalid_start\"}"), 3);
   EXPECT_EQ(m.at("wm_sessions_active"), 0);
 }
@@ -542,6 +542,158 @@ TEST(ServerIntegration, IdleSessionsExpireAndFreeTheirCache) {
   const auto m = scrape(*server);
   EXPECT_EQ(m.at("wm_sessions_evicted_total{reason=\"idle_ttl\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"idle_ttl\"}"), 1);
+}
+
+// the next frame of a stream (skipping events); false at its end
+bool next_frame(client::PlayStream& s, v1::Frame* frame) {
+  v1::PlayResponse r;
+  while (s.read(&r))
+    if (r.has_frame()) {
+      *frame = r.frame();
+      return true;
+    }
+  return false;
+}
+
+double wait_for_metric(const ServerProcess& s, const std::string& name, double want) {
+  double v = -1;
+  for (int i = 0; i < 200; ++i) {
+    const auto m = scrape(s);
+    v = m.count(name) != 0 ? m.at(name) : -1;
+    if (v == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return v;
+}
+
+TEST(ServerIntegration, AResumedSessionContinuesExactlyWhereItsBrokenStreamStopped) {
+  auto server = ServerProcess::start(tiny_model());  // --park_ttl_s 30 by default
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  const auto actions = script_actions();
+  const size_t n = 7;  // played before the stream breaks; the rest after the resume
+  // the reference: one unbroken session
+  const PlayResult whole = client::play(ch, per_action(7, actions));
+  ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+  ASSERT_EQ(whole.frames.size(), actions.size());
+
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  auto first = std::make_unique<client::PlayStream>(ch, deadline);
+  v1::Start start;
+  start.set_seed(7);
+  ASSERT_TRUE(first->start(start).ok());
+  const v1::Started started = first->started();
+  EXPECT_FALSE(started.resumed());
+  ASSERT_EQ(started.resume_token().size(), 32u);  // 128 bits, hex
+  EXPECT_NE(started.resume_token(), whole.started.resume_token());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(first->send_action(client::to_proto(actions[i], i + 1, client::now_us())));
+    v1::Frame f;
+    ASSERT_TRUE(next_frame(*first, &f));
+    EXPECT_EQ(f.index(), static_cast<int64_t>(i));
+    EXPECT_EQ(f.jpeg(), whole.frames[i].jpeg) << "frame " << i;
+  }
+  // the token of a session attached to a live stream is refused
+  v1::Start resume;
+  resume.set_resume_token(started.resume_token());
+  {
+    client::PlayStream twin(ch, deadline);
+    const grpc::Status st = twin.start(resume);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+  }
+  // the network drops: the session is parked, still holding its reservation
+  first->cancel();
+  EXPECT_EQ(first->finish().error_code(), grpc::StatusCode::CANCELLED);
+  first.reset();
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 1), 1);
+  {
+    v1::ServerInfo info;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(ch)->GetServerInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.sessions_active(), 1);
+    EXPECT_EQ(info.kv_reserved_bytes(), started.kv_reserved_bytes());
+  }
+
+  // resume: the other fields of the Start are ignored, the session keeps its own
+  resume.set_seed(999);
+  resume.set_cache_format("no-such-format");
+  client::PlayStream second(ch, deadline);
+  const grpc::Status st = second.start(resume);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(second.started().resumed());
+  EXPECT_EQ(second.started().session_id(), started.session_id());
+  EXPECT_EQ(second.started().resume_token(), started.resume_token());
+  EXPECT_EQ(second.started().cache_format(), started.cache_format());
+  EXPECT_EQ(second.started().width(), started.width());
+  EXPECT_EQ(second.started().jpeg_quality(), started.jpeg_quality());
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 0), 0);
+  // action seqs start afresh on the new stream; frame indices go on
+  for (size_t i = n; i < actions.size(); ++i) {
+    ASSERT_TRUE(second.send_action(client::to_proto(actions[i], i - n + 1, client::now_us())));
+    v1::Frame f;
+    ASSERT_TRUE(next_frame(second, &f));
+    EXPECT_EQ(f.index(), static_cast<int64_t>(i));
+    EXPECT_EQ(f.last_action_seq(), i - n + 1);
+    EXPECT_EQ(f.jpeg(), whole.frames[i].jpeg) << "frame " << i;
+  }
+  // a half-close ends the session for good: its token is dead
+  second.writes_done();
+  v1::Frame f;
+  EXPECT_FALSE(next_frame(second, &f));
+  EXPECT_TRUE(second.finish().ok());
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
+  client::PlayStream again(ch, deadline);
+  const grpc::Status gone = again.start(resume);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND) << gone.error_message();
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_resumed_total"), 1);
+  EXPECT_EQ(m.at("wm_sessions_parked_total"), 1);
+  EXPECT_EQ(m.at("wm_sessions_started_total"), 2);
+  EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"client_closed\"}"), 2);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_attached\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_not_found\"}"), 1);
+}
+
+TEST(ServerIntegration, ParkedSessionsExpireAndFreeTheirCache) {
+  auto server = ServerProcess::start(tiny_model(), {"--park_ttl_s=0.6"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  client::PlayStream s(ch, std::chrono::system_clock::now() + std::chrono::seconds(20));
+  ASSERT_TRUE(s.start(v1::Start()).ok());
+  const std::string token = s.started().resume_token();
+  ASSERT_TRUE(s.send_action(client::to_proto(Action{}, 1, 0)));
+  v1::Frame f;
+  ASSERT_TRUE(next_frame(s, &f));
+  s.cancel();
+  s.finish();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_ended_total{reason=\"park_expired\"}", 1), 1);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(waited, 0.3);
+  EXPECT_LT(waited, 3.0);
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 0), 0);
+  v1::ServerInfo info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(ch)->GetServerInfo(&ctx, {}, &info).ok());
+  }
+  EXPECT_EQ(info.sessions_active(), 0);
+  EXPECT_EQ(info.kv_reserved_bytes(), 0);
+  v1::Start resume;
+  resume.set_resume_token(token);
+  client::PlayStream late(ch);
+  const grpc::Status st = late.start(resume);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "unknown or expired resume token")) << st.error_message();
+  // --park_ttl_s 0: a broken stream closes its session at once
+  auto no_park = ServerProcess::start(tiny_model(), {"--park_ttl_s=0"});
+  ASSERT_NE(no_park, nullptr);
+  client::PlayStream t(channel(*no_park));
+  ASSERT_TRUE(t.start(v1::Start()).ok());
+  t.cancel();
+  t.finish();
+  EXPECT_EQ(wait_for_metric(*no_park, "wm_sessions_ended_total{reason=\"cancelled\"}", 1), 1);
+  EXPECT_EQ(scrape(*no_park).at("wm_sessions_parked_total"), 0);
 }
 
 TEST(ServerIntegration, ASlowReaderLosesFramesNotMemoryAndOthersDoNotNotice) {

@@ -66,8 +66,6 @@ TEST(PlayProtocol, BadStartsGetTheirStatus) {
   const Case cases[] = {
       {"unknown model", [](v1::Start* s) { s->set_model("other"); }, absl::StatusCode::kNotFound, "unknown model"},
       {"unknown format", [](v1::Start* s) { s->set_cache_format("fp7"); }, absl::StatusCode::kNotFound, "fp16, kivi2"},
-      {"resume token", [](v1::Start* s) { s->set_resume_token("abc"); }, absl::StatusCode::kUnimplemented,
-       "resume"},
       {"fixed rate without fps", [](v1::Start* s) { s->set_pacing(v1::PACING_FIXED_RATE); },
        absl::StatusCode::kInvalidArgument, "fps"},
       {"fps too high",

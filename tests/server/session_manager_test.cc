@@ -147,6 +147,98 @@ TEST(SessionManager, TouchNeverMovesActivityBackAndZeroTtlNeverExpires) {
   EXPECT_TRUE(forever.take_expired(t0 + seconds(100000)).empty());
 }
 
+TEST(SessionManager, ParkAndResumeStepByStep) {
+  SessionManager m(config());  // idle TTL 10 s, park TTL 30 s (the default)
+  const TimePoint t0{};
+  auto a = *m.admit({"a", "fp16", "tok-a"}, t0);
+  auto b = *m.admit({"b", "q2", "tok-b"}, t0);
+  auto c = *m.admit({"c", "q2", ""}, t0);  // no token: never parks
+  struct Step {
+    int at_s;
+    const char* op;            // park KEY, unpark TOKEN, expire
+    const char* arg;
+    bool park_ok;              // park's answer
+    absl::StatusCode code;     // unpark's answer
+    std::vector<SessionManager::Key> expired;  // take_park_expired's answer
+    int parked_after;
+  };
+  const Step steps[] = {
+      {1, "park", "a", true, absl::StatusCode::kOk, {}, 1},
+      {2, "park", "a", false, absl::StatusCode::kOk, {}, 1},           // parked already
+      {2, "park", "c", false, absl::StatusCode::kOk, {}, 1},           // no token
+      {3, "unpark", "tok-b", false, absl::StatusCode::kAlreadyExists, {}, 1},  // b is attached
+      {3, "unpark", "bogus", false, absl::StatusCode::kNotFound, {}, 1},
+      {3, "unpark", "", false, absl::StatusCode::kNotFound, {}, 1},
+      {4, "unpark", "tok-a", false, absl::StatusCode::kOk, {}, 0},
+      {4, "unpark", "tok-a", false, absl::StatusCode::kAlreadyExists, {}, 0},  // attached again
+      {5, "park", "a", true, absl::StatusCode::kOk, {}, 1},
+      {6, "park", "b", true, absl::StatusCode::kOk, {}, 2},
+      {34, "expire", "", false, absl::StatusCode::kOk, {}, 2},         // a parked 29 s ago
+      {36, "expire", "", false, absl::StatusCode::kOk, {a, b}, 2},     // held until released
+      {36, "unpark", "tok-a", false, absl::StatusCode::kNotFound, {}, 2},  // expired: the token is gone
+      {37, "expire", "", false, absl::StatusCode::kOk, {}, 2},         // reported once
+  };
+  const std::map<std::string, SessionManager::Key> keys = {{"a", a}, {"b", b}, {"c", c}};
+  int i = 0;
+  for (const Step& s : steps) {
+    SCOPED_TRACE(testing::Message() << "step " << i++ << ": " << s.op << " " << s.arg);
+    const TimePoint now = t0 + seconds(s.at_s);
+    const std::string op = s.op;
+    if (op == "park") {
+      EXPECT_EQ(m.park(keys.at(s.arg), now), s.park_ok);
+    } else if (op == "unpark") {
+      auto key = m.unpark(s.arg, now);
+      EXPECT_EQ(key.status().code(), s.code) << key.status();
+      if (key.ok()) {
+        EXPECT_EQ(*key, keys.at("a"));
+      }
+    } else {
+      EXPECT_EQ(m.take_park_expired(now), s.expired);
+    }
+    EXPECT_EQ(m.parked(), s.parked_after);
+    EXPECT_EQ(m.sessions(), 3);                // parking keeps the session
+    EXPECT_EQ(m.reserved_bytes(), 400 + 200);  // and its reservation
+  }
+  EXPECT_TRUE(m.release(a));
+  EXPECT_TRUE(m.release(b));
+  EXPECT_EQ(m.parked(), 0);
+  EXPECT_EQ(m.reserved_bytes(), 100);
+}
+
+TEST(SessionManager, ParkedSessionsDoNotIdleOutAndResumeRestartsTheIdleClock) {
+  SessionManager m(config());  // idle TTL 10 s
+  const TimePoint t0{};
+  auto a = *m.admit({"a", "q2", "tok"}, t0);
+  ASSERT_TRUE(m.park(a, t0 + seconds(1)));
+  EXPECT_TRUE(m.take_expired(t0 + seconds(20)).empty());  // parked: the park TTL decides
+  ASSERT_TRUE(m.unpark("tok", t0 + seconds(20)).ok());
+  EXPECT_TRUE(m.take_expired(t0 + seconds(29)).empty());
+  EXPECT_EQ(m.take_expired(t0 + seconds(30)), std::vector<SessionManager::Key>{a});
+  // an idle-expired session is on its way out: it cannot park
+  EXPECT_FALSE(m.park(a, t0 + seconds(31)));
+}
+
+TEST(SessionManager, NoParkingWhenOffOrDrainingAndDrainingTakesTheParked) {
+  SessionManagerConfig off = config();
+  off.park_ttl = Duration::zero();
+  SessionManager m0(off);
+  auto k = *m0.admit({"a", "q2", "tok"}, {});
+  EXPECT_FALSE(m0.park(k, {}));
+
+  SessionManager m(config());
+  auto a = *m.admit({"a", "q2", "ta"}, {});
+  auto b = *m.admit({"a", "q2", "tb"}, {});
+  ASSERT_TRUE(m.park(a, {}));
+  m.set_draining();
+  EXPECT_FALSE(m.park(b, {}));
+  EXPECT_EQ(m.unpark("ta", {}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(m.take_parked(), std::vector<SessionManager::Key>{a});
+  EXPECT_TRUE(m.take_parked().empty());
+  EXPECT_EQ(m.sessions(), 2);  // held until released
+  EXPECT_TRUE(m.release(a));
+  EXPECT_EQ(m.parked(), 0);
+}
+
 TEST(SessionManager, PeerAddressesLoseTheirPort) {
   EXPECT_EQ(client_of_peer("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
   EXPECT_EQ(client_of_peer("ipv6:[::1]:5555"), "ipv6:[::1]");
