@@ -48,4 +48,4 @@ echo "demo: wmserve is up on 127.0.0.1:$port (metrics: http://127.0.0.1:$metrics
 kill -TERM $server
 wait $server
 trap - EXIT
-echo "demo: frames in $out/frames/ (frame_00000.jpg ...), summary in $out/frames/summary.json, server log in $out/wmserve.log"
+echo "demo: frames in $out/frames/ (frame_*.jpg), summary in $out/frames/summary.json, server log in $out/wmserve.log"
