@@ -16,6 +16,13 @@ class FrameWindow {
     return f < sinks_ || f >= generated - window_;
   }
   bool is_sink(int64_t f) const { return f < sinks_; }
+  // the frames kept once `generated` frames exist, ascending
+  std::vector<int64_t> kept(int64_t generated) const {
+    std::vector<int64_t> out;
+    for (int64_t f = 0; f < generated; ++f)
+      if (keeps(f, generated)) out.push_back(f);
+    return out;
+  }
   int window() const { return window_; }
   int sinks() const { return sinks_; }
 

@@ -187,11 +187,7 @@ class KiviKvCache final : public KvCache {
   }
 
   std::vector<int64_t> frames(int layer) const override {
-    std::vector<int64_t> out;
-    const int64_t n = layers_[static_cast<size_t>(layer)].ledger.frames_appended();
-    for (int64_t f = 0; f < n; ++f)
-      if (window_.keeps(f, n)) out.push_back(f);
-    return out;
+    return window_.kept(layers_[static_cast<size_t>(layer)].ledger.frames_appended());
   }
 
   void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const override {
