@@ -86,6 +86,19 @@ int fail(const absl::Status& st) {
   return 1;
 }
 
+// prints the Markdown and writes --json / --md when asked; the exit code
+int print_and_write(const nlohmann::json& out, const std::string& md) {
+  std::printf("%s", md.c_str());
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    const std::string s = out.dump(2) + "\n";
+    if (auto st = write_file(absl::GetFlag(FLAGS_json), s.data(), s.size()); !st.ok()) return fail(st);
+  }
+  if (!absl::GetFlag(FLAGS_md).empty()) {
+    if (auto st = write_file(absl::GetFlag(FLAGS_md), md.data(), md.size()); !st.ok()) return fail(st);
+  }
+  return 0;
+}
+
 KvFormatOptions format_options() {
   KvFormatOptions o;
   o.span_frames = absl::GetFlag(FLAGS_span_frames);
@@ -410,15 +423,7 @@ int eval_main() {
                           absl::StrJoin(per_layer, " "), c.error.empty() ? "" : " error: " + c.error);
   }
   out["formats"] = rows;
-  std::printf("%s", md.c_str());
-  if (!absl::GetFlag(FLAGS_json).empty()) {
-    const std::string s = out.dump(2) + "\n";
-    if (auto st = write_file(absl::GetFlag(FLAGS_json), s.data(), s.size()); !st.ok()) return fail(st);
-  }
-  if (!absl::GetFlag(FLAGS_md).empty()) {
-    if (auto st = write_file(absl::GetFlag(FLAGS_md), md.data(), md.size()); !st.ok()) return fail(st);
-  }
-  return 0;
+  return print_and_write(out, md);
 }
 
 int dump_main() {
@@ -553,15 +558,7 @@ int bench_main() {
     md += "\n";
   }
   out["session_bytes"] = sess;
-  std::printf("%s", md.c_str());
-  if (!absl::GetFlag(FLAGS_json).empty()) {
-    const std::string s = out.dump(2) + "\n";
-    if (auto st = write_file(absl::GetFlag(FLAGS_json), s.data(), s.size()); !st.ok()) return fail(st);
-  }
-  if (!absl::GetFlag(FLAGS_md).empty()) {
-    if (auto st = write_file(absl::GetFlag(FLAGS_md), md.data(), md.size()); !st.ok()) return fail(st);
-  }
-  return 0;
+  return print_and_write(out, md);
 }
 
 }  // namespace
