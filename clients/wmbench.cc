@@ -1,6 +1,7 @@
 // wmbench: N concurrent sessions against a wmserve; throughput, latency
 // percentiles (client clock), errors and the server's KV bytes.
 //   wmbench --sessions N --frames M [--pacing per_action|realtime --fps F] [--json]
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
   running = false;
   poller.join();
 
-  std::vector<double> lat, intervals, model_us, queue_us;
+  std::vector<double> lat, intervals, model_us, queue_us, session_fps;
   int64_t total_frames = 0, dropped = 0, freezes = 0, late = 0, kv_last_sum = 0, errors = 0;
   nlohmann::json error_list = nlohmann::json::array();
   for (const auto& r : results) {
@@ -162,6 +163,10 @@ int main(int argc, char** argv) {
     lat.insert(lat.end(), r.action_to_frame_s.begin(), r.action_to_frame_s.end());
     const auto iv = r.intervals_s();
     intervals.insert(intervals.end(), iv.begin(), iv.end());
+    // the rate this player saw, first frame to last (a session with < 2 frames saw none)
+    double span = 0;
+    for (double v : iv) span += v;
+    session_fps.push_back(span > 0 ? static_cast<double>(iv.size()) / span : 0.0);
     freezes += wm::client::count_freezes(iv).count;
     std::vector<int64_t> idx;
     for (const auto& f : r.frames) {
@@ -188,6 +193,8 @@ int main(int argc, char** argv) {
                              {"p95", ms(wm::client::percentile(lat, 0.95))},
                              {"p99", ms(wm::client::percentile(lat, 0.99))},
                              {"mean", ms(wm::client::mean(lat))}};
+  j["session_fps"] = {{"min", session_fps.empty() ? 0.0 : *std::min_element(session_fps.begin(), session_fps.end())},
+                      {"mean", wm::client::mean(session_fps)}};
   j["inter_frame_ms"] = {{"mean", ms(wm::client::mean(intervals))}, {"p99", ms(wm::client::percentile(intervals, 0.99))}};
   j["server_model_ms_mean"] = wm::client::mean(model_us) / 1e3;
   j["server_queue_ms_mean"] = wm::client::mean(queue_us) / 1e3;
@@ -212,6 +219,8 @@ int main(int argc, char** argv) {
                 pacing == "realtime" ? absl::StrFormat(" at %.1f fps", fps).c_str() : "", target.c_str());
     std::printf("  throughput     %.1f frames/s (%lld frames in %.2f s)\n", j["frames_per_second"].get<double>(),
                 static_cast<long long>(total_frames), wall);
+    std::printf("  per session    min %.1f frames/s, mean %.1f\n", j["session_fps"]["min"].get<double>(),
+                j["session_fps"]["mean"].get<double>());
     std::printf("  action->frame  p50 %.1f ms  p95 %.1f ms  p99 %.1f ms\n", ms(wm::client::percentile(lat, 0.5)),
                 ms(wm::client::percentile(lat, 0.95)), ms(wm::client::percentile(lat, 0.99)));
     std::printf("  inter-frame    mean %.1f ms  p99 %.1f ms; freezes %lld, dropped %lld, late %lld\n",

@@ -19,7 +19,7 @@ echo "== configure and build ($build, -j$jobs)"
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWM_BUILD_CUDA=ON > "$build/configure.log" 2>&1 ||
   { tail -30 "$build/configure.log"; exit 1; }
-targets=(wm_cuda backend_ops_tests wm_attention_bench wm_mg2_bench
+targets=(wm_cuda backend_ops_tests wm_attention_bench wm_mg2_bench wmserve wmbench wmhealth
          wm_fake_plugin_noentry wm_fake_plugin_badabi wm_fake_plugin_badsize wm_fake_plugin_nodevice)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 plugin="$build/cuda/libwm_cuda.so"
@@ -32,7 +32,8 @@ grep -E "^\[  (PASSED|SKIPPED|FAILED) " "$build/host-tests.log" || true
 
 echo "== bundle into .gpu/"
 bash "$shared/tools/gpu-bundle.sh" .gpu "$plugin" "$build/tests/engine/backend_ops_tests" \
-  "$build/bench/wm_attention_bench" "$build/bench/wm_mg2_bench" "$build"/tests/engine/libwm_fake_plugin_*.so
+  "$build/bench/wm_attention_bench" "$build/bench/wm_mg2_bench" "$build"/tests/engine/libwm_fake_plugin_*.so \
+  "$build/server/wmserve" "$build/clients/wmbench" "$build/clients/wmhealth"
 # debug info is most of the size and useless there (the plugin keeps -lineinfo for the sanitizer)
 strip --strip-debug .gpu/bin/* .gpu/lib/* 2>/dev/null || true
 # the checkout travels too (the trained checkpoint alone is 28 MB): big libraries
@@ -56,7 +57,7 @@ echo "== travels: working tree $((tree_bytes / 1048576)) MiB + .gpu $((gpu_bytes
 
 cat <<'EOF'
 
-== ready. The device call (one run, about 5 minutes; results in $OUT: gpu-check.log, results.json, parity.json):
-   run(command="source .gpu/env.sh && bash tools/gpu-run.sh", carry=[".gpu"], timeout_s=420)
-   (WM_GPU_BUDGET_S=290 by default inside; each stage also has its own limit)
+== ready. The device call (one run, about 7 minutes; results in $OUT: gpu-check.log, results.json, parity.json):
+   run(command="source .gpu/env.sh && bash tools/gpu-run.sh", carry=[".gpu"], timeout_s=480)
+   (WM_GPU_BUDGET_S=420 by default inside; each stage also has its own limit)
 EOF

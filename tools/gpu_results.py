@@ -35,28 +35,33 @@ def text(path):
         return f.read()
 
 
+def gtest_report(path):
+    """tests, failures, skipped and the failed tests of one --gtest_output=json file"""
+    if not os.path.exists(path):
+        return {"error": "%s not written (the stage crashed, hung or did not run)" % os.path.basename(path)}
+    try:
+        with open(path) as f:
+            g = json.load(f)
+        res = {"tests": g.get("tests"), "failures": g.get("failures"), "errors": g.get("errors"),
+               "disabled": g.get("disabled")}
+        failed, skipped = [], 0
+        for suite in g.get("testsuites", []):
+            for t in suite.get("testsuite", []):
+                if t.get("result") == "SKIPPED":
+                    skipped += 1
+                for fl in t.get("failures", []):
+                    failed.append({"test": suite["name"] + "." + t["name"], "message": fl.get("failure", "")[:600]})
+        res["skipped"] = skipped
+        res["failed"] = failed[:20]
+        return res
+    except (ValueError, KeyError) as e:
+        return {"error": "%s unreadable: %s" % (os.path.basename(path), e)}
+
+
 def parity(raw, out_dir):
-    res = {}
-    p = os.path.join(out_dir, "parity.json")
-    if os.path.exists(p):
-        try:
-            with open(p) as f:
-                g = json.load(f)
-            res = {"tests": g.get("tests"), "failures": g.get("failures"), "errors": g.get("errors"),
-                   "disabled": g.get("disabled")}
-            failed, skipped = [], 0
-            for suite in g.get("testsuites", []):
-                for t in suite.get("testsuite", []):
-                    if t.get("result") == "SKIPPED":
-                        skipped += 1
-                    for fl in t.get("failures", []):
-                        failed.append({"test": suite["name"] + "." + t["name"],
-                                       "message": fl.get("failure", "")[:600]})
-            res["skipped"] = skipped
-            res["failed"] = failed[:20]
-        except (ValueError, KeyError) as e:
-            res = {"error": "parity.json unreadable: %s" % e}
-    log = text(os.path.join(raw, "parity.out"))
+    res = gtest_report(os.path.join(out_dir, "parity.json"))
+    res["end_to_end_report"] = gtest_report(os.path.join(out_dir, "parity_e2e.json"))
+    log = text(os.path.join(raw, "parity.out")) + "\n" + text(os.path.join(raw, "e2e.out"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
     res["op_errors"] = [l.strip() for l in log.splitlines() if l.startswith("  ") and "max |err|" in l][:80]
     res["device_line"] = next((l.strip() for l in log.splitlines() if l.startswith("CUDA backend:")), None)
@@ -122,6 +127,9 @@ def collect(raw, out_path, build_info):
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
+    serving = json_lines(os.path.join(raw, "serving.out"))
+    results["serving"] = {"runs": [r for r in serving if r.get("bench") == "serving_run"],
+                          "capacity": next((r for r in serving if r.get("bench") == "serving_capacity"), None)}
     results["comparison"] = compare(results)
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
@@ -135,9 +143,13 @@ def summary(path):
     for s in r.get("stages", []):
         print("stage %-10s rc=%-7s %6ss (limit %s)" % (s["stage"], s["rc"], s["seconds"], s["limit"]))
     p = r.get("parity", {})
-    print("parity: %s tests, %s failures, %s skipped" % (p.get("tests"), p.get("failures"), p.get("skipped")))
-    for f in p.get("failed", [])[:8]:
-        print("  FAILED %s: %s" % (f["test"], f["message"].replace("\n", " ")[:300]))
+    for name, rep in (("parity", p), ("end to end", p.get("end_to_end_report", {}))):
+        if "error" in rep:
+            print("%s: %s" % (name, rep["error"]))
+            continue
+        print("%s: %s tests, %s failures, %s skipped" % (name, rep.get("tests"), rep.get("failures"), rep.get("skipped")))
+        for f in rep.get("failed", [])[:8]:
+            print("  FAILED %s: %s" % (f["test"], f["message"].replace("\n", " ")[:300]))
     for l in p.get("end_to_end", []):
         print("  " + l)
     for name in ("memcheck", "racecheck"):
@@ -154,6 +166,13 @@ def summary(path):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
                                         if "torch_fps" in m else ""))
+    sv = r.get("serving") or {}
+    for run in sv.get("runs", []):
+        print("serving %(sessions)s sessions at %(fps)s fps: holds=%(holds)s, slowest %(session_fps_min)s fps, "
+              "p50 %(p50_ms)s ms, p99 %(p99_ms)s ms, step %(server_model_ms_mean)s ms" % run)
+    if sv.get("capacity"):
+        print("serving capacity: %(max_sessions)s sessions hold %(fps)s fps with p99 < %(p99_ms_bound)s ms "
+              "(first failing: %(first_failing)s)" % sv["capacity"])
 
 
 if __name__ == "__main__":
