@@ -144,6 +144,12 @@ int run(int argc, char** argv) {
       dev.sync();
       const double forward_s = (now_s() - t0) / reps;
       std::vector<float> host_frames(host_noise.size());
+      auto count = [&](const char* name) -> int64_t {
+        if (dev.plugin == nullptr) return 0;
+        auto v = dev.plugin->counter(name);
+        return v.ok() ? *v : -1;
+      };
+      const int64_t plans0 = count("attention.plans"), fallback0 = count("gemm.fallback_calls");
       t0 = now_s();
       for (int r = 0; r < block_reps; ++r) {
         b.upload(pixels, host_noise.data(), host_noise.size() * sizeof(float));
@@ -180,6 +186,9 @@ int run(int argc, char** argv) {
                           {"kv_gb_per_session_fp16", std::round(kv_values_bytes / 1e6) / 1e3}};
       if (dev.plugin != nullptr) {
         const BackendMemory m = b.memory();
+        // once per block is the design (docs/CUDA.md); fallback GEMMs would be a slow path
+        j["attention_plans_per_block"] = static_cast<double>(count("attention.plans") - plans0) / block_reps;
+        j["gemm_fallback_calls"] = count("gemm.fallback_calls") - fallback0;
         j["device_used_bytes"] = m.device_total - m.device_free;
         j["kv_pool_used_bytes"] = m.kv_pool_used;
       }

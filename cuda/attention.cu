@@ -182,7 +182,28 @@ cudaError_t launch(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t it
   return cudaGetLastError();
 }
 
+template <int HD, int WARPS>
+int32_t occupancy() {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<Fp16PageFormat, HD, WARPS>, WARPS * 32,
+                                                    attention_smem_bytes(HD, WARPS * 16)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace
+
+int32_t attention_ctas_per_sm(int32_t head_dim, int32_t block_q) {
+  const bool big = block_q == 128;
+  switch (head_dim) {
+    case 32: return big ? occupancy<32, 8>() : occupancy<32, 4>();
+    case 64: return big ? occupancy<64, 8>() : occupancy<64, 4>();
+    case 128: return big ? occupancy<128, 8>() : occupancy<128, 4>();
+    default: return 0;
+  }
+}
 
 size_t attention_smem_bytes(int32_t head_dim, int32_t block_q) {
   return static_cast<size_t>(block_q + 4 * kTileKeys) * head_dim * 2;

@@ -33,6 +33,9 @@ struct AttentionArgs {
 size_t attention_smem_bytes(int32_t head_dim, int32_t block_q);
 // raises the kernels' shared-memory limits; once per device before the first launch
 cudaError_t attention_prepare();
+// CTAs of the fp16 kernel for (head_dim, block_q) that one SM holds at once,
+// from the runtime's occupancy calculator (after attention_prepare); 0 if unknown
+int32_t attention_ctas_per_sm(int32_t head_dim, int32_t block_q);
 // grid (items, heads); head_dim 32, 64 or 128, block_q 64 or 128
 cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
                              cudaStream_t stream);

@@ -109,7 +109,8 @@ absl::StatusOr<AttentionPlan> make_attention_plan(const std::vector<PlanInput>& 
     base_items += q_tiles[static_cast<size_t>(s)] * p.heads;
     work += q_tiles[static_cast<size_t>(s)] * p.heads * tiles[static_cast<size_t>(s)];
   }
-  const int64_t wave = static_cast<int64_t>(std::max(1, t.num_sms)) * ctas_per_sm(p.block_q);
+  const int64_t wave = static_cast<int64_t>(std::max(1, t.num_sms)) *
+                       std::max(1, p.block_q == 128 ? t.ctas_per_sm_128 : t.ctas_per_sm_64);
   std::vector<int64_t> splits(static_cast<size_t>(S), 1);
   for (int32_t s = 0; s < S; ++s) {
     const int64_t n = std::max<int64_t>(1, tiles[static_cast<size_t>(s)]);

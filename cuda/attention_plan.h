@@ -30,10 +30,11 @@ struct PlanTuning {
   int32_t block_q = 0;              // 0: auto; 64 (4 warps) or 128 (8 warps)
   int32_t split = -1;               // -1: auto; 1: never; n >= 2: n ranges (at most one per tile)
   int32_t min_tiles_per_split = 4;  // auto splits keep at least this many key tiles per CTA
+  // CTAs of a 64- and a 128-query kernel that one SM holds at once: the
+  // backend measures them per head_dim (attention_ctas_per_sm); these
+  // defaults are head_dim 128's
+  int32_t ctas_per_sm_64 = 2, ctas_per_sm_128 = 1;
 };
-
-// CTAs of one block size that fit an SM at once (attention.cu's launch bounds and shared memory)
-inline int32_t ctas_per_sm(int32_t block_q) { return block_q == 128 ? 1 : 2; }
 
 struct AttentionPlan {
   int32_t block_q = 64;

@@ -131,6 +131,11 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   gemm_ = std::move(*g);
   WM_CUDA_RETURN_IF_ERROR(attention_prepare());
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
+  for (size_t i = 0; i < kHeadDims.size(); ++i)
+    for (int32_t j = 0; j < 2; ++j) {
+      const int32_t n = attention_ctas_per_sm(kHeadDims[i], j == 0 ? 64 : 128);
+      ctas_per_sm_[i][static_cast<size_t>(j)] = n > 0 ? n : (j == 0 ? 2 : 1);
+    }
   return absl::OkStatus();
 }
 
@@ -176,6 +181,14 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   }
   ++tuning_generation_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
+  if (name == "gemm.cublaslt_calls") return gemm_ != nullptr ? gemm_->cublaslt_calls() : 0;
+  if (name == "gemm.fallback_calls") return gemm_ != nullptr ? gemm_->fallback_calls() : 0;
+  if (name == "attention.plans") return plans_made_;
+  if (name == "attention.launches") return attention_launches_;
+  return absl::NotFoundError(absl::StrCat("unknown counter '", name, "'"));
 }
 
 absl::StatusOr<void*> CudaBackend::alloc(size_t bytes) {
@@ -251,12 +264,12 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::upload_weight(const float* host
   w->data = static_cast<uint16_t*>(*p);
   const size_t host_bytes = static_cast<size_t>(out) * in * sizeof(float);
   s = weight_staging_.reserve(host_bytes);
+  if (s.ok()) s = WM_CUDA_STATUS(cudaMemcpyAsync(weight_staging_.get(), host, host_bytes, cudaMemcpyHostToDevice, stream_));
+  if (s.ok()) s = WM_CUDA_STATUS(launch_f32_to_bf16(weight_staging_.as<float>(), out, in, w->ld, w->data, stream_));
   if (!s.ok()) {
     cudaFree(w->data);
     return s;
   }
-  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(weight_staging_.get(), host, host_bytes, cudaMemcpyHostToDevice, stream_));
-  WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(weight_staging_.as<float>(), out, in, w->ld, w->data, stream_));
   weights_.push_back(std::move(w));
   return weights_.back().get();
 }
@@ -474,43 +487,54 @@ absl::Status CudaBackend::kv_append(DeviceKvCache& kv, int32_t layer, const floa
   new_pages.reserve(static_cast<size_t>(g.heads) * p.new_pages_per_head);
   for (int64_t i = 0; i < static_cast<int64_t>(g.heads) * p.new_pages_per_head; ++i) {
     auto page = pool_.take(kv.owner);
-    if (!page.ok()) return page.status();  // cannot happen: the reservation covers the worst case
+    if (!page.ok()) {  // cannot happen: the reservation covers the worst case
+      pool_.put_back(kv.owner, new_pages).IgnoreError();
+      return page.status();
+    }
     new_pages.push_back(*page);
   }
-  const int32_t pph = kv.pages.pages_per_head(layer) + p.new_pages_per_head;
-  if (!p.slot.empty()) {
-    // one upload: the layer's page table after the append [heads][pph], then the writes [n][2]
-    std::vector<int32_t> host(static_cast<size_t>(g.heads) * pph + 2 * p.slot.size());
-    for (int32_t h = 0; h < g.heads; ++h) {
-      const auto& old = kv.pages.pages(layer, h);
-      int32_t* row = host.data() + static_cast<size_t>(h) * pph;
-      std::copy(old.begin(), old.end(), row);
-      for (int32_t i = 0; i < p.new_pages_per_head; ++i)
-        row[old.size() + i] = new_pages[static_cast<size_t>(h) * p.new_pages_per_head + i];
+  // the pages count only once the device write is under way: a failure hands them back
+  const absl::Status launched = [&]() -> absl::Status {
+    const int32_t pph = kv.pages.pages_per_head(layer) + p.new_pages_per_head;
+    if (!p.slot.empty()) {
+      // one upload: the layer's page table after the append [heads][pph], then the writes [n][2]
+      std::vector<int32_t> host(static_cast<size_t>(g.heads) * pph + 2 * p.slot.size());
+      for (int32_t h = 0; h < g.heads; ++h) {
+        const auto& old = kv.pages.pages(layer, h);
+        int32_t* row = host.data() + static_cast<size_t>(h) * pph;
+        std::copy(old.begin(), old.end(), row);
+        for (int32_t i = 0; i < p.new_pages_per_head; ++i)
+          row[old.size() + i] = new_pages[static_cast<size_t>(h) * p.new_pages_per_head + i];
+      }
+      int32_t* writes = host.data() + static_cast<size_t>(g.heads) * pph;
+      for (size_t w = 0; w < p.slot.size(); ++w) {
+        writes[2 * w] = p.src_frame[w];
+        writes[2 * w + 1] = p.slot[w];
+      }
+      absl::Status s = append_scratch_.reserve(host.size() * sizeof(int32_t));
+      if (!s.ok()) return s;
+      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(append_scratch_.get(), host.data(), host.size() * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_));
+      KvAppendArgs a;
+      a.k = k;
+      a.v = v;
+      a.pool = pool_memory_.as<uint16_t>();
+      a.page_elems = page_bytes_ / 2;
+      a.page_tokens = g.page_tokens;
+      a.head_dim = g.head_dim;
+      a.heads = g.heads;
+      a.tokens_per_frame = g.tokens_per_frame;
+      a.page_table = append_scratch_.as<int32_t>();
+      a.pages_per_head = pph;
+      a.writes = append_scratch_.as<int32_t>() + static_cast<size_t>(g.heads) * pph;
+      a.n_writes = static_cast<int32_t>(p.slot.size());
+      WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
     }
-    int32_t* writes = host.data() + static_cast<size_t>(g.heads) * pph;
-    for (size_t w = 0; w < p.slot.size(); ++w) {
-      writes[2 * w] = p.src_frame[w];
-      writes[2 * w + 1] = p.slot[w];
-    }
-    absl::Status s = append_scratch_.reserve(host.size() * sizeof(int32_t));
-    if (!s.ok()) return s;
-    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(append_scratch_.get(), host.data(), host.size() * sizeof(int32_t),
-                                            cudaMemcpyHostToDevice, stream_));
-    KvAppendArgs a;
-    a.k = k;
-    a.v = v;
-    a.pool = pool_memory_.as<uint16_t>();
-    a.page_elems = page_bytes_ / 2;
-    a.page_tokens = g.page_tokens;
-    a.head_dim = g.head_dim;
-    a.heads = g.heads;
-    a.tokens_per_frame = g.tokens_per_frame;
-    a.page_table = append_scratch_.as<int32_t>();
-    a.pages_per_head = pph;
-    a.writes = append_scratch_.as<int32_t>() + static_cast<size_t>(g.heads) * pph;
-    a.n_writes = static_cast<int32_t>(p.slot.size());
-    WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
+    return absl::OkStatus();
+  }();
+  if (!launched.ok()) {
+    pool_.put_back(kv.owner, new_pages).IgnoreError();
+    return launched;
   }
   kv.pages.commit_append(p, new_pages);
   return absl::OkStatus();
@@ -572,7 +596,17 @@ bool CudaBackend::plan_fits(int32_t layer, std::span<DeviceKvCache* const> cache
 absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows) {
   std::vector<PlanInput> in;
   for (size_t s = 0; s < caches.size(); ++s) in.push_back({&caches[s]->pages, rows[s].row0, rows[s].rows});
-  auto plan = make_attention_plan(in, plan_tuning_);
+  // whatever fails below leaves no plan that a later batch could match
+  plan_key_ = PlanKey{};
+  ++plans_made_;
+  PlanTuning t = plan_tuning_;
+  const int32_t hd = caches.empty() ? 0 : caches[0]->pages.geometry().head_dim;
+  for (size_t i = 0; i < kHeadDims.size(); ++i)
+    if (kHeadDims[i] == hd) {
+      t.ctas_per_sm_64 = ctas_per_sm_[i][0];
+      t.ctas_per_sm_128 = ctas_per_sm_[i][1];
+    }
+  auto plan = make_attention_plan(in, t);
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
   plan_layout_ = plan_.layout();
@@ -612,6 +646,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   }
   const AttentionPlan& p = plan_;
   if (p.items.empty()) return absl::OkStatus();
+  ++attention_launches_;
   const int64_t H = p.heads, Dh = p.head_dim, R = p.rows_total;
   const size_t one = static_cast<size_t>(H * R * Dh);
   absl::Status s = qkv16_.reserve(3 * one * sizeof(uint16_t));

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -106,7 +107,9 @@ class CudaBackend {
                          const float* q, const float* k, const float* v, float* out);
   // the plan the last attention() ran (tests and benchmarks report it)
   const AttentionPlan& last_plan() const { return plan_; }
-  int64_t gemm_fallback_calls() const { return gemm_ != nullptr ? gemm_->fallback_calls() : 0; }
+  // "gemm.cublaslt_calls", "gemm.fallback_calls", "attention.plans" (made),
+  // "attention.launches" (layers attended); NOT_FOUND for other names
+  absl::StatusOr<int64_t> counter(absl::string_view name) const;
 
  private:
   // an activation's bf16 copy (GEMM operand): rows x cols in rows of ld
@@ -155,9 +158,13 @@ class CudaBackend {
   AttentionPlan plan_;
   AttentionPlan::Layout plan_layout_;
   PlanKey plan_key_;
+  int64_t plans_made_ = 0, attention_launches_ = 0;
 
   // tuning (set_tuning): see docs/CUDA.md
   PlanTuning plan_tuning_;
+  // CTAs per SM of the attention kernel, [head_dim 32, 64, 128][block_q 64, 128]
+  static constexpr std::array<int32_t, 3> kHeadDims = {32, 64, 128};
+  std::array<std::array<int32_t, 2>, 3> ctas_per_sm_{{{2, 1}, {2, 1}, {2, 1}}};
   bool use_shadow_ = true;
   int64_t tuning_generation_ = 0;
 };

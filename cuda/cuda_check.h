@@ -24,6 +24,9 @@ inline absl::Status cublas_status(cublasStatus_t e, const char* what, const char
 
 }  // namespace wm::cuda
 
+// the call's status, for code that must clean up before it returns
+#define WM_CUDA_STATUS(expr) ::wm::cuda::cuda_status((expr), #expr, __FILE__, __LINE__)
+
 #define WM_CUDA_RETURN_IF_ERROR(expr)                                                     \
   do {                                                                                    \
     ::absl::Status wm_cuda_status_ = ::wm::cuda::cuda_status((expr), #expr, __FILE__, __LINE__); \

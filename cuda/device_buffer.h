@@ -25,7 +25,11 @@ class DeviceBuffer {
   absl::Status reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
     release();
-    WM_CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, bytes));
+    if (const cudaError_t e = cudaMalloc(&p_, bytes); e != cudaSuccess) {
+      p_ = nullptr;
+      cudaGetLastError();  // not sticky: the next launch must not report it as its own
+      return cuda_status(e, "cudaMalloc", __FILE__, __LINE__);
+    }
     bytes_ = bytes;
     return absl::OkStatus();
   }

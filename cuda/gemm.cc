@@ -74,11 +74,17 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   // best: bias in the epilogue; else a plain GEMM and a bias kernel; else the CUDA-core kernel
   Plan p;
   absl::Status s = describe(p, n, in, out, ld_w, ld_x, has_bias);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    destroy(p);  // whatever descriptors it made before failing
+    return s;
+  }
   if (!p.usable && has_bias) {
     destroy(p);
     s = describe(p, n, in, out, ld_w, ld_x, false);
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      destroy(p);
+      return s;
+    }
     if (p.usable)
       std::fprintf(stderr, "wm_cuda: cuBLASLt has no bias epilogue for n=%d in=%d out=%d: GEMM + bias kernel\n", n,
                    in, out);
@@ -104,6 +110,7 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
       const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c,
                                                &pl.algo, workspace_.get(), workspace_.size(), stream_);
       if (st == CUBLAS_STATUS_SUCCESS) {
+        ++cublaslt_calls_;
         if (bias != nullptr && !pl.bias_in_epilogue)
           WM_CUDA_RETURN_IF_ERROR(launch_bias_add(y, bias, n, out, stream_));
         return absl::OkStatus();

@@ -31,6 +31,7 @@ class Gemm {
   void set_force_fallback(bool on) { force_fallback_ = on; }
   // GEMMs that ran on the fallback kernel so far (tests check the path they meant)
   int64_t fallback_calls() const { return fallback_calls_; }
+  int64_t cublaslt_calls() const { return cublaslt_calls_; }
 
  private:
   struct Plan {
@@ -53,6 +54,7 @@ class Gemm {
   std::map<Key, Plan> plans_;
   bool force_fallback_ = false;
   int64_t fallback_calls_ = 0;
+  int64_t cublaslt_calls_ = 0;
 };
 
 }  // namespace wm::cuda

@@ -8,8 +8,9 @@
 namespace wm::cuda {
 
 PagePool::PagePool(int32_t capacity_pages) : capacity_(std::max<int32_t>(0, capacity_pages)) {
+  // ascending order is already a min-heap
   free_.reserve(static_cast<size_t>(capacity_));
-  for (int32_t p = capacity_ - 1; p >= 0; --p) free_.push_back(p);
+  for (int32_t p = 0; p < capacity_; ++p) free_.push_back(p);
 }
 
 absl::StatusOr<PagePool::Owner> PagePool::open(int64_t pages) {
@@ -31,6 +32,7 @@ absl::StatusOr<int32_t> PagePool::take(Owner owner) {
     return absl::FailedPreconditionError(
         absl::StrCat("page pool: owner ", owner, " has taken all ", a.reserved, " reserved pages"));
   // reserved pages always exist: reserved_ <= capacity_ and used_ <= reserved_
+  std::pop_heap(free_.begin(), free_.end(), std::greater<int32_t>());
   const int32_t page = free_.back();
   free_.pop_back();
   a.pages.push_back(page);
@@ -44,10 +46,27 @@ void PagePool::close(Owner owner) {
   Account& a = it->second;
   used_ -= static_cast<int32_t>(a.pages.size());
   reserved_ -= a.reserved;
-  for (int32_t p : a.pages) free_.push_back(p);
-  // keep handing out low indices first: the free stack is sorted descending
-  std::sort(free_.begin(), free_.end(), std::greater<int32_t>());
+  for (int32_t p : a.pages) {
+    free_.push_back(p);
+    std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+  }
   owners_.erase(it);
+}
+
+absl::Status PagePool::put_back(Owner owner, std::span<const int32_t> pages) {
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) return absl::FailedPreconditionError(absl::StrCat("page pool: unknown owner ", owner));
+  std::vector<int32_t>& held = it->second.pages;
+  for (int32_t p : pages)
+    if (std::find(held.begin(), held.end(), p) == held.end())
+      return absl::FailedPreconditionError(absl::StrCat("page pool: owner ", owner, " does not hold page ", p));
+  for (int32_t p : pages) {
+    held.erase(std::find(held.begin(), held.end(), p));
+    free_.push_back(p);
+    std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+    --used_;
+  }
+  return absl::OkStatus();
 }
 
 int32_t PagePool::owner_reserved(Owner owner) const {
@@ -79,6 +98,7 @@ bool PagePool::check() const {
   }
   for (int s : seen)
     if (s != 1) return false;
+  if (!std::is_heap(free_.begin(), free_.end(), std::greater<int32_t>())) return false;
   return reserved == reserved_ && used == used_ && reserved_ <= capacity_ &&
          static_cast<int64_t>(free_.size()) == capacity_ - used_;
 }

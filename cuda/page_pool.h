@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace wm::cuda {
@@ -38,6 +40,10 @@ class PagePool {
   absl::StatusOr<int32_t> take(Owner owner);
   // returns the owner's pages and reservation; unknown owners are ignored
   void close(Owner owner);
+  // returns pages the owner took but did not use (a failed append); its
+  // reservation stays. FAILED_PRECONDITION, changing nothing, when the owner
+  // is unknown or does not hold one of them
+  absl::Status put_back(Owner owner, std::span<const int32_t> pages);
 
   int32_t owner_reserved(Owner owner) const;
   const std::vector<int32_t>& owner_pages(Owner owner) const;
@@ -53,7 +59,7 @@ class PagePool {
   int32_t reserved_ = 0;
   int32_t used_ = 0;
   Owner next_owner_ = 1;
-  std::vector<int32_t> free_;  // a stack: the lowest index on top
+  std::vector<int32_t> free_;  // a min-heap: the lowest free index is handed out first
   std::unordered_map<Owner, Account> owners_;
 };
 

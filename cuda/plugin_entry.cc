@@ -69,6 +69,9 @@ int32_t api_probe(int32_t device, WmPluginDeviceInfo* info, char* err, size_t er
   } catch (const std::exception& ex) {
     write_error(absl::InternalError(ex.what()), err, err_len);
     return WM_INTERNAL;
+  } catch (...) {
+    write_error(absl::InternalError("unknown exception in the CUDA plugin"), err, err_len);
+    return WM_INTERNAL;
   }
 }
 
@@ -87,6 +90,9 @@ int32_t api_create(const WmPluginOptions* options, WmPluginBackend** out, char* 
     return WM_OK;
   } catch (const std::exception& ex) {
     write_error(absl::InternalError(ex.what()), err, err_len);
+    return WM_INTERNAL;
+  } catch (...) {
+    write_error(absl::InternalError("unknown exception in the CUDA plugin"), err, err_len);
     return WM_INTERNAL;
   }
 }
@@ -123,6 +129,16 @@ int32_t api_set_tuning(WmPluginBackend* b, const char* key, int64_t value) {
   return guarded(b, false, [&](CudaBackend& c) {
     if (key == nullptr) return absl::InvalidArgumentError("null tuning key");
     return c.set_tuning(key, value);
+  });
+}
+
+int32_t api_counter(WmPluginBackend* b, const char* name, int64_t* value) {
+  return guarded(b, true, [&](CudaBackend& c) -> absl::Status {
+    if (name == nullptr || value == nullptr) return absl::InvalidArgumentError("counter: null name or value");
+    auto v = c.counter(name);
+    if (!v.ok()) return v.status();
+    *value = *v;
+    return absl::OkStatus();
   });
 }
 
@@ -345,6 +361,7 @@ const WmPluginApi* build_api() {
   api.memory_stats = api_memory_stats;
   api.supports = api_supports;
   api.set_tuning = api_set_tuning;
+  api.counter = api_counter;
   api.alloc = api_alloc;
   api.free = api_free;
   api.upload = api_upload;

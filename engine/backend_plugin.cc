@@ -3,6 +3,7 @@
 // pool; attention batches every plugin cache of a step into one call.
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -82,10 +83,18 @@ class PluginBackendImpl final : public PluginBackend {
   const LoadedPlugin& plugin() const override { return *plugin_; }
   const WmPluginDeviceInfo& device_info() const override { return info_; }
   absl::Status status() const override { return status_; }
+  absl::Status take_status() override { return std::exchange(status_, absl::OkStatus()); }
   absl::Status synchronize() override { return result(api_.synchronize(b_), "synchronize"); }
   absl::Status set_tuning(absl::string_view key, int64_t value) override {
     const std::string k(key);
     return result(api_.set_tuning(b_, k.c_str(), value), "set_tuning");
+  }
+  absl::StatusOr<int64_t> counter(absl::string_view name) const override {
+    const std::string n(name);
+    int64_t value = 0;
+    absl::Status s = result(api_.counter(b_, n.c_str(), &value), "counter");
+    if (!s.ok()) return s;
+    return value;
   }
   absl::Status timer_start() override { return result(api_.timer_start(b_), "timer_start"); }
   absl::StatusOr<double> timer_stop_ms() override {

@@ -38,18 +38,11 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
   p.kv_pool_bytes = o.kv_budget_bytes;
   p.kv_page_bytes = o.kv_page_bytes;
   p.reserve_bytes = c.parameter_count() * 2;  // bf16 weights; activations come out of the headroom
+  p.abort_on_error = o.abort_on_device_error;
   absl::StatusOr<std::unique_ptr<PluginBackend>> b = make_plugin_backend(p);
   if (b.ok()) {
     // auto only picks a GPU that can hold this model's cache
-    KvGeometry g;
-    g.layers = c.layers;
-    g.heads = c.heads;
-    g.head_dim = c.head_dim;
-    g.tokens_per_frame = c.tokens_per_frame();
-    g.window_frames = c.window_frames;
-    g.sink_frames = c.sink_frames;
-    g.frames_per_block = c.frames_per_block;
-    if (o.device == "cuda" || (*b)->kv_reservation_bytes("fp16", g, o.kv_options) > 0) {
+    if (o.device == "cuda" || (*b)->kv_reservation_bytes("fp16", kv_geometry_of(c), o.kv_options) > 0) {
       *device = "cuda";
       return std::unique_ptr<Backend>(std::move(*b));
     }
@@ -76,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   }
   if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
   WM_ASSIGN_OR_RETURN(e->backend_, make_backend(options, config, &e->device_, &e->device_note_));
+  e->plugin_ = dynamic_cast<const PluginBackend*>(e->backend_.get());
   // on a device the KV budget is the page pool: admission counts its real bytes
   if (const int64_t pool = e->backend_->memory().kv_pool_capacity; pool > 0)
     e->options_.kv_budget_bytes = std::min(e->options_.kv_budget_bytes, pool);
@@ -93,18 +87,7 @@ Engine::~Engine() {
 
 std::vector<std::string> Engine::cache_formats() const { return kv_formats(); }
 
-KvGeometry Engine::kv_geometry() const {
-  const ModelConfig& c = config();
-  KvGeometry g;
-  g.layers = c.layers;
-  g.heads = c.heads;
-  g.head_dim = c.head_dim;
-  g.tokens_per_frame = c.tokens_per_frame();
-  g.window_frames = c.window_frames;
-  g.sink_frames = c.sink_frames;
-  g.frames_per_block = c.frames_per_block;
-  return g;
-}
+KvGeometry Engine::kv_geometry() const { return kv_geometry_of(config()); }
 
 int64_t Engine::session_reservation(absl::string_view format) const {
   return backend_->kv_reservation_bytes(format, kv_geometry(), options_.kv_options);
@@ -269,6 +252,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   }
   backend_->unpatchify(x_, frames, shape, pixels_);
   backend_->download(host.data(), pixels_, host.size() * sizeof(float));
+  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
 
   std::vector<StepResult> results(requests.size());
   for (size_t r = 0; r < requests.size(); ++r) {
@@ -302,6 +286,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   in.sigma.assign(static_cast<size_t>(frames), 0.0f);
   in.write_pass = true;
   WM_RETURN_IF_ERROR(model_->forward(in, nullptr, &ops, trace));
+  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
   for (Session* s : sess) s->generated += B;
 
   if (stats != nullptr) {

@@ -24,6 +24,8 @@
 
 namespace wm {
 
+class PluginBackend;
+
 using SessionId = uint64_t;
 
 struct EngineOptions {
@@ -34,6 +36,9 @@ struct EngineOptions {
   std::string cuda_plugin;           // libwm_cuda.so; empty: beside the executable, then the loader's search path
   int cuda_device = 0;
   int64_t kv_page_bytes = int64_t{64} << 10;  // CUDA KV page size (a multiple of 32 KiB)
+  // a failed device op aborts the process (the GPU context is lost anyway);
+  // false: the step fails with the device's error instead (tests)
+  bool abort_on_device_error = true;
   int threads = 0;                   // 0: the libraries' defaults
   int64_t kv_budget_bytes = int64_t{2} << 30;
   KvFormatOptions kv_options;
@@ -143,6 +148,7 @@ class Engine {
   std::string device_;
   std::string device_note_;
   std::unique_ptr<Backend> backend_;
+  const PluginBackend* plugin_ = nullptr;  // backend_ when it is a device plugin
   std::unique_ptr<Model> model_;
   std::map<SessionId, Session> sessions_;
   SessionId next_id_ = 1;

@@ -204,4 +204,16 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
   return absl::OkStatus();
 }
 
+KvGeometry kv_geometry_of(const ModelConfig& c) {
+  KvGeometry g;
+  g.layers = c.layers;
+  g.heads = c.heads;
+  g.head_dim = c.head_dim;
+  g.tokens_per_frame = c.tokens_per_frame();
+  g.window_frames = c.window_frames;
+  g.sink_frames = c.sink_frames;
+  g.frames_per_block = c.frames_per_block;
+  return g;
+}
+
 }  // namespace wm

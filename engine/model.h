@@ -37,6 +37,9 @@ struct ForwardInput {
   bool write_pass = false;                // append K/V to the caches, no output
 };
 
+// the KV-cache geometry of a model: every session's cache has this shape
+KvGeometry kv_geometry_of(const ModelConfig& c);
+
 // name, host data, count: intermediate tensors for parity tests
 using TraceFn = std::function<void(absl::string_view name, const float* data, int64_t count)>;
 

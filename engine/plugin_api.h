@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define WM_PLUGIN_ABI_VERSION 1u
+#define WM_PLUGIN_ABI_VERSION 2u
 #define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
 
 /* absl::StatusCode numbering */
@@ -117,6 +117,8 @@ typedef struct WmPluginApi {
   int32_t (*supports)(WmPluginBackend* b, int32_t op);
   /* named tuning knobs for tests and benchmarks (docs/CUDA.md lists them) */
   int32_t (*set_tuning)(WmPluginBackend* b, const char* key, int64_t value);
+  /* named event counters since create (docs/CUDA.md lists them); WM_NOT_FOUND for an unknown name */
+  int32_t (*counter)(WmPluginBackend* b, const char* name, int64_t* value);
 
   /* memory: alloc returns null (with last_error set) when the device is full */
   void* (*alloc)(WmPluginBackend* b, size_t bytes);

@@ -25,6 +25,7 @@ absl::Status check_table(const WmPluginApi& a, const std::string& path) {
       reinterpret_cast<const void*>(a.destroy),        reinterpret_cast<const void*>(a.last_error),
       reinterpret_cast<const void*>(a.device_info),    reinterpret_cast<const void*>(a.memory_stats),
       reinterpret_cast<const void*>(a.supports),       reinterpret_cast<const void*>(a.set_tuning),
+      reinterpret_cast<const void*>(a.counter),
       reinterpret_cast<const void*>(a.alloc),          reinterpret_cast<const void*>(a.free),
       reinterpret_cast<const void*>(a.upload),         reinterpret_cast<const void*>(a.download),
       reinterpret_cast<const void*>(a.synchronize),    reinterpret_cast<const void*>(a.timer_start),

@@ -68,9 +68,14 @@ class PluginBackend : public Backend {
   virtual const WmPluginDeviceInfo& device_info() const = 0;
   // the first failure of an op (abort_on_error off), else OK
   virtual absl::Status status() const = 0;
+  // returns status() and forgets it, so that a test can tell which case
+  // failed (a lost device context fails the next op again anyway)
+  virtual absl::Status take_status() = 0;
   virtual absl::Status synchronize() = 0;
   // named knobs for tests and benchmarks (docs/CUDA.md)
   virtual absl::Status set_tuning(absl::string_view key, int64_t value) = 0;
+  // named event counters since creation (docs/CUDA.md), e.g. "attention.plans"
+  virtual absl::StatusOr<int64_t> counter(absl::string_view name) const = 0;
   // device time of the work enqueued between the two calls
   virtual absl::Status timer_start() = 0;
   virtual absl::StatusOr<double> timer_stop_ms() = 0;

@@ -37,6 +37,7 @@
 #include "common/half.h"
 #include "common/image_io.h"
 #include "engine/engine.h"
+#include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "quant/kv_cases.h"
@@ -133,18 +134,6 @@ KvGeometry geometry_from_json(const nlohmann::json& j) {
   g.window_frames = j.at("window_frames");
   g.sink_frames = j.at("sink_frames");
   g.frames_per_block = j.at("frames_per_block");
-  return g;
-}
-
-KvGeometry geometry_of(const ModelConfig& c) {
-  KvGeometry g;
-  g.layers = c.layers;
-  g.heads = c.heads;
-  g.head_dim = c.head_dim;
-  g.tokens_per_frame = c.tokens_per_frame();
-  g.window_frames = c.window_frames;
-  g.sink_frames = c.sink_frames;
-  g.frames_per_block = c.frames_per_block;
   return g;
 }
 
@@ -546,7 +535,7 @@ int bench_main() {
   for (absl::string_view path : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',', absl::SkipEmpty())) {
     auto cfg = load_model_config(std::string(path));
     if (!cfg.ok()) return fail(cfg.status());
-    const KvGeometry g = geometry_of(*cfg);
+    const KvGeometry g = kv_geometry_of(*cfg);
     const int64_t fp16 = kv_format_max_bytes("fp16", g, fo);
     md += absl::StrFormat("| %s | %lld |", cfg->name, static_cast<long long>(fp16));
     for (const auto& f : fmts) {

@@ -27,6 +27,7 @@
 //                                                 with these configs, a wrong kernel gives < 20
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,7 +38,11 @@
 
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
 #include "engine/plugin_loader.h"
+#include "tests/engine/source_file.h"
 
 namespace wm {
 namespace {
@@ -87,6 +92,7 @@ Backends& backends() {
 #define WM_REQUIRE_CUDA()                                                                         \
   do {                                                                                            \
     if (backends().cuda == nullptr) GTEST_SKIP() << "no CUDA backend: " << backends().why_not;     \
+    backends().cuda->take_status().IgnoreError(); /* a failure belongs to the case that made it */ \
   } while (0)
 
 // sets plugin tuning knobs for one scope (no-op on other backends)
@@ -555,36 +561,132 @@ TEST(CudaKvCache, ErrorsAreValues) {
 // activation made by one op and reused by the next GEMM, against the CPU
 TEST(CudaShadow, ActivationCopiesFeedTheNextGemmsOnly) {
   WM_REQUIRE_CUDA();
-  auto run = [](Backend& b) {
+  // d, f multiples of 8 use the flat copy; other widths the padded rows
+  auto run = [](Backend& b, int d, int f) {
     Buffers buf(b);
-    const int n = 37, d = 96, f = 200;
+    const int n = 37;
     const auto x = randn(static_cast<size_t>(n) * d, 1), mod = randn(6 * d, 2, 0.2f);
     const auto w1 = randn(static_cast<size_t>(d) * d, 3, 0.1f), w2 = randn(static_cast<size_t>(f) * d, 4, 0.1f);
     const auto w3 = randn(static_cast<size_t>(d) * f, 5, 0.07f);
     LinearWeight l1{b.upload_weight(w1.data(), d, d), nullptr, d, d}, l2{b.upload_weight(w2.data(), f, d), nullptr, f, d};
     LinearWeight l3{b.upload_weight(w3.data(), d, f), nullptr, d, f};
     float *xd = buf.put(x), *m = buf.put(mod), *u = buf.zeros(x.size()), *y1 = buf.zeros(x.size()),
-          *y2 = buf.zeros(x.size()), *h = buf.zeros(static_cast<size_t>(n) * f), *y3 = buf.zeros(x.size());
+          *y1r = buf.zeros(x.size()), *y2 = buf.zeros(x.size()), *h = buf.zeros(static_cast<size_t>(n) * f),
+          *y3 = buf.zeros(x.size());
     b.layer_norm_modulate(xd, n, d, m, m + d, 6 * d, n, 1e-6f, u);
     b.linear(l1, u, n, y1);
-    b.linear(l1, u, n, y2);  // reuses the copy
+    b.linear(l1, u, n, y1r);  // reuses the copy: must equal y1
     b.gated_residual(u, y1, m + 2 * d, 6 * d, n, d, n);  // u changes: its copy must be dropped
     b.linear(l1, u, n, y2);
     b.linear(l2, y2, n, h);
     b.gelu(h, static_cast<int64_t>(n) * f);
     b.linear(l3, h, n, y3);
-    std::vector<float> out = buf.get(y1, x.size());
-    for (const float* p : {y2, y3}) {
+    std::vector<float> out;
+    for (const float* p : {y1, y1r, y2, y3}) {
       auto o = buf.get(p, x.size());
       out.insert(out.end(), o.begin(), o.end());
     }
     return out;
   };
-  const auto cpu = run(*backends().cpu);
-  for (int shadow : {1, 0}) {
-    Tuning t(*backends().cuda, {{"shadow", shadow}});
-    const auto cuda = run(*backends().cuda);
-    EXPECT_TRUE(close(cpu, cuda, {1e-5, 3e-2, 1e-2})) << "shadow " << shadow;
+  for (const auto& [d, f] : std::vector<std::pair<int, int>>{{96, 200}, {100, 203}}) {
+    const auto cpu = run(*backends().cpu, d, f);
+    for (int shadow : {1, 0}) {
+      Tuning t(*backends().cuda, {{"shadow", shadow}});
+      const auto cuda = run(*backends().cuda, d, f);
+      EXPECT_TRUE(close(cpu, cuda, {1e-5, 3e-2, 1e-2})) << "shadow " << shadow << ", d " << d << ", f " << f;
+      const size_t part = cuda.size() / 4;
+      EXPECT_TRUE(std::equal(cuda.begin(), cuda.begin() + part, cuda.begin() + part))
+          << "the reused copy gave another result, d " << d;
+    }
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// ---- which path ran: the plugin's counters ---------------------------------------
+
+int64_t counter(const char* name) {
+  auto v = backends().cuda->counter(name);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? *v : -1;
+}
+
+TEST(CudaCounters, UnknownNamesAreNotFound) {
+  WM_REQUIRE_CUDA();
+  EXPECT_EQ(backends().cuda->counter("no.such.counter").status().code(), absl::StatusCode::kNotFound);
+}
+
+// the model's GEMMs go through cuBLASLt; the CUDA-core kernel runs only when asked
+// (a silent fallback would pass every parity test and lose most of the speed)
+TEST(CudaCounters, ModelShapedGemmsRunOnCublasLt) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  struct Shape {
+    int n, in, out;
+    bool bias;
+  };
+  // wm-default-64 (dim 256, FFN 1024) and Matrix-Game-2 widths (1536, 8960), odd row counts
+  for (const Shape& sh : {Shape{64, 256, 768, true}, Shape{193, 1024, 256, true}, Shape{37, 256, 1024, false},
+                          Shape{97, 1536, 8960, true}, Shape{97, 8960, 1536, true}}) {
+    Buffers buf(b);
+    const auto w = randn(static_cast<size_t>(sh.out) * sh.in, 11, 0.05f), x = randn(static_cast<size_t>(sh.n) * sh.in, 12);
+    const auto bias = randn(static_cast<size_t>(sh.out), 13);
+    LinearWeight lw{b.upload_weight(w.data(), sh.out, sh.in), sh.bias ? buf.put(bias) : nullptr, sh.out, sh.in};
+    float *xd = buf.put(x), *y = buf.zeros(static_cast<size_t>(sh.n) * sh.out);
+    const int64_t lt0 = counter("gemm.cublaslt_calls"), fb0 = counter("gemm.fallback_calls");
+    b.linear(lw, xd, sh.n, y);
+    ASSERT_TRUE(backends().cuda->synchronize().ok());
+    EXPECT_EQ(counter("gemm.cublaslt_calls") - lt0, 1) << sh.n << "x" << sh.in << "->" << sh.out;
+    EXPECT_EQ(counter("gemm.fallback_calls") - fb0, 0)
+        << "cuBLASLt refused " << sh.n << "x" << sh.in << "->" << sh.out << ": this GEMM takes the slow path";
+    Tuning t(b, {{"linear.fallback", 1}});
+    b.linear(lw, xd, sh.n, y);
+    EXPECT_EQ(counter("gemm.fallback_calls") - fb0, 1);
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// STYLE.md 6: attention is planned once per step and every layer of every
+// pass (3 denoising forwards + the write pass) runs from that plan
+TEST(CudaCounters, AttentionIsPlannedOncePerStep) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  auto cfg = load_model_config(test::source_file("configs/default.json"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const ModelConfig& c = *cfg;
+  Model model(b, c, random_host_weights(c, 5));
+  const KvGeometry g = kv_geometry_of(c);
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (int s = 0; s < 2; ++s) {
+    auto kv = b.make_kv_cache("fp16", g, KvFormatOptions{});
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    caches.push_back(std::move(*kv));
+  }
+  const int B = c.frames_per_block, frames = 2 * B;
+  Buffers buf(b);
+  float* x = buf.put(randn(static_cast<size_t>(frames) * c.frame_values(), 21));
+  float* vel = buf.zeros(static_cast<size_t>(frames) * c.frame_values());
+  for (int step = 0; step < 4; ++step) {
+    const int64_t plans0 = counter("attention.plans"), launches0 = counter("attention.launches");
+    auto input = [&](float sigma, bool write) {
+      ForwardInput in;
+      in.tokens = x;
+      in.write_pass = write;
+      for (int s = 0; s < 2; ++s) {
+        in.sessions.push_back({caches[static_cast<size_t>(s)].get(), s * B, B});
+        for (int k = 0; k < B; ++k) {
+          in.actions.push_back(Action{});
+          in.sigma.push_back(sigma);
+          in.frame_index.push_back(static_cast<int64_t>(step) * B + k);
+        }
+      }
+      return in;
+    };
+    for (float sigma : c.sigmas) ASSERT_TRUE(model.forward(input(sigma, false), vel, nullptr).ok());
+    ASSERT_TRUE(model.forward(input(0.0f, true), nullptr, nullptr).ok());
+    ASSERT_TRUE(backends().cuda->synchronize().ok());
+    EXPECT_EQ(counter("attention.plans") - plans0, 1) << "step " << step;
+    EXPECT_EQ(counter("attention.launches") - launches0, static_cast<int64_t>(c.layers) * (c.sigmas.size() + 1))
+        << "step " << step;
   }
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
@@ -651,6 +753,7 @@ std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& 
   o.device = device;
   o.cuda_plugin = plugin_path();
   o.kv_budget_bytes = int64_t{256} << 20;
+  o.abort_on_device_error = false;  // a device failure fails the step, the other tests still report
   auto e = Engine::create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
@@ -716,7 +819,7 @@ void expect_same_rollouts(const std::string& config, int blocks) {
 TEST(CudaEndToEnd, DefaultModelShapesMatchTheCpu) {
   WM_REQUIRE_CUDA();
   // wm-default-64's shapes (4 heads x 64, 64 tokens per frame, window 16 + 1 sink): 20 frames pass the window
-  expect_same_rollouts(std::string(WM_SOURCE_DIR) + "/configs/default.json", 20);
+  expect_same_rollouts(test::source_file("configs/default.json"), 20);
 }
 
 TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {

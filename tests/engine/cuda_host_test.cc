@@ -61,6 +61,22 @@ TEST(PagePool, StepByStep) {
   auto c = pool.open(3);
   ASSERT_TRUE(c.ok());
   state({8, 3});
+  // a failed append hands its pages back; the reservation stays
+  EXPECT_EQ(*pool.take(*c), 3);
+  EXPECT_EQ(*pool.take(*c), 4);
+  state({8, 5});
+  const std::vector<int32_t> unused = {4, 3};
+  EXPECT_TRUE(pool.put_back(*c, unused).ok());
+  state({8, 3});
+  EXPECT_TRUE(pool.owner_pages(*c).empty());
+  EXPECT_EQ(pool.owner_reserved(*c), 3);
+  const std::vector<int32_t> not_held = {2}, unknown_page = {99};
+  EXPECT_EQ(pool.put_back(*c, not_held).code(), absl::StatusCode::kFailedPrecondition);  // b's page
+  EXPECT_EQ(pool.put_back(*c, unknown_page).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool.put_back(12345, unused).code(), absl::StatusCode::kFailedPrecondition);
+  state({8, 3});
+  EXPECT_EQ(*pool.take(*c), 3);  // lowest free page first again
+  state({8, 4});
   EXPECT_EQ(pool.take(12345).status().code(), absl::StatusCode::kFailedPrecondition);  // unknown owner
   pool.close(*b);
   pool.close(*c);
@@ -77,7 +93,7 @@ TEST(PagePool, RandomOperationsKeepInvariants) {
   PagePool pool(50);
   std::map<PagePool::Owner, int32_t> left;  // reservation not yet taken
   for (int step = 0; step < 3000; ++step) {
-    const int op = static_cast<int>(rng() % 3);
+    const int op = static_cast<int>(rng() % 4);
     if (op == 0) {
       const int64_t want = rng() % 20;
       auto o = pool.open(want);
@@ -88,6 +104,14 @@ TEST(PagePool, RandomOperationsKeepInvariants) {
       auto p = pool.take(it->first);
       EXPECT_EQ(p.ok(), it->second > 0);
       if (p.ok()) --it->second;
+    } else if (op == 3 && !left.empty()) {
+      auto it = std::next(left.begin(), static_cast<long>(rng() % left.size()));
+      const std::vector<int32_t> held = pool.owner_pages(it->first);
+      if (!held.empty()) {
+        const std::vector<int32_t> back = {held[rng() % held.size()]};
+        EXPECT_TRUE(pool.put_back(it->first, back).ok());
+        ++it->second;
+      }
     } else if (op == 2 && !left.empty()) {
       auto it = std::next(left.begin(), static_cast<long>(rng() % left.size()));
       pool.close(it->first);
@@ -240,6 +264,16 @@ TEST(AttentionPlan, SplitsSmallQueryBlocksOverLongCaches) {
   EXPECT_GE(ctas, 132 * 2 * 0.9) << "about one full wave of CTAs";
   EXPECT_LE(ctas, 132 * 2 * 1.2);
   expect_plan_covers_everything(*p, in);
+
+  // a kernel that fits 4 CTAs per SM (the occupancy the backend measures) gets a wave twice as wide
+  PlanTuning wide;
+  wide.ctas_per_sm_64 = 4;
+  auto p4 = make_attention_plan(in, wide);
+  ASSERT_TRUE(p4.ok());
+  const int64_t ctas4 = static_cast<int64_t>(p4->items.size()) * g.heads;
+  EXPECT_GE(ctas4, 132 * 4 * 0.9);
+  EXPECT_LE(ctas4, 132 * 4 * 1.2);
+  expect_plan_covers_everything(*p4, in);
 }
 
 TEST(AttentionPlan, LargeBlocksUseBigTilesWithoutSplits) {

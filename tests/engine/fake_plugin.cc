@@ -36,6 +36,7 @@ int32_t device_info(WmPluginBackend*, WmPluginDeviceInfo*) { return WM_UNIMPLEME
 int32_t memory_stats(WmPluginBackend*, WmMemoryStats*) { return WM_UNIMPLEMENTED; }
 int32_t supports(WmPluginBackend*, int32_t) { return 0; }
 int32_t set_tuning(WmPluginBackend*, const char*, int64_t) { return WM_UNIMPLEMENTED; }
+int32_t counter(WmPluginBackend*, const char*, int64_t*) { return WM_UNIMPLEMENTED; }
 void* alloc(WmPluginBackend*, size_t) { return nullptr; }
 void free_(WmPluginBackend*, void*) {}
 int32_t upload(WmPluginBackend*, void*, const void*, size_t) { return WM_UNIMPLEMENTED; }
@@ -94,6 +95,7 @@ WmPluginApi make_api() {
   a.memory_stats = memory_stats;
   a.supports = supports;
   a.set_tuning = set_tuning;
+  a.counter = counter;
   a.alloc = alloc;
   a.free = free_;
   a.upload = upload;

@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "engine/plugin_loader.h"
+#include "tests/engine/source_file.h"
 
 namespace wm {
 namespace {
@@ -82,7 +83,7 @@ TEST(PluginLoader, NoDeviceIsUnavailable) {
 EngineOptions tiny(const std::string& device, const std::string& plugin) {
   EngineOptions o;
   o.random_weights = true;
-  o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
+  o.config_path = test::source_file("configs/tiny-test.json");
   o.threads = 1;
   o.device = device;
   o.cuda_plugin = plugin;
