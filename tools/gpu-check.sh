@@ -59,5 +59,6 @@ cat <<'EOF'
 
 == ready. The device call (one run, about 7 minutes; results in $OUT: gpu-check.log, results.json, parity.json):
    run(command="source .gpu/env.sh && bash tools/gpu-run.sh", carry=[".gpu"], timeout_s=480)
-   (WM_GPU_BUDGET_S=420 by default inside; each stage also has its own limit)
+   (WM_GPU_BUDGET_S=420 by default inside; each stage also has its own limit;
+    WM_GPU_STAGES="parity e2e" runs only the stages named)
 EOF

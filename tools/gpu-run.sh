@@ -17,6 +17,7 @@
 #               model, how many players hold 20 frames/s with p99 < 100 ms
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
 # parsed, with the PyTorch ratios) and parity.json.
+# WM_GPU_STAGES="parity e2e" runs only the stages named (a rerun after a fix).
 set -u
 OUT=${OUT:-/tmp/wm-gpu-out}
 mkdir -p "$OUT"
@@ -57,6 +58,9 @@ stage() {
   local name=$1 limit=$2
   shift 2
   local now left t rc t0 t1
+  if [ -n "${WM_GPU_STAGES:-}" ] && [[ " $WM_GPU_STAGES " != *" $name "* ]]; then
+    return  # not asked for this time
+  fi
   now=$(date +%s)
   left=$((budget - (now - start)))
   if [ "$left" -lt 15 ]; then
