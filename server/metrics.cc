@@ -87,7 +87,7 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
       pm::BuildCounter().Name("wm_sessions_rejected_total").Help("Play streams refused at Start, by reason").Register(r);
   for (const char* reason : {"draining", "kv_budget", "max_sessions", "client_cap", "unknown_format",
                              "unknown_model", "invalid_start", "unimplemented", "engine", "resume_not_found",
-                             "resume_attached", "resume_draining"})
+                             "resume_attached", "resume_draining", "start_timeout"})
     rejected_[reason] = &rejected.Add({{"reason", reason}});
   rejected_other_ = &rejected.Add({{"reason", "other"}});
   sessions_evicted_idle = &pm::BuildCounter()

@@ -1,6 +1,8 @@
 #include "server/service.h"
 
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +24,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
  public:
   PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), client_(client_of_peer(context->peer())) {
+    pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { finish_once(s); });
     StartRead(&request_);
   }
 
@@ -40,6 +43,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
     if (s == nullptr) {
       switch (request_.kind_case()) {
         case v1::PlayRequest::kStart:
+          if (!started_in_time()) return;  // the start timeout ended this stream already
           if (handle_start(request_.start())) StartRead(&request_);
           return;
         case v1::PlayRequest::kAction:
@@ -96,6 +100,10 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
     // a safety net: a session never outlives its stream unless it is parked
     if (auto s = session(); s != nullptr)
       service_->park_or_close(s, absl::CancelledError("stream done"), EndReason::kCancelled);
+    if (pending_ != nullptr) {
+      std::lock_guard<std::recursive_mutex> lk(pending_->mu);  // waits for a sweep finishing this stream
+      pending_->finish = nullptr;
+    }
     delete this;
   }
 
@@ -107,6 +115,15 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
   std::shared_ptr<ServerSession> session() {
     std::lock_guard<std::mutex> lk(mu_);
     return session_;
+  }
+
+  // the Start arrived: the start timeout no longer applies; false when it fired first
+  bool started_in_time() {
+    if (pending_ == nullptr) return true;
+    std::lock_guard<std::recursive_mutex> lk(pending_->mu);
+    const bool in_time = pending_->finish != nullptr;
+    pending_->finish = nullptr;
+    return in_time;
   }
 
   void finish_once(const absl::Status& status) {
@@ -225,6 +242,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
   v1::PlayRequest request_;
   std::mutex mu_;
   std::shared_ptr<ServerSession> session_;
+  std::shared_ptr<PendingStart> pending_;  // until the Start arrives
   bool cancelled_ = false;
   bool finished_ = false;
 };
@@ -358,7 +376,43 @@ void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& sessio
   metrics_->session_duration->Observe(to_seconds(Clock::now() - session->started()));
 }
 
+std::shared_ptr<PendingStart> PlayService::await_start(TimePoint now,
+                                                      std::function<void(const absl::Status&)> finish) {
+  if (config_.start_timeout <= Duration::zero()) return nullptr;
+  auto p = std::make_shared<PendingStart>();
+  p->finish = std::move(finish);
+  p->deadline = now + config_.start_timeout;
+  std::lock_guard<std::mutex> lk(pending_mu_);
+  pending_.push_back(p);
+  return p;
+}
+
 void PlayService::sweep_idle(TimePoint now) {
+  std::vector<std::shared_ptr<PendingStart>> pending;
+  {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    pending.swap(pending_);
+  }
+  std::vector<std::shared_ptr<PendingStart>> waiting;
+  for (auto& p : pending) {
+    std::lock_guard<std::recursive_mutex> lk(p->mu);
+    if (p->finish == nullptr) continue;  // started or gone
+    if (now < p->deadline) {
+      waiting.push_back(p);
+      continue;
+    }
+    // a copy: finishing may end the stream, whose OnDone clears p->finish
+    const auto finish = std::exchange(p->finish, nullptr);
+    metrics_->sessions_rejected("start_timeout").Increment();
+    finish(absl::DeadlineExceededError(absl::StrCat("no Start message within ",
+                                                    to_seconds(config_.start_timeout),
+                                                    " s of opening the Play stream (--start_timeout_s)")));
+  }
+  {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    pending_.insert(pending_.end(), waiting.begin(), waiting.end());
+  }
+
   std::vector<SessionManager::Key> expired, park_expired;
   double ttl = 0, park_ttl = 0;
   {

@@ -7,6 +7,7 @@
 // manager is guarded by mu_.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -31,6 +32,18 @@ struct ServiceConfig {
   ProtocolLimits limits;
   int64_t max_request_bytes = 4 << 20;
   int event_capacity = 16;
+  // a Play stream that sends no Start within this is ended (DEADLINE_EXCEEDED); zero: never
+  Duration start_timeout = std::chrono::seconds(10);
+};
+
+// A Play stream still waiting for its Start: sweep_idle ends it past its
+// deadline. The reactor clears `finish` when its Start arrives or it is done;
+// whoever calls `finish` holds `mu` (recursive: finishing may end the stream
+// on the same thread).
+struct PendingStart {
+  std::recursive_mutex mu;
+  std::function<void(const absl::Status&)> finish;
+  TimePoint deadline;
 };
 
 class PlayService final : public wmserve::v1::WorldModel::CallbackService {
@@ -54,6 +67,8 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason);
   // closes sessions idle past the TTL and parked past the park TTL; call periodically
   void sweep_idle(TimePoint now);
+  // a new Play stream waits for its Start (start_timeout); null when there is no timeout
+  std::shared_ptr<PendingStart> await_start(TimePoint now, std::function<void(const absl::Status&)> finish);
   // the stream of `session` ended without a purposeful close (cancelled,
   // broken): park the session if allowed, else close it with `status`
   void park_or_close(const std::shared_ptr<ServerSession>& session, const absl::Status& status, EndReason reason);
@@ -94,6 +109,8 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   grpc::HealthCheckServiceInterface* health_ = nullptr;
   int admitting_ = -1;  // last value given to the health service
   uint64_t id_state_;
+  std::mutex pending_mu_;
+  std::vector<std::shared_ptr<PendingStart>> pending_;  // streams not started yet (pruned by sweep_idle)
   std::random_device entropy_;  // the OS's CSPRNG (getrandom / rdrand) for resume tokens
 };
 

@@ -53,6 +53,8 @@ ABSL_FLAG(double, audit_fraction, 0.0,
 ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
 ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
+ABSL_FLAG(double, start_timeout_s, 10,
+          "end a Play stream that sends no Start within this (DEADLINE_EXCEEDED; 0: wait forever)");
 ABSL_FLAG(int, keepalive_time_s, 30, "ping idle connections this often");
 ABSL_FLAG(int, keepalive_timeout_s, 10, "drop a connection whose ping is not answered within this");
 ABSL_FLAG(int, min_client_ping_interval_s, 10, "clients may send keepalive pings at most this often");
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
   o.service.limits.max_fps = absl::GetFlag(FLAGS_max_fps);
   o.service.limits.max_prompt_frames = absl::GetFlag(FLAGS_max_prompt_frames);
   o.service.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  o.service.start_timeout = wm::server::from_seconds(absl::GetFlag(FLAGS_start_timeout_s));
 
   // flags a user can get wrong, checked before anything starts
   if (o.port < 0 || o.port > 65535) return fail("--port must be 0..65535");
@@ -154,6 +157,8 @@ int main(int argc, char** argv) {
     return fail("--jpeg_quality must be 1..100");
   if (!(o.service.limits.max_fps > 0)) return fail("--max_fps must be positive");
   if (o.service.limits.max_prompt_frames < 0) return fail("--max_prompt_frames must be >= 0");
+  if (!(absl::GetFlag(FLAGS_start_timeout_s) >= 0 && absl::GetFlag(FLAGS_start_timeout_s) <= 86400))
+    return fail("--start_timeout_s must be 0..86400");
   if (o.service.max_request_bytes < 1024 || o.service.max_request_bytes > (int64_t{1} << 30))
     return fail("--max_request_bytes must be 1 KiB..1 GiB");
   if (o.keepalive.time_s < 1 || o.keepalive.timeout_s < 1 || o.keepalive.min_client_ping_interval_s < 1)

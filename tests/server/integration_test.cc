@@ -431,6 +431,36 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
   EXPECT_EQ(m.at("wm_sessions_active"), 0);
 }
 
+TEST(ServerIntegration, StreamsThatNeverStartAreEndedAfterTheStartTimeout) {
+  auto server = ServerProcess::start(tiny_model(), {"--start_timeout_s=1"});
+  ASSERT_NE(server, nullptr);
+  // two silent streams: open, never a message, never a half-close
+  std::vector<std::unique_ptr<client::PlayStream>> silent;
+  for (int i = 0; i < 2; ++i)
+    silent.push_back(std::make_unique<client::PlayStream>(
+        channel(*server), std::chrono::system_clock::now() + std::chrono::seconds(30)));
+  // a session that plays longer than the timeout is not touched by it
+  PlayConfig pc;
+  pc.start.set_pacing(v1::PACING_FIXED_RATE);
+  pc.start.set_fps(5);
+  pc.actions = std::vector<Action>(8, Action{1, {0, 0}, 0});
+  pc.send_fps = 5;
+  const PlayResult r = client::play(channel(*server), pc);
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_GE(r.frames.size(), 8u);
+  for (auto& st : silent) {
+    v1::PlayResponse resp;
+    EXPECT_FALSE(st->read(&resp));
+    const grpc::Status s = st->finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    // the server's words, not the client's own 30 s deadline
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "no Start message within 1 s")) << s.error_message();
+  }
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"start_timeout\"}"), 2);
+  EXPECT_EQ(m.at("wm_sessions_active"), 0);
+}
+
 TEST(ServerIntegration, AdmissionRefusesWhenTheBudgetOrTheClientCapIsFull) {
   v1::Start start;
   // the per-client cap; this server also tells what each format reserves
