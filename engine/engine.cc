@@ -89,9 +89,14 @@ std::vector<std::string> Engine::cache_formats() const { return kv_formats(); }
 
 KvGeometry Engine::kv_geometry() const { return kv_geometry_of(config()); }
 
-int64_t Engine::session_reservation(absl::string_view format) const {
-  return backend_->kv_reservation_bytes(format, kv_geometry(), options_.kv_options);
+int64_t Engine::session_reservation(absl::string_view format, bool audit) const {
+  const int64_t bytes = backend_->kv_reservation_bytes(format, kv_geometry(), options_.kv_options);
+  // the audit shadow is a full-precision cache beside the session's own
+  if (audit && bytes > 0) return bytes + backend_->kv_reservation_bytes("fp32", kv_geometry(), options_.kv_options);
+  return bytes;
 }
+
+bool Engine::audit_supported() const { return device_ == "cpu"; }
 
 void Engine::reserve_buffers(int frames) {
   if (frames <= buffer_frames_) return;
@@ -120,7 +125,10 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   if (!kv_format_known(options.cache_format))
     return absl::NotFoundError(absl::StrCat("unknown cache format '", options.cache_format, "'"));
   for (const auto& img : options.prompt) WM_RETURN_IF_ERROR(validate_image(img));
-  const int64_t need = session_reservation(options.cache_format);
+  // the audit shadow reads K/V on the host: not on a device backend yet
+  if (options.audit && !audit_supported())
+    return absl::UnimplementedError("audit mode runs on the CPU backend only for now");
+  const int64_t need = session_reservation(options.cache_format, options.audit);
   if (reserved_ + need > options_.kv_budget_bytes)
     return absl::ResourceExhaustedError(absl::StrCat("KV budget full: a ", options.cache_format, " session needs ", need,
                                                      " bytes, ", options_.kv_budget_bytes - reserved_, " of ",
@@ -128,12 +136,9 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   Session s;
   s.seed = options.seed;
   s.reserved = need;
-  // the audit shadow reads K/V on the host: not on a device backend yet
-  if (options.audit && device_ != "cpu")
-    return absl::UnimplementedError("audit mode runs on the CPU backend only for now");
   WM_ASSIGN_OR_RETURN(s.cache, backend_->make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
   // audit mode: a full-precision shadow beside the cache measures drift
-  // (quant/kv_audit.h; the shadow's memory is outside the KV budget)
+  // (quant/kv_audit.h; its bytes are part of the session's reservation)
   if (options.audit) s.cache = make_audited_cache(std::move(s.cache));
   if (options.wrap_cache) s.cache = options.wrap_cache(std::move(s.cache));
   const SessionId id = next_id_++;

@@ -127,8 +127,11 @@ class Engine {
   int64_t kv_capacity_bytes() const { return options_.kv_budget_bytes; }
   int64_t kv_reserved_bytes() const { return reserved_; }
   int64_t kv_used_bytes() const;
-  // bytes admission reserves for one session of this format
-  int64_t session_reservation(absl::string_view format) const;
+  // the KV bytes one session of `format` reserves (0: the format does not
+  // fit this model); with `audit`, its full-precision shadow's too
+  int64_t session_reservation(absl::string_view format, bool audit = false) const;
+  // whether sessions can be audited on this engine's device (the CPU only, for now)
+  bool audit_supported() const;
   KvGeometry kv_geometry() const;
   // drift of every audited session so far (open and closed), summed per cache format
   std::map<std::string, DriftStats> drift_by_format() const;

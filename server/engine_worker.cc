@@ -289,15 +289,6 @@ void EngineWorker::loop() {
   }
 }
 
-bool EngineWorker::sample_audit() {
-  // deterministic and evenly spread: the n-th session is audited when the
-  // running count of fraction * n crosses an integer
-  const double f = std::clamp(config_.audit_fraction, 0.0, 1.0);
-  const auto before = static_cast<int64_t>(std::floor(f * static_cast<double>(opened_)));
-  ++opened_;
-  return static_cast<int64_t>(std::floor(f * static_cast<double>(opened_))) > before;
-}
-
 void EngineWorker::do_open(SessionManager::Key key) {
   std::shared_ptr<ServerSession> s;
   {
@@ -311,7 +302,7 @@ void EngineWorker::do_open(SessionManager::Key key) {
   so.seed = p.seed;
   so.cache_format = p.cache_format;
   so.prompt = p.prompt;
-  so.audit = p.audit || sample_audit();
+  so.audit = p.audit;  // asked by the Start or sampled at admission (--audit_fraction)
   auto id = engine_->open_session(so);
   if (!id.ok()) {
     {
@@ -352,7 +343,7 @@ v1::Started EngineWorker::started_message(const ServerSession& s) const {
   st.set_pacing(p.pacing == PacingMode::kFixedRate ? v1::PACING_FIXED_RATE : v1::PACING_PER_ACTION);
   st.set_fps(p.fps);
   st.set_jpeg_quality(p.jpeg_quality);
-  st.set_kv_reserved_bytes(model_.reservation_bytes.at(p.cache_format));
+  st.set_kv_reserved_bytes(model_.reservation_bytes.at(p.cache_format) + (p.audit ? model_.audit_bytes : 0));
   st.set_prompt_frames(static_cast<int32_t>(p.prompt.size()));
   st.set_action_queue_capacity(p.pacing == PacingMode::kFixedRate
                                    ? model_.config.frames_per_block

@@ -41,9 +41,6 @@ struct WorkerConfig {
   Duration max_batch_wait = std::chrono::milliseconds(2);
   int max_batch = 16;
   int action_queue = 32;  // per-action pacing: queued actions per session at most
-  // fraction of sessions (0..1) audited against a full-precision shadow even
-  // when their Start did not ask; spread evenly over opened sessions
-  double audit_fraction = 0.0;
 };
 
 class EngineWorker {
@@ -97,8 +94,6 @@ class EngineWorker {
   int64_t steps() const { return steps_.load(); }
 
  private:
-  bool sample_audit();  // engine thread
-  int64_t opened_ = 0;  // engine thread: sessions opened so far
   struct Entry {
     Entry(std::shared_ptr<ServerSession> s, ActionQueue q) : session(std::move(s)), input(std::move(q)) {}
     std::shared_ptr<ServerSession> session;

@@ -42,6 +42,9 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
         absl::StrCat("jpeg_quality ", start.jpeg_quality(), " is outside 1..100 (0: the server's default)"));
   p.jpeg_quality = start.jpeg_quality() == 0 ? limits.default_jpeg_quality : start.jpeg_quality();
   p.audit = start.audit();
+  if (p.audit && !model.audit_supported)
+    return absl::UnimplementedError(absl::StrCat("audit mode (a full-precision shadow cache) runs on the CPU only; this "
+                                                 "server runs on ", model.device));
 
   const ModelConfig& c = model.config;
   if (start.prompt_jpeg_size() > 0) {
@@ -107,6 +110,7 @@ void fill_model_info(const ServedModel& model, v1::ModelInfo* out) {
     info->set_session_bytes(model.reservation_bytes.at(f));
     info->set_compression_ratio(model.compression_ratio.at(f));
   }
+  out->set_audit_bytes(model.audit_supported ? model.audit_bytes : 0);
   fill_action_space(c.actions, out->mutable_action_space());
   out->set_window_frames(c.window_frames);
   out->set_sink_frames(c.sink_frames);

@@ -33,6 +33,9 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
                                                    "' is not available for this model; it has ",
                                                    absl::StrJoin(m.cache_formats, ", ")));
   m.default_format = default_format;
+  m.audit_supported = engine.audit_supported();
+  if (m.audit_supported)
+    m.audit_bytes = engine.session_reservation(default_format, true) - engine.session_reservation(default_format);
   const double fp16 = static_cast<double>(engine.session_reservation("fp16"));
   for (const auto& [f, bytes] : m.reservation_bytes)
     m.compression_ratio[f] = fp16 > 0 ? fp16 / static_cast<double>(bytes) : 0.0;

@@ -26,6 +26,8 @@ struct ServedModel {
   std::vector<std::string> cache_formats;
   std::string default_format;
   std::map<std::string, int64_t> reservation_bytes;  // per format: one session's most KV bytes
+  bool audit_supported = false;                      // sessions can keep a full-precision shadow (Start.audit)
+  int64_t audit_bytes = 0;                           // what that shadow adds to a session's reservation
   std::map<std::string, double> compression_ratio;   // per format: fp16 bytes / format bytes (full window)
   int64_t kv_capacity_bytes = 0;
   std::vector<Rgb8Image> prompts;                    // the model's prompts/*.jpg, sorted by name

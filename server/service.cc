@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <utility>
 #include <vector>
@@ -177,7 +179,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
       return false;
     }
     std::string token;
-    auto key = service_->admit(client_, params->cache_format, now, &token);
+    auto key = service_->admit(client_, params->cache_format, &params->audit, now, &token);
     if (!key.ok()) {
       finish_once(key.status());  // admit() counted the rejection
       return false;
@@ -278,15 +280,26 @@ void PlayService::update_health_locked() {
 }
 
 absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client, const std::string& format,
-                                                       TimePoint now, std::string* token) {
+                                                       bool* audit, TimePoint now, std::string* token) {
   std::lock_guard<std::mutex> lk(mu_);
   RejectReason reason = RejectReason::kNone;
   std::string t = new_resume_token_locked();
-  auto key = manager_.admit(AdmitRequest{client, format, t}, now, &reason);
+  // deterministic and evenly spread: the n-th admitted session is audited
+  // when the running count of fraction * n crosses an integer
+  bool sampled = false;
+  if (!*audit && model_.audit_supported && config_.audit_fraction > 0) {
+    const double f = std::min(1.0, config_.audit_fraction);
+    sampled = std::floor(f * static_cast<double>(admitted_ + 1)) > std::floor(f * static_cast<double>(admitted_));
+  }
+  AdmitRequest request{client, format, t};
+  request.audit = *audit || sampled;
+  auto key = manager_.admit(request, now, &reason);
   if (!key.ok()) {
     metrics_->sessions_rejected(reject_reason_label(reason)).Increment();
     return key.status();
   }
+  ++admitted_;
+  *audit = request.audit;
   *token = std::move(t);
   update_health_locked();
   return key;

@@ -32,6 +32,9 @@ struct ServiceConfig {
   ProtocolLimits limits;
   int64_t max_request_bytes = 4 << 20;
   int event_capacity = 16;
+  // fraction of sessions (0..1) audited against a full-precision shadow even
+  // when their Start did not ask; spread evenly over admitted sessions
+  double audit_fraction = 0.0;
   // a Play stream that sends no Start within this is ended (DEADLINE_EXCEEDED); zero: never
   Duration start_timeout = std::chrono::seconds(10);
 };
@@ -86,9 +89,11 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   EngineWorker& worker() { return *worker_; }
   Metrics& metrics() { return *metrics_; }
   EncoderPool& encoder() { return *encoder_; }
-  // admits a session and gives it a fresh resume token (*token)
-  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format, TimePoint now,
-                                            std::string* token);
+  // admits a session and gives it a fresh resume token (*token); *audit:
+  // in, whether the Start asked for an audit; out, whether the session is
+  // audited (asked, or sampled by audit_fraction), its shadow reserved
+  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format, bool* audit,
+                                            TimePoint now, std::string* token);
   void release(SessionManager::Key key);
   void touch(SessionManager::Key key, TimePoint now);
   std::string new_session_id();
@@ -109,6 +114,7 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   grpc::HealthCheckServiceInterface* health_ = nullptr;
   int admitting_ = -1;  // last value given to the health service
   uint64_t id_state_;
+  int64_t admitted_ = 0;  // sessions admitted so far (audit sampling)
   std::mutex pending_mu_;
   std::vector<std::shared_ptr<PendingStart>> pending_;  // streams not started yet (pruned by sweep_idle)
   std::random_device entropy_;  // the OS's CSPRNG (getrandom / rdrand) for resume tokens

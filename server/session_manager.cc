@@ -52,10 +52,11 @@ absl::Status SessionManager::check(const AdmitRequest& request, RejectReason* re
                                                             sessions_of(request.client), " sessions, the cap is ",
                                                             config_.max_sessions_per_client,
                                                             " (--max_sessions_per_client)")));
-  if (reserved_ + fmt->second > config_.kv_capacity_bytes)
+  if (reserved_ + reservation(request) > config_.kv_capacity_bytes)
     return refuse(RejectReason::kKvBudget,
                   absl::ResourceExhaustedError(absl::StrCat(
-                      "KV cache budget full: a ", request.cache_format, " session needs ", fmt->second, " bytes, ",
+                      "KV cache budget full: a", request.audit ? "n audited " : " ", request.cache_format,
+                      " session needs ", reservation(request), " bytes, ",
                       free_bytes(), " of ", config_.kv_capacity_bytes, " are free (", sessions(),
                       " sessions); try a smaller cache format or later")));
   if (reason != nullptr) *reason = RejectReason::kNone;
@@ -65,7 +66,7 @@ absl::Status SessionManager::check(const AdmitRequest& request, RejectReason* re
 absl::StatusOr<SessionManager::Key> SessionManager::admit(const AdmitRequest& request, TimePoint now,
                                                           RejectReason* reason) {
   WM_RETURN_IF_ERROR(check(request, reason));
-  const int64_t need = config_.reservation_bytes.at(request.cache_format);
+  const int64_t need = reservation(request);
   WM_CHECK(request.resume_token.empty() || tokens_.count(request.resume_token) == 0);
   const Key key = next_key_++;
   Entry e;

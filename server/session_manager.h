@@ -30,6 +30,7 @@ absl::string_view reject_reason_label(RejectReason r);
 struct SessionManagerConfig {
   int64_t kv_capacity_bytes = 0;            // the engine's KV budget
   std::map<std::string, int64_t> reservation_bytes;  // per cache format: what one session reserves
+  int64_t audit_bytes = 0;                  // what an audited session reserves on top (its shadow)
   int max_sessions = 64;                    // 0: no cap besides the KV budget
   int max_sessions_per_client = 16;         // 0: no per-client cap
   Duration idle_ttl = std::chrono::seconds(60);  // zero: sessions never expire
@@ -40,6 +41,7 @@ struct AdmitRequest {
   std::string client;        // the peer's address without the port
   std::string cache_format;
   std::string resume_token = "";  // "" = not resumable; otherwise unique among held sessions
+  bool audit = false;             // keeps a full-precision shadow: reserves audit_bytes more
 };
 
 class SessionManager {
@@ -91,6 +93,10 @@ class SessionManager {
   const SessionManagerConfig& config() const { return config_; }
 
  private:
+  // what the request's session reserves: its format's bytes, plus the shadow's when audited
+  int64_t reservation(const AdmitRequest& r) const {
+    return config_.reservation_bytes.at(r.cache_format) + (r.audit ? config_.audit_bytes : 0);
+  }
   struct Entry {
     std::string client;
     int64_t reserved = 0;

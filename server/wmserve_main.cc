@@ -49,7 +49,8 @@ ABSL_FLAG(int, max_prompt_frames, 16,
           "prompt frames a Start may carry at most (each costs one engine pass on the engine thread)");
 ABSL_FLAG(double, audit_fraction, 0.0,
           "fraction of sessions (0..1) that keep a full-precision shadow of their cache and feed "
-          "wm_token_selection_drift_ratio{format}; costs one fp32 cache and a probe per audited session");
+          "wm_token_selection_drift_ratio{format}; each reserves one more fp32 cache of the KV budget "
+          "and costs a probe (CPU backend only: ignored on a GPU)");
 ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
 ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
   o.worker.engine.threads = absl::GetFlag(FLAGS_threads);
   o.worker.engine.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_bytes);
   o.worker.default_cache_format = absl::GetFlag(FLAGS_cache_format);
-  o.worker.audit_fraction = absl::GetFlag(FLAGS_audit_fraction);
+  o.service.audit_fraction = absl::GetFlag(FLAGS_audit_fraction);
   o.worker.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);
   o.worker.action_queue = absl::GetFlag(FLAGS_action_queue);

@@ -158,6 +158,25 @@ TEST(Engine, AdmissionRespectsTheBudget) {
   EXPECT_EQ(e->close_session(999).code(), absl::StatusCode::kNotFound);
 }
 
+TEST(Engine, AnAuditedSessionReservesItsShadow) {
+  auto probe = make_engine();
+  ASSERT_TRUE(probe->audit_supported());  // the CPU backend
+  const int64_t q = probe->session_reservation("quantwm2"), fp32 = probe->session_reservation("fp32");
+  EXPECT_EQ(probe->session_reservation("quantwm2", true), q + fp32);
+  // room for one plain session and one audited one, not two audited
+  auto e = make_engine(q + (q + fp32) + fp32 / 2);
+  SessionOptions audited{1, "quantwm2", {}};
+  audited.audit = true;
+  auto a = e->open_session(audited);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(e->kv_reserved_bytes(), q + fp32);
+  auto b = e->open_session(audited);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(e->open_session({2, "quantwm2", {}}).ok());
+  ASSERT_TRUE(e->close_session(*a).ok());
+  EXPECT_EQ(e->kv_reserved_bytes(), q);
+}
+
 TEST(Engine, BadRequestsFailCleanlyAndHarmNothing) {
   auto e = make_engine();
   auto id = *e->open_session({1, "fp16", {}});

@@ -897,6 +897,16 @@ TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
   const PlayResult r = client::play(channel(*server), pc);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   ASSERT_EQ(r.frames.size(), script_actions().size());
+  // the shadow is part of the session's reservation: the format's bytes plus an fp32 cache's
+  v1::ListModelsResponse models;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(channel(*server))->ListModels(&ctx, {}, &models).ok());
+  }
+  std::map<std::string, int64_t> session_bytes;
+  for (const auto& f : models.models(0).cache_format_info()) session_bytes[f.name()] = f.session_bytes();
+  EXPECT_EQ(models.models(0).audit_bytes(), session_bytes.at("fp32"));
+  EXPECT_EQ(r.started.kv_reserved_bytes(), session_bytes.at("quantwm2") + session_bytes.at("fp32"));
   const std::string key = "wm_token_selection_drift_ratio{format=\"quantwm2\"}";
   const std::string queries = "wm_token_selection_drift_queries{format=\"quantwm2\"}";
   std::map<std::string, double> m;

@@ -21,6 +21,9 @@ ServedModel model() {
   m.default_format = "fp16";
   m.reservation_bytes = {{"fp16", 100}, {"kivi2", 50}};
   m.compression_ratio = {{"fp16", 1.0}, {"kivi2", 2.0}};
+  m.device = "cpu";
+  m.audit_supported = true;
+  m.audit_bytes = 200;
   return m;
 }
 
@@ -53,6 +56,13 @@ TEST(PlayProtocol, StartDefaultsAndChoices) {
   EXPECT_EQ(p->jpeg_quality, 75);
   EXPECT_EQ(p->seed, 9u);
   EXPECT_TRUE(p->audit);
+  // a server that cannot audit says so instead of failing the session later
+  ServedModel gpu = m;
+  gpu.device = "cuda";
+  gpu.audit_supported = false;
+  p = parse_start(s, gpu, {});
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "runs on cuda")) << p.status();
 }
 
 TEST(PlayProtocol, BadStartsGetTheirStatus) {

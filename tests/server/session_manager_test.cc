@@ -89,6 +89,28 @@ TEST(SessionManager, RefusalsSayWhyAndWhatToDo) {
   EXPECT_EQ(reject_reason_label(reason), "draining");
 }
 
+TEST(SessionManager, AnAuditedSessionReservesItsShadowToo) {
+  SessionManagerConfig c = config();
+  c.audit_bytes = 300;
+  SessionManager m(c);
+  AdmitRequest audited{"a", "q2"};
+  audited.audit = true;
+  auto a = m.admit(audited, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(m.reserved_bytes(), 400);  // 100 + the 300-byte shadow
+  ASSERT_TRUE(m.admit({"a", "fp16"}, {}).ok());
+  EXPECT_EQ(m.reserved_bytes(), 800);
+  // 800 + 100 fits, 800 + 100 + 300 does not
+  RejectReason reason = RejectReason::kNone;
+  auto full = m.admit(audited, {}, &reason);
+  EXPECT_EQ(reason, RejectReason::kKvBudget);
+  EXPECT_TRUE(absl::StrContains(full.status().message(), "an audited q2 session needs 400 bytes")) << full.status();
+  ASSERT_TRUE(m.admit({"b", "q2"}, {}).ok());
+  // releasing the audited session returns both
+  ASSERT_TRUE(m.release(*a));
+  EXPECT_EQ(m.reserved_bytes(), 500);
+}
+
 TEST(SessionManager, CanAdmitTracksTheDefaultFormatAndDraining) {
   SessionManager m(config());
   EXPECT_TRUE(m.can_admit("fp16"));
