@@ -1,8 +1,11 @@
-// wmplay: plays one session against a wmserve.
+// wmplay: plays wmserve sessions.
+//   wmplay --web 127.0.0.1:8080 [--server host:port] [--fps F]     play in a browser
 //   wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]
-// Writes every frame as DIR/frame_%05d.jpg (by frame index) and DIR/summary.json:
-// frames, dropped frames (index gaps), freezes, action-to-frame latency
-// percentiles on this client's clock, and the server's timings.
+// --web serves a page that shows the frames and sends the keyboard and mouse
+// (clients/web_player.h). --headless plays a script and writes every frame as
+// DIR/frame_%05d.jpg (by frame index) and DIR/summary.json: frames, dropped
+// frames (index gaps), freezes, action-to-frame latency percentiles on this
+// client's clock, and the server's timings.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -16,10 +19,15 @@
 #include "absl/strings/str_split.h"
 #include "clients/play_client.h"
 #include "clients/stats.h"
+#include "clients/web_player.h"
 #include "common/image_io.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "wmserve address host:port");
-ABSL_FLAG(bool, headless, false, "play without a window (the only mode in this build)");
+ABSL_FLAG(bool, headless, false, "play a script without a window (--script, --out)");
+ABSL_FLAG(std::string, web, "",
+          "host:port: serve a page to play in a browser (port 0: any free port, see --port_file)");
+ABSL_FLAG(std::string, port_file, "", "--web: write {\"port\": P} here once listening");
+ABSL_FLAG(int, max_players, 4, "--web: sessions (browser pages) at once");
 ABSL_FLAG(std::string, script, "", "action script (engine/action.h format), one action per frame");
 ABSL_FLAG(std::string, out, "", "output directory for frames and summary.json");
 ABSL_FLAG(std::string, model, "", "model name (default: the server's)");
@@ -58,11 +66,25 @@ wm::ActionSpace to_space(const v1::ActionSpace& s) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "plays one session against wmserve and records it:\n"
+      "plays wmserve sessions, in a browser or from a script:\n"
+      "  wmplay --web 127.0.0.1:8080 [--server host:port] [--fps F]\n"
       "  wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]");
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_web).empty()) {
+    if (absl::GetFlag(FLAGS_headless)) return fail("--web and --headless are two ways to play: pick one");
+    wm::client::WebPlayerOptions w;
+    w.server = absl::GetFlag(FLAGS_server);
+    w.listen = absl::GetFlag(FLAGS_web);
+    w.port_file = absl::GetFlag(FLAGS_port_file);
+    w.fps = absl::GetFlag(FLAGS_fps) > 0 ? absl::GetFlag(FLAGS_fps) : 20;
+    w.model = absl::GetFlag(FLAGS_model);
+    w.format = absl::GetFlag(FLAGS_format);
+    w.quality = absl::GetFlag(FLAGS_quality);
+    w.max_players = absl::GetFlag(FLAGS_max_players);
+    return wm::client::run_web_player(w);
+  }
   if (!absl::GetFlag(FLAGS_headless))
-    return fail("the interactive window is not built yet: use --headless --script FILE --out DIR");
+    return fail("pick a way to play: --web HOST:PORT (a browser) or --headless --script FILE --out DIR");
   const std::string out = absl::GetFlag(FLAGS_out);
   if (absl::GetFlag(FLAGS_script).empty() || out.empty()) return fail("--script and --out are required");
 

@@ -1,0 +1,349 @@
+#include "clients/web_player.h"
+
+#include <CivetServer.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "clients/play_client.h"
+#include "clients/web_player_page.h"
+
+namespace wm::client {
+
+namespace v1 = ::wmserve::v1;
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// how far one post may move the mouse: keeps the accumulator bounded
+constexpr float kMaxMouseAccumulated = 1000.0f;
+
+void reply(mg_connection* conn, int code, const char* type, const std::string& body) {
+  const char* text = code == 200 ? "OK" : code == 400 ? "Bad Request" : code == 404 ? "Not Found"
+                   : code == 405 ? "Method Not Allowed" : code == 409 ? "Conflict" : code == 502 ? "Bad Gateway"
+                   : code == 503 ? "Service Unavailable" : "Error";
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
+            "Connection: close\r\n\r\n",
+            code, text, type, body.size());
+  mg_write(conn, body.data(), body.size());
+}
+
+void reply_error(mg_connection* conn, int code, const std::string& message) {
+  reply(conn, code, "application/json", nlohmann::json{{"error", message}}.dump());
+}
+
+// a query-string parameter ("" when absent); the body stays unread
+// (CivetServer::getParam would consume it)
+std::string param(mg_connection* conn, const char* name) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  if (ri->query_string == nullptr) return "";
+  char buf[128];
+  const int n = mg_get_var(ri->query_string, std::strlen(ri->query_string), name, buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+// one browser page's session
+struct Player {
+  std::string id;
+  std::unique_ptr<PlayStream> stream;
+  v1::Started started;
+  SteadyClock::time_point created;
+  std::mutex mu;  // the input state below
+  uint32_t keys = 0;
+  float dx = 0, dy = 0;
+  bool attached = false;
+  std::atomic<bool> done{false};
+  std::thread sender;
+
+  // ends the session: the sender stops, the stream is cancelled
+  void end() {
+    done = true;
+    stream->cancel();
+    if (sender.joinable() && sender.get_id() != std::this_thread::get_id()) sender.join();
+  }
+  ~Player() { end(); }
+};
+
+class WebPlayer {
+ public:
+  explicit WebPlayer(const WebPlayerOptions& o) : o_(o), channel_(make_channel(o.server)) {}
+
+  void handle(mg_connection* conn) {
+    const mg_request_info* ri = mg_get_request_info(conn);
+    const std::string uri = ri->local_uri != nullptr ? ri->local_uri : "";
+    const std::string method = ri->request_method != nullptr ? ri->request_method : "";
+    const bool get = method == "GET", post = method == "POST";
+    if (uri == "/" && get) return reply(conn, 200, "text/html; charset=utf-8", kWebPlayerPage);
+    if (uri == "/players" && post) return create(conn);
+    if (uri == "/stream" && get) return stream(conn);
+    if (uri == "/input" && post) return input(conn);
+    if (uri == "/" || uri == "/players" || uri == "/stream" || uri == "/input")
+      return reply_error(conn, 405, method + " is not allowed on " + uri);
+    reply_error(conn, 404, "no page " + uri);
+  }
+
+  // ends players whose page never opened the stream
+  void sweep() {
+    std::vector<std::shared_ptr<Player>> stale;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const auto now = SteadyClock::now();
+      for (auto it = players_.begin(); it != players_.end();) {
+        bool attached;
+        {
+          std::lock_guard<std::mutex> plk(it->second->mu);
+          attached = it->second->attached;
+        }
+        if (!attached && now - it->second->created > std::chrono::duration<double>(o_.attach_timeout_s)) {
+          stale.push_back(it->second);
+          it = players_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& p : stale) p->end();
+  }
+
+  void stop_all() {
+    std::map<std::string, std::shared_ptr<Player>> all;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      all.swap(players_);
+    }
+    for (auto& [id, p] : all) p->end();
+  }
+
+ private:
+  std::shared_ptr<Player> find(const std::string& id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = players_.find(id);
+    return it == players_.end() ? nullptr : it->second;
+  }
+
+  void forget(const std::string& id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    players_.erase(id);
+  }
+
+  std::string new_id() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16));
+  }
+
+  void create(mg_connection* conn) {
+    uint64_t seed = 0;
+    const std::string s = param(conn, "seed");
+    if (s.empty()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      seed = rng_() % 1000000;
+    } else if (!absl::SimpleAtoi(s, &seed)) {
+      return reply_error(conn, 400, "seed '" + s + "' is not a non-negative integer");
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (static_cast<int>(players_.size()) >= o_.max_players)
+        return reply_error(conn, 503, absl::StrCat("all ", o_.max_players, " player slots are taken (--max_players)"));
+    }
+    auto p = std::make_shared<Player>();
+    p->id = new_id();
+    p->created = SteadyClock::now();
+    p->stream = std::make_unique<PlayStream>(channel_);
+    v1::Start start;
+    start.set_model(o_.model);
+    start.set_cache_format(o_.format);
+    start.set_seed(seed);
+    start.set_pacing(v1::PACING_FIXED_RATE);
+    start.set_fps(o_.fps);
+    start.set_jpeg_quality(o_.quality);
+    const grpc::Status st = p->stream->start(start);
+    if (!st.ok()) {
+      p->stream->cancel();
+      return reply_error(conn, 502, absl::StrCat("wmserve at ", o_.server, ": ", status_code_name(st.error_code()),
+                                                 ": ", st.error_message()));
+    }
+    p->started = p->stream->started();
+    const v1::ActionSpace& space = p->started.action_space();
+    p->sender = std::thread([this, p = p.get(), limit = space.mouse_limit(), nkeys = space.keys_size()] {
+      send_loop(*p, limit, nkeys);
+    });
+    nlohmann::json keys = nlohmann::json::array();
+    for (const auto& k : space.keys()) keys.push_back(k);
+    const nlohmann::json j = {{"id", p->id},
+                              {"session_id", p->started.session_id()},
+                              {"model", p->started.model().name()},
+                              {"cache_format", p->started.cache_format()},
+                              {"seed", seed},
+                              {"width", p->started.width()},
+                              {"height", p->started.height()},
+                              {"fps", p->started.fps()},
+                              {"keys", keys},
+                              {"mouse_limit", space.mouse_limit()}};
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      players_[p->id] = p;
+    }
+    reply(conn, 200, "application/json", j.dump());
+  }
+
+  // one action per tick: the keys held now and the mouse moved since the last tick
+  void send_loop(Player& p, float limit, int nkeys) {
+    const auto period = std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(1.0 / o_.fps));
+    auto next = SteadyClock::now();
+    const float lim = limit > 0 ? limit : kMaxMouseAccumulated;
+    const uint32_t mask = nkeys >= 32 ? ~0u : ((1u << nkeys) - 1);
+    for (uint64_t seq = 1; !p.done; ++seq) {
+      Action a;
+      {
+        std::lock_guard<std::mutex> lk(p.mu);
+        a.keys = p.keys & mask;
+        a.mouse[0] = std::clamp(p.dx, -lim, lim);
+        a.mouse[1] = std::clamp(p.dy, -lim, lim);
+        p.dx -= a.mouse[0];  // what the limit left waits for the next tick
+        p.dy -= a.mouse[1];
+      }
+      if (!p.stream->send_action(to_proto(a, seq, now_us()))) break;
+      next += period;
+      std::this_thread::sleep_until(next);
+    }
+  }
+
+  void stream(mg_connection* conn) {
+    const std::string id = param(conn, "id");
+    std::shared_ptr<Player> p = find(id);
+    if (p == nullptr) return reply_error(conn, 404, "no player '" + id + "' (it ended, or never existed)");
+    {
+      std::lock_guard<std::mutex> lk(p->mu);
+      if (p->attached) return reply_error(conn, 409, "player '" + id + "' already has its stream");
+      p->attached = true;
+    }
+    mg_printf(conn,
+              "HTTP/1.1 200 OK\r\nContent-Type: multipart/x-mixed-replace; boundary=wmframe\r\n"
+              "Cache-Control: no-store\r\nConnection: close\r\n\r\n");
+    v1::PlayResponse r;
+    while (!p->done && p->stream->read(&r)) {
+      if (!r.has_frame()) continue;
+      const std::string& jpeg = r.frame().jpeg();
+      const std::string head = absl::StrCat("--wmframe\r\nContent-Type: image/jpeg\r\nContent-Length: ", jpeg.size(),
+                                            "\r\nX-Frame-Index: ", r.frame().index(), "\r\n\r\n");
+      if (mg_write(conn, head.data(), head.size()) <= 0 || mg_write(conn, jpeg.data(), jpeg.size()) <= 0 ||
+          mg_write(conn, "\r\n", 2) <= 0)
+        break;  // the page went away
+    }
+    forget(id);
+    p->end();
+  }
+
+  void input(mg_connection* conn) {
+    const std::string id = param(conn, "id");
+    std::shared_ptr<Player> p = find(id);
+    if (p == nullptr) return reply_error(conn, 404, "no player '" + id + "'");
+    char buf[256];
+    const int n = mg_read(conn, buf, sizeof(buf) - 1);
+    if (n <= 0) return reply_error(conn, 400, "empty input: expected \"KEYS DX DY\"");
+    buf[n] = '\0';
+    const std::vector<std::string> f = absl::StrSplit(std::string(buf, static_cast<size_t>(n)), ' ', absl::SkipEmpty());
+    uint32_t keys = 0;
+    float dx = 0, dy = 0;
+    if (f.size() != 3 || !absl::SimpleAtoi(f[0], &keys) || !absl::SimpleAtof(f[1], &dx) ||
+        !absl::SimpleAtof(f[2], &dy) || !std::isfinite(dx) || !std::isfinite(dy))
+      return reply_error(conn, 400, "bad input '" + std::string(buf) + "': expected \"KEYS DX DY\"");
+    {
+      std::lock_guard<std::mutex> lk(p->mu);
+      p->keys = keys;
+      p->dx = std::clamp(p->dx + dx, -kMaxMouseAccumulated, kMaxMouseAccumulated);
+      p->dy = std::clamp(p->dy + dy, -kMaxMouseAccumulated, kMaxMouseAccumulated);
+    }
+    reply(conn, 200, "application/json", "{}");
+  }
+
+  const WebPlayerOptions o_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Player>> players_;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+class Handler final : public CivetHandler {
+ public:
+  explicit Handler(WebPlayer& w) : w_(w) {}
+  bool handleGet(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
+  bool handlePost(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
+  bool handlePut(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
+  bool handleDelete(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
+
+ private:
+  WebPlayer& w_;
+};
+
+}  // namespace
+
+int run_web_player(const WebPlayerOptions& o) {
+  if (!(o.fps > 0 && o.fps <= 240)) {
+    std::fprintf(stderr, "wmplay: --fps must be in (0, 240] with --web\n");
+    return 2;
+  }
+  if (o.max_players < 1) {
+    std::fprintf(stderr, "wmplay: --max_players must be positive\n");
+    return 2;
+  }
+  // SIGINT/SIGTERM go to the main thread's sigtimedwait, never to a server thread
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  WebPlayer player(o);
+  Handler handler(player);
+  std::unique_ptr<CivetServer> http;
+  try {
+    // a stream holds a thread for its whole session: room for every player and then some
+    const std::vector<std::string> options = {"listening_ports", o.listen, "num_threads",
+                                              std::to_string(2 * o.max_players + 4), "enable_keep_alive", "no"};
+    http = std::make_unique<CivetServer>(options);
+  } catch (const CivetException& e) {
+    std::fprintf(stderr, "wmplay: cannot listen on %s: %s\n", o.listen.c_str(), e.what());
+    return 1;
+  }
+  http->addHandler("/", handler);
+  const std::vector<int> ports = http->getListeningPorts();
+  const int port = ports.empty() ? 0 : ports[0];
+  if (!o.port_file.empty()) {
+    const std::string tmp = o.port_file + ".tmp";
+    std::ofstream(tmp) << "{\"port\": " << port << "}\n";
+    std::rename(tmp.c_str(), o.port_file.c_str());
+  }
+  const std::string host = o.listen.substr(0, o.listen.rfind(':'));
+  std::printf("wmplay: open http://%s:%d/ to play (wmserve at %s, %g frames/s); Ctrl-C stops\n",
+              host.empty() ? "localhost" : host.c_str(), port, o.server.c_str(), o.fps);
+  std::fflush(stdout);
+  const timespec tick{1, 0};
+  while (sigtimedwait(&signals, nullptr, &tick) < 0) player.sweep();
+  std::printf("wmplay: stopping\n");
+  player.stop_all();
+  http->close();
+  return 0;
+}
+
+}  // namespace wm::client
