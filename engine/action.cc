@@ -120,8 +120,7 @@ std::string format_action_script(const std::vector<Action>& actions, const Actio
     std::string keys;
     for (size_t k = 0; k < space.keys.size(); ++k)
       if ((actions[i].keys >> k) & 1u) keys += space.keys[k];
-    if (keys.empty()) keys = "-";
-    absl::StrAppend(&out, keys);
+    absl::StrAppend(&out, keys.empty() ? std::string("-") : keys);
     for (size_t m = 0; m < space.mouse.size(); ++m) absl::StrAppend(&out, " ", actions[i].mouse[m]);
     if (j - i > 1) absl::StrAppend(&out, " *", j - i);
     absl::StrAppend(&out, "\n");

@@ -172,30 +172,66 @@ absl::Status Engine::close_session(SessionId id) {
 
 absl::Status Engine::write_frames(std::span<Session* const> sessions,
                                   std::span<const std::vector<Rgb8Image>* const> images) {
-  const ModelConfig& c = config();
+  const int64_t fv = config().frame_values();
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    Session& sn = *sessions[s];
+    WM_CHECK(!sn.pending.has_value());
+    PendingWrite w;
+    w.first = sn.generated;
+    w.values.reserve(images[s]->size() * static_cast<size_t>(fv));
+    for (const auto& img : *images[s])
+      for (uint8_t p : img.pixels) w.values.push_back(p / 127.5f - 1.0f);
+    w.actions.assign(images[s]->size(), Action{});
+    sn.generated += static_cast<int64_t>(images[s]->size());
+    sn.pending = std::move(w);
+  }
+  return flush_writes();
+}
+
+bool Engine::writes_pending() const {
+  for (const auto& [id, s] : sessions_)
+    if (s.pending.has_value()) return true;
+  return false;
+}
+
+absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
+  std::vector<Session*> pending;
   int frames = 0;
-  for (const auto* imgs : images) frames += static_cast<int>(imgs->size());
+  for (auto& [id, s] : sessions_)
+    if (s.pending.has_value()) {
+      pending.push_back(&s);
+      frames += static_cast<int>(s.pending->actions.size());
+    }
+  if (pending.empty()) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const int64_t fv = c.frame_values();
   reserve_buffers(frames);
-  std::vector<float> host(static_cast<size_t>(frames) * c.frame_values());
+  std::vector<float> host;
+  host.reserve(static_cast<size_t>(frames) * fv);
   ForwardInput in;
   int f = 0;
-  for (size_t s = 0; s < sessions.size(); ++s) {
-    in.sessions.push_back({sessions[s]->cache.get(), f, static_cast<int>(images[s]->size())});
-    for (const auto& img : *images[s]) {
-      for (size_t i = 0; i < img.pixels.size(); ++i)
-        host[static_cast<size_t>(f) * c.frame_values() + i] = img.pixels[i] / 127.5f - 1.0f;
+  for (Session* s : pending) {
+    const PendingWrite& w = *s->pending;
+    const int n = static_cast<int>(w.actions.size());
+    in.sessions.push_back({s->cache.get(), f, n});
+    host.insert(host.end(), w.values.begin(), w.values.end());
+    for (int b = 0; b < n; ++b) {
       in.sigma.push_back(0.0f);
-      in.actions.push_back(Action{});
-      in.frame_index.push_back(sessions[s]->generated++);
-      ++f;
+      in.actions.push_back(w.actions[static_cast<size_t>(b)]);
+      in.frame_index.push_back(w.first + b);
     }
+    f += n;
   }
+  // written or not, these frames are done: a failed write fails the step, and the server ends the sessions
+  for (Session* s : pending) s->pending.reset();
   backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
   const FrameShape shape{c.height, c.width, c.channels, c.patch};
   backend_->patchify(pixels_, frames, shape, x_);
   in.tokens = x_;
   in.write_pass = true;
-  return model_->forward(in, nullptr, nullptr);
+  WM_RETURN_IF_ERROR(model_->forward(in, nullptr, times, trace));
+  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest> requests, StepStats* stats,
@@ -224,6 +260,9 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   }
   const int frames = static_cast<int>(requests.size()) * B;
   if (frames == 0) return std::vector<StepResult>{};
+  // the previous blocks' K/V first (defer_writes): this block attends to them
+  OpTimes ops;
+  WM_RETURN_IF_ERROR(flush_writes(&ops));
   reserve_buffers(frames);
   const int64_t fv = c.frame_values();
   const FrameShape shape{c.height, c.width, c.channels, c.patch};
@@ -244,7 +283,6 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   backend_->patchify(pixels_, frames, shape, x_);
   in.tokens = x_;
 
-  OpTimes ops;
   const size_t steps = c.sigmas.size();
   std::vector<float> dt(static_cast<size_t>(frames));
   for (size_t i = 0; i < steps; ++i) {
@@ -278,6 +316,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
     }
   }
 
+  // the block's clean frames (or the ones the request forces) go into the caches
   if (any_forced) {
     for (size_t r = 0; r < requests.size(); ++r)
       for (size_t b = 0; b < requests[r].force_frames.size(); ++b) {
@@ -285,14 +324,17 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
         float* dst = host.data() + (r * B + b) * fv;
         for (size_t i = 0; i < img.pixels.size(); ++i) dst[i] = img.pixels[i] / 127.5f - 1.0f;
       }
-    backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
-    backend_->patchify(pixels_, frames, shape, x_);
   }
-  in.sigma.assign(static_cast<size_t>(frames), 0.0f);
-  in.write_pass = true;
-  WM_RETURN_IF_ERROR(model_->forward(in, nullptr, &ops, trace));
-  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
-  for (Session* s : sess) s->generated += B;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    PendingWrite w;
+    w.first = sess[r]->generated;
+    w.values.assign(host.begin() + static_cast<std::ptrdiff_t>(r * B * fv),
+                    host.begin() + static_cast<std::ptrdiff_t>((r + 1) * B * fv));
+    w.actions = requests[r].actions;
+    sess[r]->pending = std::move(w);
+    sess[r]->generated += B;
+  }
+  if (!options_.defer_writes) WM_RETURN_IF_ERROR(flush_writes(&ops, trace));
 
   if (stats != nullptr) {
     stats->sessions = static_cast<int>(requests.size());

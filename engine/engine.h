@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,6 +43,12 @@ struct EngineOptions {
   int threads = 0;                   // 0: the libraries' defaults
   int64_t kv_budget_bytes = int64_t{2} << 30;
   KvFormatOptions kv_options;
+  // step() returns a block's frames before the pass that writes their K/V
+  // into the caches (one forward of the 1 + denoising steps a block costs);
+  // that write runs at flush_writes() or at the start of the next step. The
+  // server flushes right after handing the frames out: the frames reach the
+  // players one forward earlier, and no computation changes.
+  bool defer_writes = false;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
   uint64_t random_seed = 0;
@@ -121,6 +128,12 @@ class Engine {
   absl::StatusOr<std::vector<StepResult>> step(std::span<const StepRequest> requests, StepStats* stats = nullptr,
                                                bool keep_values = false, const TraceFn* trace = nullptr);
 
+  // writes the K/V of every block step() returned but has not written yet
+  // (defer_writes), as one batched pass; a no-op when none is pending. Until
+  // then session_info() and kv_used_bytes() count the caches without them.
+  absl::Status flush_writes(OpTimes* times = nullptr, const TraceFn* trace = nullptr);
+  bool writes_pending() const;
+
   absl::StatusOr<SessionInfo> session_info(SessionId id) const;
   KvCache* session_cache(SessionId id);  // for probes (audit mode, wmquant)
 
@@ -137,11 +150,18 @@ class Engine {
   std::map<std::string, DriftStats> drift_by_format() const;
 
  private:
+  // frames generated (or given as a prompt) whose K/V are not in the cache yet
+  struct PendingWrite {
+    std::vector<float> values;   // [frames][frame_values], in [-1, 1]
+    std::vector<Action> actions;  // the conditioning of each frame
+    int64_t first = 0;           // the first frame's index
+  };
   struct Session {
     uint64_t seed = 0;
-    int64_t generated = 0;
+    int64_t generated = 0;  // frames produced; those of `pending` are not in the cache yet
     int64_t reserved = 0;
     std::unique_ptr<KvCache> cache;
+    std::optional<PendingWrite> pending;
   };
   Engine() = default;
   absl::Status write_frames(std::span<Session* const> sessions, std::span<const std::vector<Rgb8Image>* const> images);

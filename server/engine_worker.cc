@@ -30,7 +30,10 @@ absl::StatusOr<ServedModel> EngineWorker::start() {
 }
 
 void EngineWorker::run(std::promise<absl::StatusOr<ServedModel>>* started) {
-  auto engine = Engine::create(config_.engine);
+  // frames go out before their K/V are written; do_step writes them right after
+  EngineOptions eo = config_.engine;
+  eo.defer_writes = true;
+  auto engine = Engine::create(eo);
   if (!engine.ok()) {
     started->set_value(engine.status());
     return;
@@ -419,6 +422,16 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
       }
     }
     p.session->send_frames(std::move(frames));
+  }
+  // the frames are on their way: now their K/V go into the caches, before any next step
+  const absl::Status written = engine_->flush_writes();
+  engine_free_since_ = Clock::now();
+  if (!written.ok()) {
+    std::fprintf(stderr, "wmserve: writing the K/V of %zu sessions failed: %s\n", planned.size(),
+                 written.ToString().c_str());
+    if (metrics_ != nullptr) metrics_->engine_errors->Increment();
+    for (const auto& p : planned)
+      close(p.key, absl::InternalError(absl::StrCat("engine step failed: ", written.message())), EndReason::kError);
   }
 }
 

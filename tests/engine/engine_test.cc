@@ -9,8 +9,10 @@
 namespace wm {
 namespace {
 
-std::unique_ptr<Engine> make_engine(int64_t budget = int64_t{1} << 30, const std::string& config = "tiny-test") {
+std::unique_ptr<Engine> make_engine(int64_t budget = int64_t{1} << 30, const std::string& config = "tiny-test",
+                                    bool defer_writes = false) {
   EngineOptions o;
+  o.defer_writes = defer_writes;
   o.random_weights = true;
   o.random_seed = 5;
   o.config_path = std::string(WM_SOURCE_DIR) + "/configs/" + config + ".json";
@@ -217,6 +219,63 @@ TEST(Engine, PromptAndTeacherForcingShapeTheCache) {
   EXPECT_EQ((*fa)[0].frames[0].rgb, (*fb)[0].frames[0].rgb);
   EXPECT_NE(rollout(*e, a, {act(0, 0)})[0].rgb, rollout(*e, b, {act(0, 0)})[0].rgb);
   (void)plain;
+}
+
+// defer_writes: frames come back before their K/V are written; the write
+// happens at flush_writes() or the next step, and nothing else changes
+TEST(Engine, DeferredWritesGiveTheSameFramesAndCaches) {
+  auto now = make_engine(), later = make_engine(int64_t{1} << 30, "tiny-test", /*defer_writes=*/true);
+  const ModelConfig& c = now->config();
+  Rgb8Image img{c.width, c.height, std::vector<uint8_t>(static_cast<size_t>(c.width) * c.height * 3)};
+  for (size_t i = 0; i < img.pixels.size(); ++i) img.pixels[i] = static_cast<uint8_t>((i * 53) % 256);
+  std::vector<SessionId> in, il;
+  for (uint64_t seed : {21u, 22u}) {
+    in.push_back(*now->open_session({seed, "kivi2", {img}}));
+    il.push_back(*later->open_session({seed, "kivi2", {img}}));
+  }
+  const auto s = script(9);
+  for (size_t step = 0; step < s.size(); ++step) {
+    std::vector<StepRequest> rn, rl;
+    for (size_t k = 0; k < in.size(); ++k) {
+      // session 1 sits out every third step; session 0 is teacher-forced at step 4
+      if (k == 1 && step % 3 == 2) continue;
+      std::vector<Rgb8Image> force;
+      if (k == 0 && step == 4) force.push_back(img);
+      rn.push_back({in[k], {s[step]}, force});
+      rl.push_back({il[k], {s[step]}, force});
+    }
+    auto fn = now->step(rn), fl = later->step(rl);
+    ASSERT_TRUE(fn.ok() && fl.ok());
+    ASSERT_EQ(fn->size(), fl->size());
+    for (size_t r = 0; r < fn->size(); ++r) {
+      EXPECT_EQ((*fn)[r].frames[0].rgb, (*fl)[r].frames[0].rgb) << "step " << step << " request " << r;
+      EXPECT_EQ((*fn)[r].frames[0].index, (*fl)[r].frames[0].index);
+      // the deferred engine counts the frame as generated, its cache does not hold it yet
+      auto info_n = now->session_info(rn[r].session), info_l = later->session_info(rl[r].session);
+      EXPECT_EQ(info_n->frames_generated, info_l->frames_generated);
+      EXPECT_EQ(later->session_cache(rl[r].session)->frames(0).back(), info_l->frames_generated - 2);
+    }
+    EXPECT_FALSE(now->writes_pending());
+    EXPECT_TRUE(later->writes_pending());
+  }
+  ASSERT_TRUE(later->flush_writes().ok());
+  EXPECT_FALSE(later->writes_pending());
+  EXPECT_EQ(now->kv_used_bytes(), later->kv_used_bytes());
+  for (size_t k = 0; k < in.size(); ++k)
+    for (int l = 0; l < c.layers; ++l) {
+      std::vector<float> kn, vn, kl, vl;
+      now->session_cache(in[k])->reconstruct(l, &kn, &vn);
+      later->session_cache(il[k])->reconstruct(l, &kl, &vl);
+      EXPECT_EQ(kn, kl) << "session " << k << " layer " << l;
+      EXPECT_EQ(vn, vl) << "session " << k << " layer " << l;
+    }
+  // a session closed with its write pending just ends
+  auto extra = *later->open_session({23, "fp16", {}});
+  std::vector<StepRequest> r = {{extra, {s[0]}, {}}};
+  ASSERT_TRUE(later->step(r).ok());
+  EXPECT_TRUE(later->writes_pending());
+  ASSERT_TRUE(later->close_session(extra).ok());
+  EXPECT_FALSE(later->writes_pending());
 }
 
 }  // namespace
