@@ -745,8 +745,9 @@ std::string block_config_path() {
   return path;
 }
 
-std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& config) {
+std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& config, bool defer_writes = false) {
   EngineOptions o;
+  o.defer_writes = defer_writes;
   o.random_weights = true;
   o.random_seed = 3;
   o.config_path = config;
@@ -768,8 +769,8 @@ Action act(int i) {
 }
 
 // three sessions at different lengths stepped as one batch on both devices
-void expect_same_rollouts(const std::string& config, int blocks) {
-  auto cpu = engine_on("cpu", config), cuda = engine_on("cuda", config);
+void expect_same_rollouts(const std::string& config, int blocks, bool defer_cuda_writes = false) {
+  auto cpu = engine_on("cpu", config), cuda = engine_on("cuda", config, defer_cuda_writes);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(cuda, nullptr);
   ASSERT_EQ(cuda->device(), "cuda");
@@ -820,6 +821,12 @@ TEST(CudaEndToEnd, DefaultModelShapesMatchTheCpu) {
   WM_REQUIRE_CUDA();
   // wm-default-64's shapes (4 heads x 64, 64 tokens per frame, window 16 + 1 sink): 20 frames pass the window
   expect_same_rollouts(test::source_file("configs/default.json"), 20);
+}
+
+// the server's way: frames out first, the write pass after (EngineOptions::defer_writes)
+TEST(CudaEndToEnd, DeferredWritesMatchTheCpu) {
+  WM_REQUIRE_CUDA();
+  expect_same_rollouts(test::source_file("configs/default.json"), 12, /*defer_cuda_writes=*/true);
 }
 
 TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
