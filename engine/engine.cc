@@ -166,6 +166,7 @@ absl::Status Engine::close_session(SessionId id) {
   // drift is a property of the format, not of one session: keep what closed sessions measured
   if (const DriftStats* d = it->second.cache->drift(); d != nullptr)
     retired_drift_[std::string(it->second.cache->format())] += *d;
+  std::erase(pending_, &it->second);  // its last block is never written: the session is gone
   sessions_.erase(it);
   return absl::OkStatus();
 }
@@ -184,25 +185,20 @@ absl::Status Engine::write_frames(std::span<Session* const> sessions,
     w.actions.assign(images[s]->size(), Action{});
     sn.generated += static_cast<int64_t>(images[s]->size());
     sn.pending = std::move(w);
+    pending_.push_back(&sn);
   }
   return flush_writes();
 }
 
-bool Engine::writes_pending() const {
-  for (const auto& [id, s] : sessions_)
-    if (s.pending.has_value()) return true;
-  return false;
-}
+bool Engine::writes_pending() const { return !pending_.empty(); }
 
 absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
+  // in the order the frames were made: the batch a step had, so the write is that step's own
   std::vector<Session*> pending;
-  int frames = 0;
-  for (auto& [id, s] : sessions_)
-    if (s.pending.has_value()) {
-      pending.push_back(&s);
-      frames += static_cast<int>(s.pending->actions.size());
-    }
+  pending.swap(pending_);
   if (pending.empty()) return absl::OkStatus();
+  int frames = 0;
+  for (const Session* s : pending) frames += static_cast<int>(s->pending->actions.size());
   const ModelConfig& c = config();
   const int64_t fv = c.frame_values();
   reserve_buffers(frames);
@@ -332,6 +328,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
                     host.begin() + static_cast<std::ptrdiff_t>((r + 1) * B * fv));
     w.actions = requests[r].actions;
     sess[r]->pending = std::move(w);
+    pending_.push_back(sess[r]);
     sess[r]->generated += B;
   }
   if (!options_.defer_writes) WM_RETURN_IF_ERROR(flush_writes(&ops, trace));

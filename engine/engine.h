@@ -174,6 +174,7 @@ class Engine {
   const PluginBackend* plugin_ = nullptr;  // backend_ when it is a device plugin
   std::unique_ptr<Model> model_;
   std::map<SessionId, Session> sessions_;
+  std::vector<Session*> pending_;  // sessions with a pending write, in the order they got it
   SessionId next_id_ = 1;
   int64_t reserved_ = 0;
   std::map<std::string, DriftStats> retired_drift_;  // audited sessions already closed
