@@ -75,10 +75,13 @@ struct Player {
   std::atomic<bool> done{false};
   std::thread sender;
 
+  std::mutex end_mu;  // end() may run on the page's thread and at shutdown at once
+
   // ends the session: the sender stops, the stream is cancelled
   void end() {
     done = true;
     stream->cancel();
+    std::lock_guard<std::mutex> lk(end_mu);
     if (sender.joinable() && sender.get_id() != std::this_thread::get_id()) sender.join();
   }
   ~Player() { end(); }
