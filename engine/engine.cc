@@ -111,6 +111,17 @@ void Engine::reserve_buffers(int frames) {
   buffer_frames_ = frames;
 }
 
+absl::Status Engine::reserve_batch(int sessions) {
+  if (sessions < 1 || sessions > 1 << 16)
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", sessions, " sessions: expected 1..65536"));
+  const ModelConfig& c = config();
+  const int frames = sessions * c.frames_per_block;
+  reserve_buffers(frames);
+  model_->reserve(frames * c.tokens_per_frame(), frames);
+  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
+  return absl::OkStatus();
+}
+
 absl::Status Engine::validate_image(const Rgb8Image& img) const {
   const ModelConfig& c = config();
   if (c.decoder != "pixels") return absl::InvalidArgumentError("this model takes no image frames (latent model)");

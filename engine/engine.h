@@ -128,6 +128,11 @@ class Engine {
   absl::StatusOr<std::vector<StepResult>> step(std::span<const StepRequest> requests, StepStats* stats = nullptr,
                                                bool keep_values = false, const TraceFn* trace = nullptr);
 
+  // allocates now the buffers a step of `sessions` blocks needs (they
+  // otherwise grow at the first step that large): a device too small for
+  // the largest batch fails here, at start-up, instead of in a step
+  absl::Status reserve_batch(int sessions);
+
   // writes the K/V of every block step() returned but has not written yet
   // (defer_writes), as one batched pass; a no-op when none is pending. Until
   // then session_info() and kv_used_bytes() count the caches without them.

@@ -59,8 +59,10 @@ class Model {
   // for every frame: c_f [frames, D] and e_f = cond_proj(SiLU(c_f)) [frames, 6D], on the host
   void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e) const;
 
- private:
+  // the activation buffers of a batch this large, now (they grow otherwise)
   void reserve(int tokens, int frames);
+
+ private:
   float* buf(size_t i) { return bufs_[i]; }
 
   Backend& backend_;

@@ -39,6 +39,13 @@ void EngineWorker::run(std::promise<absl::StatusOr<ServedModel>>* started) {
     return;
   }
   engine_ = std::move(*engine);
+  // the largest batch's buffers now: a GPU too small for --max_batch fails at start-up, not mid-session
+  if (auto st = engine_->reserve_batch(config_.max_batch); !st.ok()) {
+    engine_.reset();
+    started->set_value(absl::Status(st.code(), absl::StrCat("buffers for --max_batch ", config_.max_batch,
+                                                            " sessions: ", st.message())));
+    return;
+  }
   auto model = describe_served_model(*engine_, config_.engine.model_dir, config_.default_cache_format);
   if (!model.ok()) {
     engine_.reset();

@@ -179,6 +179,18 @@ TEST(Engine, AnAuditedSessionReservesItsShadow) {
   EXPECT_EQ(e->kv_reserved_bytes(), q);
 }
 
+TEST(Engine, ReservingTheLargestBatchUpFrontChangesNoFrame) {
+  auto plain = make_engine(), reserved = make_engine();
+  EXPECT_EQ(reserved->reserve_batch(0).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(reserved->reserve_batch(8).ok());
+  ASSERT_TRUE(reserved->reserve_batch(2).ok());  // smaller: nothing to do
+  auto a = *plain->open_session({31, "fp16", {}});
+  auto b = *reserved->open_session({31, "fp16", {}});
+  const auto s = script(5);
+  const auto fa = rollout(*plain, a, s), fb = rollout(*reserved, b, s);
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_EQ(fa[i].values, fb[i].values) << "frame " << i;
+}
+
 TEST(Engine, BadRequestsFailCleanlyAndHarmNothing) {
   auto e = make_engine();
   auto id = *e->open_session({1, "fp16", {}});

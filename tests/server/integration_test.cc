@@ -456,8 +456,13 @@ TEST(ServerIntegration, StreamsThatNeverStartAreEndedAfterTheStartTimeout) {
     // the server's words, not the client's own 30 s deadline
     EXPECT_TRUE(absl::StrContains(s.error_message(), "no Start message within 1 s")) << s.error_message();
   }
-  const auto m = scrape(*server);
+  auto m = scrape(*server);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"start_timeout\"}"), 2);
+  // the engine thread publishes the gauge after the played session is closed
+  for (int i = 0; i < 50 && m.at("wm_sessions_active") != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    m = scrape(*server);
+  }
   EXPECT_EQ(m.at("wm_sessions_active"), 0);
 }
 
