@@ -40,7 +40,7 @@ ABSL_FLAG(double, idle_ttl_s, 60, "close a session after this many seconds witho
 ABSL_FLAG(double, park_ttl_s, 30,
           "keep a session whose stream broke (cancelled, network drop) this many seconds for a resume with its "
           "token, still holding its KV reservation (0: close it at once)");
-ABSL_FLAG(int, max_batch, 16, "sessions per engine step at most");
+ABSL_FLAG(int, max_batch, 16, "sessions per engine step at most (their buffers are allocated at start-up)");
 ABSL_FLAG(double, max_batch_wait_ms, 2, "how long a ready session waits for others to fill a batch");
 ABSL_FLAG(int, action_queue, 32, "per-action pacing: queued actions per session at most");
 ABSL_FLAG(int, jpeg_quality, 90, "JPEG quality when Start asks for none (1..100)");
