@@ -73,6 +73,12 @@ struct Device {
       }
     }
   }
+  // the benchmark's exit code: 3 (after saying why) when a device op failed
+  int exit_code() const {
+    if (plugin == nullptr || plugin->status().ok()) return 0;
+    std::fprintf(stderr, "device error: %s\n", plugin->status().ToString().c_str());
+    return 3;
+  }
 };
 
 inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {

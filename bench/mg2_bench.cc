@@ -198,11 +198,7 @@ int run(int argc, char** argv) {
       dev.sync();
       for (void* p : owned) b.free(p);
     }
-  if (dev.plugin != nullptr && !dev.plugin->status().ok()) {
-    std::fprintf(stderr, "device error: %s\n", dev.plugin->status().ToString().c_str());
-    return 3;
-  }
-  return 0;
+  return dev.exit_code();
 }
 
 }  // namespace
