@@ -8,8 +8,10 @@
 //
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
+//                   [--kernel=auto|mma|wgmma|both]
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -42,91 +44,113 @@ int run(int argc, char** argv) {
   const int64_t pool = (static_cast<int64_t>(max_cached) + 2 * 880) * heads * hd * 4 + (int64_t{256} << 20);
   Device dev = open_device(f, pool, int64_t{1} << 30);
   Backend& b = *dev.backend;
-  for (int tq : queries) {
-    // a query block is one frame of 64 tokens (the default model) or 3 frames of 880 (Matrix-Game-2)
-    const int T = tq == 2640 ? 880 : tq, fpb = tq == 2640 ? 3 : 1;
-    const size_t q_vals = static_cast<size_t>(tq) * heads * hd;
-    std::vector<void*> owned;
-    auto put = [&](const std::vector<float>& h) {
-      void* p = b.alloc(h.size() * sizeof(float));
-      b.upload(p, h.data(), h.size() * sizeof(float));
-      owned.push_back(p);
-      return static_cast<float*>(p);
-    };
-    float* q = put(randn(q_vals, 1));
-    float* k = put(randn(q_vals, 2));
-    float* v = put(randn(q_vals, 3));
-    float* out = put(std::vector<float>(q_vals, 0.0f));
-    // random frames appended in chunks, as the write pass does
-    const int chunk_frames = std::max(1, 4096 / T);
-    float* chunk_k = put(randn(static_cast<size_t>(chunk_frames) * T * heads * hd, 4));
-    float* chunk_v = put(randn(static_cast<size_t>(chunk_frames) * T * heads * hd, 5));
-    for (int n_cached : cached) {
-      const int frames = std::max(1, (n_cached + T / 2) / T);
-      KvGeometry g;
-      g.layers = 1;
-      g.heads = heads;
-      g.head_dim = hd;
-      g.tokens_per_frame = T;
-      g.window_frames = frames;
-      g.sink_frames = 0;
-      g.frames_per_block = fpb;
-      for (const int64_t split : {int64_t{-1}, int64_t{1}}) {
-        if (split == 1 && (dev.plugin == nullptr || tq != 64)) continue;  // no-split contrast for the small block only
-        if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", split).IgnoreError();
-        auto cache = b.make_kv_cache("fp16", g, KvFormatOptions{});
-        if (!cache.ok()) {
-          std::fprintf(stderr, "cache: %s\n", cache.status().ToString().c_str());
-          return 1;
-        }
-        for (int fr = 0; fr < frames; fr += chunk_frames) {
-          const absl::Status s = (*cache)->append(0, chunk_k, chunk_v, fr, std::min(chunk_frames, frames - fr));
-          if (!s.ok()) {
-            std::fprintf(stderr, "append: %s\n", s.ToString().c_str());
-            return 1;
-          }
-        }
-        const SessionSlice slice{cache->get(), 0, fpb};
-        const std::span<const SessionSlice> slices(&slice, 1);
-        for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
-        dev.sync();
-        double ms = 0;
-        const int n = dev.plugin != nullptr ? reps : 1;
-        if (dev.plugin != nullptr) {
-          dev.plugin->timer_start().IgnoreError();
-          for (int i = 0; i < n; ++i) b.attention(0, slices, T, q, k, v, out);
-          ms = dev.plugin->timer_stop_ms().value_or(-1.0);
-        } else {
-          const double t0 = now_s();
-          b.attention(0, slices, T, q, k, v, out);
-          ms = (now_s() - t0) * 1e3;
-        }
-        const double s = ms / 1e3 / n;
-        const int64_t tokens = static_cast<int64_t>(frames) * T;
-        const double kv_bytes = 2.0 * heads * static_cast<double>(tokens) * hd * 2;
-        const double flops = 4.0 * heads * tq * static_cast<double>(tokens + tq) * hd;
-        nlohmann::json j = {{"bench", "attention"},
-                            {"device", dev.name},
-                            {"cached_tokens", tokens},
-                            {"query_tokens", tq},
-                            {"heads", heads},
-                            {"head_dim", hd},
-                            {"split", split < 0 ? "auto" : "none"},
-                            {"us", std::round(s * 1e7) / 10},
-                            {"kv_bytes_fp16", kv_bytes},
-                            {"GBps", std::round(kv_bytes / s / 1e8) / 10},
-                            {"pct_hbm_4800", std::round(kv_bytes / s / kHbmBytesPerSecond * 1000) / 10},
-                            {"TFLOPs", std::round(flops / s / 1e11) / 10},
-                            {"pct_bf16_790", std::round(flops / s / kBf16MeasuredFlops * 1000) / 10},
-                            {"pct_bf16_989", std::round(flops / s / kBf16DatasheetFlops * 1000) / 10}};
-        std::printf("%s\n", j.dump().c_str());
-        std::fflush(stdout);
+  // --kernel=auto|mma|wgmma|both: the CUDA attention kernel(s) to time ("attention.kernel")
+  const std::string kernel_flag = f.str("kernel", "auto");
+  const std::map<std::string, std::vector<std::pair<std::string, int64_t>>> kernel_sets = {
+      {"auto", {{"auto", 0}}}, {"mma", {{"mma", 1}}}, {"wgmma", {{"wgmma", 2}}}, {"both", {{"mma", 1}, {"wgmma", 2}}}};
+  const auto kernels_it = kernel_sets.find(kernel_flag);
+  if (kernels_it == kernel_sets.end()) {
+    std::fprintf(stderr, "--kernel=%s: use auto, mma, wgmma or both\n", kernel_flag.c_str());
+    return 2;
+  }
+  const auto& kernels = kernels_it->second;
+  auto sm90_launches = [&]() -> int64_t {
+    if (dev.plugin == nullptr) return 0;
+    return dev.plugin->counter("attention.sm90_launches").value_or(0);
+  };
+  for (const auto& [kernel_name, kernel] : kernels) {
+    if (dev.plugin == nullptr && kernel_name != kernels.front().first) break;  // the CPU has one kernel
+    if (dev.plugin != nullptr) {
+      const absl::Status ks = dev.plugin->set_tuning("attention.kernel", kernel);
+      if (!ks.ok()) {
+        std::fprintf(stderr, "kernel %s: %s\n", kernel_name.c_str(), ks.ToString().c_str());
+        continue;
       }
     }
-    if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", -1).IgnoreError();
-    dev.sync();
-    for (void* p : owned) b.free(p);
+    for (int tq : queries) {
+      // a query block is one frame of 64 tokens (the default model) or 3 frames of 880 (Matrix-Game-2)
+      const int T = tq == 2640 ? 880 : tq, fpb = tq == 2640 ? 3 : 1;
+      const size_t q_vals = static_cast<size_t>(tq) * heads * hd;
+      DeviceArrays arrays(b);
+      auto put = [&](const std::vector<float>& h) { return arrays.put(h); };
+      float* q = put(randn(q_vals, 1));
+      float* k = put(randn(q_vals, 2));
+      float* v = put(randn(q_vals, 3));
+      float* out = put(std::vector<float>(q_vals, 0.0f));
+      // random frames appended in chunks, as the write pass does
+      const int chunk_frames = std::max(1, 4096 / T);
+      float* chunk_k = put(randn(static_cast<size_t>(chunk_frames) * T * heads * hd, 4));
+      float* chunk_v = put(randn(static_cast<size_t>(chunk_frames) * T * heads * hd, 5));
+      for (int n_cached : cached) {
+        const int frames = std::max(1, (n_cached + T / 2) / T);
+        KvGeometry g;
+        g.layers = 1;
+        g.heads = heads;
+        g.head_dim = hd;
+        g.tokens_per_frame = T;
+        g.window_frames = frames;
+        g.sink_frames = 0;
+        g.frames_per_block = fpb;
+        for (const int64_t split : {int64_t{-1}, int64_t{1}}) {
+          if (split == 1 && (dev.plugin == nullptr || tq != 64)) continue;  // no-split contrast for the small block only
+          if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", split).IgnoreError();
+          auto cache = b.make_kv_cache("fp16", g, KvFormatOptions{});
+          if (!cache.ok()) {
+            std::fprintf(stderr, "cache: %s\n", cache.status().ToString().c_str());
+            return 1;
+          }
+          for (int fr = 0; fr < frames; fr += chunk_frames) {
+            const absl::Status s = (*cache)->append(0, chunk_k, chunk_v, fr, std::min(chunk_frames, frames - fr));
+            if (!s.ok()) {
+              std::fprintf(stderr, "append: %s\n", s.ToString().c_str());
+              return 1;
+            }
+          }
+          const SessionSlice slice{cache->get(), 0, fpb};
+          const std::span<const SessionSlice> slices(&slice, 1);
+          const int64_t sm90_0 = sm90_launches();
+          for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
+          dev.sync();
+          const char* ran = dev.plugin == nullptr ? "cpu" : sm90_launches() > sm90_0 ? "wgmma" : "mma";
+          double ms = 0;
+          const int n = dev.plugin != nullptr ? reps : 1;
+          if (dev.plugin != nullptr) {
+            dev.plugin->timer_start().IgnoreError();
+            for (int i = 0; i < n; ++i) b.attention(0, slices, T, q, k, v, out);
+            ms = dev.plugin->timer_stop_ms().value_or(-1.0);
+          } else {
+            const double t0 = now_s();
+            b.attention(0, slices, T, q, k, v, out);
+            ms = (now_s() - t0) * 1e3;
+          }
+          const double s = ms / 1e3 / n;
+          const int64_t tokens = static_cast<int64_t>(frames) * T;
+          const double kv_bytes = 2.0 * heads * static_cast<double>(tokens) * hd * 2;
+          const double flops = 4.0 * heads * tq * static_cast<double>(tokens + tq) * hd;
+          nlohmann::json j = {{"bench", "attention"},
+                              {"device", dev.name},
+                              {"cached_tokens", tokens},
+                              {"query_tokens", tq},
+                              {"heads", heads},
+                              {"head_dim", hd},
+                              {"split", split < 0 ? "auto" : "none"},
+                              {"kernel", ran},
+                              {"us", std::round(s * 1e7) / 10},
+                              {"kv_bytes_fp16", kv_bytes},
+                              {"GBps", std::round(kv_bytes / s / 1e8) / 10},
+                              {"pct_hbm_4800", std::round(kv_bytes / s / kHbmBytesPerSecond * 1000) / 10},
+                              {"TFLOPs", std::round(flops / s / 1e11) / 10},
+                              {"pct_bf16_790", std::round(flops / s / kBf16MeasuredFlops * 1000) / 10},
+                              {"pct_bf16_989", std::round(flops / s / kBf16DatasheetFlops * 1000) / 10}};
+          std::printf("%s\n", j.dump().c_str());
+          std::fflush(stdout);
+        }
+      }
+      if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", -1).IgnoreError();
+      dev.sync();
+    }
   }
+  if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.kernel", 0).IgnoreError();
   return dev.exit_code();
 }
 

@@ -58,6 +58,27 @@ class Flags {
   std::map<std::string, std::string> values_;
 };
 
+// device copies of host arrays, freed together at scope end (synchronize first)
+class DeviceArrays {
+ public:
+  explicit DeviceArrays(Backend& b) : b_(b) {}
+  DeviceArrays(const DeviceArrays&) = delete;
+  DeviceArrays& operator=(const DeviceArrays&) = delete;
+  ~DeviceArrays() {
+    for (void* p : owned_) b_.free(p);
+  }
+  float* put(const std::vector<float>& h) {
+    void* p = b_.alloc(h.size() * sizeof(float));
+    b_.upload(p, h.data(), h.size() * sizeof(float));
+    owned_.push_back(p);
+    return static_cast<float*>(p);
+  }
+
+ private:
+  Backend& b_;
+  std::vector<void*> owned_;
+};
+
 // the backend under test; `plugin` is null on the CPU
 struct Device {
   std::unique_ptr<Backend> owned;

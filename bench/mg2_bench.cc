@@ -83,13 +83,8 @@ int run(int argc, char** argv) {
       g.frames_per_block = B;
       const int frames = S * B;
       const int64_t fv = cfg.frame_values();
-      std::vector<void*> owned;
-      auto put = [&](const std::vector<float>& h) {
-        void* p = b.alloc(h.size() * sizeof(float));
-        b.upload(p, h.data(), h.size() * sizeof(float));
-        owned.push_back(p);
-        return static_cast<float*>(p);
-      };
+      DeviceArrays arrays(b);
+      auto put = [&](const std::vector<float>& h) { return arrays.put(h); };
       std::vector<float> host_kv(static_cast<size_t>(B) * T * Q);
       for (float& x : host_kv) x = nd(rng);
       float* kv = put(host_kv);
@@ -196,7 +191,6 @@ int run(int argc, char** argv) {
       std::fflush(stdout);
       caches.clear();
       dev.sync();
-      for (void* p : owned) b.free(p);
     }
   return dev.exit_code();
 }

@@ -40,4 +40,15 @@ int32_t attention_ctas_per_sm(int32_t head_dim, int32_t block_q);
 cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
                              cudaStream_t stream);
 
+
+// The Hopper kernel (attention_sm90.cu, built for sm_90a only, so it runs on
+// compute capability 9.0 and nothing else): same arguments, plan and results,
+// wgmma instead of mma.sync; head_dim 64 or 128.
+bool attention_sm90_supports(int32_t head_dim);
+size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q);
+cudaError_t attention_sm90_prepare();
+int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q);
+cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
+                                  cudaStream_t stream);
+
 }  // namespace wm::cuda

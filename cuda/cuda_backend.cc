@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -130,11 +131,30 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   if (!g.ok()) return g.status();
   gemm_ = std::move(*g);
   WM_CUDA_RETURN_IF_ERROR(attention_prepare());
+  // the wgmma kernels are sm_90a code: they load on compute capability 9.0 only
+  if (info_.sm_major == 9 && info_.sm_minor == 0) {
+    sm90_ready_ = attention_sm90_prepare() == cudaSuccess;
+    if (!sm90_ready_) cudaGetLastError();
+  }
+  if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
+    const absl::string_view v(e);
+    const int64_t kind = v == "auto" ? 0 : v == "mma" ? 1 : v == "wgmma" ? 2 : -1;
+    if (kind < 0)
+      return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_ATTENTION='", v, "': use auto, mma or wgmma"));
+    s = set_tuning("attention.kernel", kind);
+    if (!s.ok()) return s;
+    default_attention_kernel_ = attention_kernel_;
+  }
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     for (int32_t j = 0; j < 2; ++j) {
-      const int32_t n = attention_ctas_per_sm(kHeadDims[i], j == 0 ? 64 : 128);
+      const int32_t bq = j == 0 ? 64 : 128;
+      const int32_t n = attention_ctas_per_sm(kHeadDims[i], bq);
       ctas_per_sm_[i][static_cast<size_t>(j)] = n > 0 ? n : (j == 0 ? 2 : 1);
+      if (sm90_ready_ && attention_sm90_supports(kHeadDims[i])) {
+        const int32_t m = attention_sm90_ctas_per_sm(kHeadDims[i], bq);
+        sm90_ctas_per_sm_[i][static_cast<size_t>(j)] = m > 0 ? m : 1;
+      }
     }
   return absl::OkStatus();
 }
@@ -172,6 +192,13 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "attention.min_tiles_per_split") {
     if (value < 1 || value > 1 << 20) return absl::InvalidArgumentError("attention.min_tiles_per_split: >= 1");
     plan_tuning_.min_tiles_per_split = static_cast<int32_t>(value);
+  } else if (key == "attention.kernel") {
+    if (value < 0 || value > 2) return absl::InvalidArgumentError("attention.kernel: 0 (auto), 1 (mma) or 2 (wgmma)");
+    if (value == 2 && !sm90_ready_)
+      return absl::FailedPreconditionError(absl::StrCat("attention.kernel: the wgmma kernel runs on compute "
+                                                        "capability 9.0 only; this GPU is ",
+                                                        info_.sm_major, ".", info_.sm_minor));
+    attention_kernel_ = static_cast<int32_t>(value);
   } else if (key == "linear.fallback") {
     gemm_->set_force_fallback(value != 0);
   } else if (key == "shadow") {
@@ -183,11 +210,17 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   return absl::OkStatus();
 }
 
+bool CudaBackend::use_sm90(int32_t head_dim) const {
+  const int32_t kernel = attention_kernel_ != 0 ? attention_kernel_ : default_attention_kernel_;
+  return sm90_ready_ && kernel != 1 && attention_sm90_supports(head_dim);
+}
+
 absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.cublaslt_calls") return gemm_ != nullptr ? gemm_->cublaslt_calls() : 0;
   if (name == "gemm.fallback_calls") return gemm_ != nullptr ? gemm_->fallback_calls() : 0;
   if (name == "attention.plans") return plans_made_;
   if (name == "attention.launches") return attention_launches_;
+  if (name == "attention.sm90_launches") return sm90_launches_;
   return absl::NotFoundError(absl::StrCat("unknown counter '", name, "'"));
 }
 
@@ -603,8 +636,9 @@ absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std:
   const int32_t hd = caches.empty() ? 0 : caches[0]->pages.geometry().head_dim;
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     if (kHeadDims[i] == hd) {
-      t.ctas_per_sm_64 = ctas_per_sm_[i][0];
-      t.ctas_per_sm_128 = ctas_per_sm_[i][1];
+      const auto& n = use_sm90(hd) ? sm90_ctas_per_sm_[i] : ctas_per_sm_[i];
+      t.ctas_per_sm_64 = n[0];
+      t.ctas_per_sm_128 = n[1];
     }
   auto plan = make_attention_plan(in, t);
   if (!plan.ok()) return plan.status();
@@ -682,8 +716,13 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   view.page_elems = page_bytes_ / 2;
   view.page_tokens = p.page_tokens;
   view.head_dim = p.head_dim;
-  WM_CUDA_RETURN_IF_ERROR(
-      launch_attention(a, view, p.head_dim, static_cast<int32_t>(p.items.size()), stream_));
+  const auto items = static_cast<int32_t>(p.items.size());
+  if (use_sm90(p.head_dim)) {
+    ++sm90_launches_;
+    WM_CUDA_RETURN_IF_ERROR(launch_attention_sm90(a, view, p.head_dim, items, stream_));
+  } else {
+    WM_CUDA_RETURN_IF_ERROR(launch_attention(a, view, p.head_dim, items, stream_));
+  }
   if (!p.groups.empty())
     WM_CUDA_RETURN_IF_ERROR(
         launch_attention_combine(a, p.head_dim, static_cast<int32_t>(p.groups.size()), stream_));

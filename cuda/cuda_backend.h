@@ -165,6 +165,14 @@ class CudaBackend {
   // CTAs per SM of the attention kernel, [head_dim 32, 64, 128][block_q 64, 128]
   static constexpr std::array<int32_t, 3> kHeadDims = {32, 64, 128};
   std::array<std::array<int32_t, 2>, 3> ctas_per_sm_{{{2, 1}, {2, 1}, {2, 1}}};
+  // attention kernel: 1 mma.sync, 2 wgmma (head_dim 64/128 on 9.0), 0 the
+  // default: WM_CUDA_ATTENTION's choice at start-up, else wgmma where it runs
+  // (tuning "attention.kernel")
+  int32_t attention_kernel_ = 0, default_attention_kernel_ = 0;
+  bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
+  std::array<std::array<int32_t, 2>, 3> sm90_ctas_per_sm_{{{0, 0}, {1, 1}, {1, 1}}};
+  int64_t sm90_launches_ = 0;
+  bool use_sm90(int32_t head_dim) const;
   bool use_shadow_ = true;
   int64_t tuning_generation_ = 0;
 };

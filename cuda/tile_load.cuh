@@ -11,8 +11,9 @@ namespace wm::cuda {
 
 // copies rows [0, valid) of src (row stride HD) into a ROWS x HD swizzled
 // tile at shared address dst, zero-filling rows [valid, ROWS); `safe` is any
-// valid global address (never read, cp.async wants one)
-template <int HD, int ROWS, int NT>
+// valid global address (never read, cp.async wants one). PANEL: the wgmma
+// layout (mma_layout.h: panel_swz) instead of swz.
+template <int HD, int ROWS, int NT, bool PANEL = false>
 __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint16_t* src, int valid, const void* safe,
                                                 int tid) {
   constexpr int kChunks = HD / 8;
@@ -23,7 +24,11 @@ __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint16_t* sr
     const int r = i / kChunks, c = i % kChunks;
     const bool ok = r < valid;
     const void* g = ok ? static_cast<const void*>(src + static_cast<int64_t>(r) * HD + c * 8) : safe;
-    cp_async_16(dst + swz<HD>(r, c), g, ok);
+    if constexpr (PANEL) {
+      cp_async_16(dst + panel_swz<HD, ROWS>(r, c), g, ok);
+    } else {
+      cp_async_16(dst + swz<HD>(r, c), g, ok);
+    }
   }
 }
 

@@ -61,7 +61,9 @@ def gtest_report(path):
 def parity(raw, out_dir):
     res = gtest_report(os.path.join(out_dir, "parity.json"))
     res["end_to_end_report"] = gtest_report(os.path.join(out_dir, "parity_e2e.json"))
-    log = text(os.path.join(raw, "parity.out")) + "\n" + text(os.path.join(raw, "e2e.out"))
+    res["wgmma_report"] = gtest_report(os.path.join(out_dir, "parity_wgmma.json"))
+    res["attention_kernel"] = text(os.path.join(raw, "attention_kernel.txt")).strip() or None
+    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "parity", "e2e"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
     res["op_errors"] = [l.strip() for l in log.splitlines() if l.startswith("  ") and "max |err|" in l][:80]
     res["device_line"] = next((l.strip() for l in log.splitlines() if l.startswith("CUDA backend:")), None)
@@ -98,12 +100,17 @@ def compare(results):
         same_q = [r for r in ours if r["query_tokens"] == t["query_tokens"]]
         if not same_q:
             continue
-        r = min(same_q, key=lambda r: abs(r["cached_tokens"] - t["cached_tokens"]))
-        cmp["attention"].append({"cached_tokens": t["cached_tokens"], "ours_cached_tokens": r["cached_tokens"],
-                                 "query_tokens": t["query_tokens"], "torch_us": t["bf16_sdpa_us"], "ours_us": r["us"],
-                                 "speedup": round(t["bf16_sdpa_us"] / max(1e-9, r["us"]), 2),
-                                 "ours_GBps": r["GBps"], "ours_TFLOPs": r["TFLOPs"],
-                                 "torch_GBps": t.get("bf16_GBps"), "torch_TFLOPs": t.get("bf16_TFLOPs")})
+        by_kernel = {}
+        for r in same_q:
+            by_kernel.setdefault(r.get("kernel"), []).append(r)
+        for rows in by_kernel.values():
+            r = min(rows, key=lambda r: abs(r["cached_tokens"] - t["cached_tokens"]))
+            cmp["attention"].append({"cached_tokens": t["cached_tokens"], "ours_cached_tokens": r["cached_tokens"],
+                                     "query_tokens": t["query_tokens"], "kernel": r.get("kernel"),
+                                     "torch_us": t["bf16_sdpa_us"], "ours_us": r["us"],
+                                     "speedup": round(t["bf16_sdpa_us"] / max(1e-9, r["us"]), 2),
+                                     "ours_GBps": r["GBps"], "ours_TFLOPs": r["TFLOPs"],
+                                     "torch_GBps": t.get("bf16_GBps"), "torch_TFLOPs": t.get("bf16_TFLOPs")})
     return cmp
 
 
@@ -143,7 +150,9 @@ def summary(path):
     for s in r.get("stages", []):
         print("stage %-10s rc=%-7s %6ss (limit %s)" % (s["stage"], s["rc"], s["seconds"], s["limit"]))
     p = r.get("parity", {})
-    for name, rep in (("parity", p), ("end to end", p.get("end_to_end_report", {}))):
+    print("attention kernel for the later stages: %s" % p.get("attention_kernel"))
+    for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("parity", p),
+                      ("end to end", p.get("end_to_end_report", {}))):
         if "error" in rep:
             print("%s: %s" % (name, rep["error"]))
             continue
@@ -156,12 +165,12 @@ def summary(path):
         s = r.get(name)
         print("%s: %s" % (name, " | ".join(s["summary"][-2:]) if s else "not run"))
     for a in r.get("comparison", {}).get("attention", []):
-        print("attention N=%(cached_tokens)s q=%(query_tokens)s: ours %(ours_us)s us (%(ours_GBps)s GB/s, "
+        print("attention N=%(cached_tokens)s q=%(query_tokens)s %(kernel)s: ours %(ours_us)s us (%(ours_GBps)s GB/s, "
               "%(ours_TFLOPs)s TF/s) vs torch %(torch_us)s us: x%(speedup)s" % a)
     for a in r.get("attention", []):
         if a.get("bench") == "attention" and a.get("query_tokens") == 64:
-            print("attention q=64 N=%s split=%s: %s us, %s GB/s (%s%% of HBM)" % (
-                a["cached_tokens"], a["split"], a["us"], a["GBps"], a["pct_hbm_4800"]))
+            print("attention q=64 N=%s split=%s %s: %s us, %s GB/s (%s%% of HBM)" % (
+                a["cached_tokens"], a["split"], a.get("kernel"), a["us"], a["GBps"], a["pct_hbm_4800"]))
     for m in r.get("comparison", {}).get("mg2", []):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m

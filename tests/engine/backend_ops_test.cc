@@ -118,6 +118,13 @@ class Tuning {
   std::vector<std::string> reset_;
 };
 
+// whether the CUDA backend can run the wgmma attention kernel (sm_90a code: compute capability 9.0)
+bool wgmma_available() {
+  PluginBackend* pb = backends().cuda.get();
+  if (pb == nullptr || !pb->set_tuning("attention.kernel", 2).ok()) return false;
+  return pb->set_tuning("attention.kernel", 0).ok();
+}
+
 // buffers of one backend, freed at scope end
 class Buffers {
  public:
@@ -442,6 +449,17 @@ std::vector<OpCase> all_cases() {
       {{"attention.block_q", 64}, {"attention.split", 3}},
       {{"attention.block_q", 128}, {"attention.split", 2}},
       {{"attention.split", -1}}};
+  // every attention case runs on the mma.sync kernel (kernel1) and, for head_dim 64 and 128, on the
+  // wgmma kernel (kernel2, skipped where the GPU is not compute capability 9.0)
+  auto per_kernel = [&](AttnSpec a) {
+    const auto base = a.tuning;
+    for (int64_t kernel : {1, 2}) {
+      if (kernel == 2 && a.head_dim == 32) continue;
+      a.tuning = base;
+      a.tuning.emplace_back("attention.kernel", kernel);
+      cases.push_back(attention_case(a));
+    }
+  };
   for (int hd : {32, 64, 128})
     for (const auto& tu : tunings) {
       AttnSpec a;
@@ -450,7 +468,7 @@ std::vector<OpCase> all_cases() {
       a.cached = {0, 3, 9};
       a.tuning = tu;
       a.label = "batch3";
-      cases.push_back(attention_case(a));
+      per_kernel(a);
     }
   {
     AttnSpec a;  // one 64-query block over a long cache: the split-KV path
@@ -463,9 +481,9 @@ std::vector<OpCase> all_cases() {
     a.cached = {48};
     a.q_scale = 3.0f;
     a.label = "long";
-    cases.push_back(attention_case(a));
+    per_kernel(a);
     a.tuning = {{"attention.split", 1}};
-    cases.push_back(attention_case(a));
+    per_kernel(a);
   }
   {
     AttnSpec a;  // many queries per session (several 128-row tiles), sharp softmax
@@ -478,7 +496,7 @@ std::vector<OpCase> all_cases() {
     a.cached = {3, 6};
     a.q_scale = 3.0f;
     a.label = "wide";
-    cases.push_back(attention_case(a));
+    per_kernel(a);
   }
   return cases;
 }
@@ -488,6 +506,8 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {};
 TEST_P(BackendOps, CudaMatchesCpu) {
   WM_REQUIRE_CUDA();
   const OpCase& c = GetParam();
+  if (c.name.find("_kernel2") != std::string::npos && !wgmma_available())
+    GTEST_SKIP() << "the wgmma attention kernel needs compute capability 9.0";
   const auto cpu = c.run(*backends().cpu, 1234);
   const auto cuda = c.run(*backends().cuda, 1234);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
@@ -691,6 +711,37 @@ TEST(CudaCounters, AttentionIsPlannedOncePerStep) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// "attention.kernel" picks the kernel that runs: mma.sync (1) never launches the wgmma kernel, wgmma (2)
+// runs it for head_dim 64 and 128 only, and auto (0) runs it wherever it can
+TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  const bool wgmma = wgmma_available();
+  const char* env = std::getenv("WM_CUDA_ATTENTION");  // what "auto" (0) means in this process
+  const bool auto_wgmma = env == nullptr || std::string(env) != "mma";
+  for (int hd : {32, 64, 128})
+    for (int64_t kernel : {0, 1, 2}) {
+      if (kernel == 2 && !wgmma) continue;
+      AttnSpec a;
+      a.head_dim = hd;
+      a.cached = {0, 3};
+      a.tuning = {{"attention.kernel", kernel}};
+      const int64_t sm90_0 = counter("attention.sm90_launches"), all0 = counter("attention.launches");
+      attention_case(a).run(b, 7);
+      ASSERT_TRUE(backends().cuda->synchronize().ok());
+      const int64_t sm90 = counter("attention.sm90_launches") - sm90_0, all = counter("attention.launches") - all0;
+      EXPECT_EQ(all, a.layers) << "head_dim " << hd << " kernel " << kernel;
+      const bool expect_sm90 = wgmma && hd != 32 && (kernel == 2 || (kernel == 0 && auto_wgmma));
+      EXPECT_EQ(sm90, expect_sm90 ? all : 0) << "head_dim " << hd << " kernel " << kernel;
+    }
+  auto* pb = backends().cuda.get();
+  EXPECT_EQ(pb->set_tuning("attention.kernel", 3).code(), absl::StatusCode::kInvalidArgument);
+  if (!wgmma) {
+    EXPECT_EQ(pb->set_tuning("attention.kernel", 2).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // every kernel once on small shapes: compute-sanitizer (memcheck, racecheck)
 // runs this test alone (tools/gpu-run.sh)
 TEST(CudaSanitizerSmoke, EveryKernelOnce) {
@@ -699,9 +750,12 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
                                layer_norm_case(7, 100, 3), rms_norm_rope_case(9, 3, 64, 16, 5000), gelu_case(1003),
                                gated_residual_case(9, 33, 4), patchify_case({8, 12, 3, 4}, 2, false),
                                patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true)};
+  // head_dim 128 runs the mma.sync kernel split, and the default kernel (wgmma on compute capability 9.0)
+  // with two warpgroups
   for (int hd : {32, 128})
     for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
-             {{"attention.block_q", 64}, {"attention.split", 3}}, {{"attention.block_q", 128}, {"attention.split", 1}}}) {
+             {{"attention.block_q", 64}, {"attention.split", 3}, {"attention.kernel", 1}},
+             {{"attention.block_q", 128}, {"attention.split", 1}}}) {
       AttnSpec a;
       a.head_dim = hd;
       a.cached = {0, 6};

@@ -771,5 +771,90 @@ TEST(TensorCoreLaneMaps, SwizzleIsAPermutationOfEachRow) {
   }
 }
 
+// ---- the wgmma kernel's shared-memory operands (attention_sm90.cu) ----
+
+// Where wgmma reads element (k, n) of its 16 x N B operand, modelled from the
+// PTX ISA's canonical layouts for 16-bit types (T = 8 elements = 16 bytes)
+// with the 128-byte swizzle:
+//   K-major:  ((8,m),(T,2k)) : ((8T,SBO),(1,T))      n is the row, k the column
+//   MN-major: ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))  n is contiguous
+// then Swizzle<3,4,3> on the byte address (bits 4-6 ^= bits 7-9).
+uint32_t wgmma_b_address(uint64_t desc, bool mn_major, int k, int n) {
+  const auto field = [&](int lo) { return static_cast<uint32_t>((desc >> lo) & 0x3FFF) << 4; };
+  const uint32_t start = field(0), lbo = field(16), sbo = field(32);
+  EXPECT_EQ(desc >> 62, 1u) << "128-byte swizzle";
+  EXPECT_EQ((desc >> 49) & 7, 0u) << "base offset";
+  uint32_t off = 0;
+  if (!mn_major) {
+    off = (n % 8) * 128 + (n / 8) * sbo + (k % 8) * 2 + (k / 8) * 16;
+  } else {
+    off = (n % 8) * 2 + (n / 8 % 8) * 16 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo;
+  }
+  const uint32_t addr = start + off;
+  return addr ^ (((addr >> 7) & 7) << 4);
+}
+
+template <int HD>
+void check_wgmma_operands() {
+  constexpr int BK = kTileKeys;
+  constexpr uint32_t kTile = BK * HD * 2;
+  // two tiles on 1024-byte boundaries, not at address 0, in poisoned memory
+  const uint32_t sk = 3 * 1024, sv = sk + kTile;
+  std::vector<uint16_t> smem((sv + kTile + 2048) / 2, 0xDEAD);
+  auto value = [](int which, int row, int ch) { return static_cast<uint16_t>((which << 15) | (row << 8) | ch); };
+  // what load_rows_async<HD, BK, NT, true> stores: chunk c of row r at panel_swz(r, c)
+  for (int which = 0; which < 2; ++which)
+    for (int r = 0; r < BK; ++r)
+      for (int c = 0; c < HD / 8; ++c)
+        for (int e = 0; e < 8; ++e)
+          smem[((which == 0 ? sk : sv) + panel_swz<HD, BK>(r, c)) / 2 + static_cast<size_t>(e)] =
+              value(which, r, c * 8 + e);
+  // S = Q K^T, k-step kk: B[k][n] = K[key n][channel 16 kk + k], N = BK
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const uint64_t d = key_desc<HD, BK>(sk, kk);
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < BK; ++n)
+        ASSERT_EQ(smem[wgmma_b_address(d, false, k, n) / 2], value(0, n, 16 * kk + k))
+            << "K operand, k-step " << kk << " k " << k << " key " << n;
+  }
+  // O += P V, k-step kk: B[k][n] = V[key 16 kk + k][channel n], N = HD
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    const uint64_t d = value_desc<HD, BK>(sv, kk);
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < HD; ++n)
+        ASSERT_EQ(smem[wgmma_b_address(d, true, k, n) / 2], value(1, 16 * kk + k, n))
+            << "V operand, k-step " << kk << " key " << k << " channel " << n;
+  }
+}
+
+TEST(WgmmaOperands, DescriptorsReadTheTilesTheLoadsWroteHeadDim64) { check_wgmma_operands<64>(); }
+TEST(WgmmaOperands, DescriptorsReadTheTilesTheLoadsWroteHeadDim128) { check_wgmma_operands<128>(); }
+
+TEST(WgmmaOperands, PanelLayoutIsAPermutationOfTheTile) {
+  for (int hd : {64, 128}) {
+    std::set<uint32_t> seen;
+    for (int r = 0; r < kTileKeys; ++r)
+      for (int c = 0; c < hd / 8; ++c) {
+        const uint32_t at = hd == 64 ? panel_swz<64, kTileKeys>(r, c) : panel_swz<128, kTileKeys>(r, c);
+        EXPECT_EQ(at % 16, 0u);
+        EXPECT_LT(at, static_cast<uint32_t>(kTileKeys * hd * 2));
+        seen.insert(at);
+      }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(kTileKeys * hd / 8)) << "head_dim " << hd;
+  }
+  // head_dim 64: one panel, the same bytes as the mma.sync kernel's layout
+  for (int r = 0; r < kTileKeys; ++r)
+    for (int c = 0; c < 8; ++c) EXPECT_EQ((panel_swz<64, kTileKeys>(r, c)), swz<64>(r, c));
+}
+
+TEST(WgmmaOperands, DescriptorFields) {
+  const uint64_t d = wgmma_desc(0x12340, 8192, 1024);
+  EXPECT_EQ(d & 0x3FFF, 0x1234u);
+  EXPECT_EQ((d >> 16) & 0x3FFF, 512u);
+  EXPECT_EQ((d >> 32) & 0x3FFF, 64u);
+  EXPECT_EQ(d >> 62, 1u);
+  EXPECT_EQ(d & ((3ull << 14) | (3ull << 30) | (0xFFFFull << 46)), 0u) << "reserved bits and base offset stay 0";
+}
+
 }  // namespace
 }  // namespace wm::cuda

@@ -1,0 +1,160 @@
+// The fused attention kernel, once, for both tensor-core generations: the
+// matrix products come from an Mma policy type, the cache from a format
+// type (STYLE.md 5). attention.cu instantiates it with SyncMma (mma.sync,
+// sm_80+), attention_sm90.cu with WgMma (Hopper's warpgroup MMA, sm_90a).
+//
+// One CTA per (work item, head) of an AttentionPlan (blockIdx.x, blockIdx.y):
+// BQ query rows of one session against a range of its key tiles of 64 keys,
+// first the cache's (paged) then the session's own block. Q is loaded once
+// into registers (per warp, 16 rows as m16n8k16 A fragments); K/V tiles are
+// double-buffered in shared memory with cp.async (zero-filled past the valid
+// keys); each tile: S = Q K^T, mask, online softmax in registers (log2
+// units), O += P V; the epilogue writes the normalised rows or a split
+// partial. Block-causal: every query of a block sees the whole cache and its
+// whole own block, nothing else.
+//
+// An Mma policy provides:
+//   kThreads(BQ), kMinCtas(BQ)   launch bounds
+//   kPanel                       K/V tiles in the wgmma layout (mma_layout.h: panel_swz)
+//   kAlign                       alignment of the first K/V stage in shared memory
+//   smem_fence()                 after the copies land, before the products read them
+//   qk<HD, BK>(sc, qf, sk, lane) S = Q K^T for this thread's accumulators
+//   pv<HD, BK>(o, sc, sv, lane)  O += P V, P = the probabilities in sc
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention.cuh"
+#include "cuda/attention_tile.cuh"
+#include "cuda/kernel_attrs.cuh"
+#include "cuda/kv_format_fp16.cuh"
+#include "cuda/kv_layout.h"
+#include "cuda/mma.cuh"
+
+namespace wm::cuda {
+
+// dynamic shared memory of one CTA: alignment slack, two stages of K and V
+// tiles, the query tile
+template <class Mma>
+constexpr size_t attention_kernel_smem(int32_t head_dim, int32_t block_q) {
+  return (Mma::kAlign > 16 ? Mma::kAlign : 0) + static_cast<size_t>(4 * kTileKeys + block_q) * head_dim * 2;
+}
+
+// Shared memory: two stages of K [BK][HD] then V [BK][HD] (stage s at
+// stages + 2 s kTileBytes), from the first kAlign boundary; then Q [BQ][HD]
+// (swz layout, read by ldmatrix).
+template <class Mma, class Fmt, int HD, int BQ>
+__global__ void __launch_bounds__(Mma::kThreads(BQ), Mma::kMinCtas(BQ))
+    attention_kernel(const AttentionArgs a, const typename Fmt::View kv) {
+  constexpr int BK = kTileKeys, NT = Mma::kThreads(BQ);
+  constexpr uint32_t kTileBytes = BK * HD * 2;
+  static_assert(kTileBytes % Mma::kAlign == 0, "every stage starts on an alignment boundary");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t stages = (smem_addr(smem) + Mma::kAlign - 1) & ~(Mma::kAlign - 1);
+  const uint32_t sq = stages + 4 * kTileBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const ItemContext c = item_context(a, kv, BQ);
+  auto issue = [&](int tile, int stage) {
+    const uint32_t sk = stages + stage * 2 * kTileBytes, sv = sk + kTileBytes;
+    load_key_tile<Fmt, HD, NT, Mma::kPanel>(a, kv, c, tile, sk, sv, tid);
+  };
+
+  // prologue: the query tile and the first key tile in one group
+  load_query_tile<HD, BQ, NT>(a, c, sq, tid);
+  const int n_tiles = c.w.tile_end - c.w.tile_begin;
+  if (n_tiles > 0) issue(c.w.tile_begin, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t qf[HD / 16][4];
+  query_fragments<HD>(sq, warp, lane, qf);
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};  // running max of scaled logits, log2 units
+  float l[2] = {0.0f, 0.0f};            // this thread's part of the running sum
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    if (it + 1 < n_tiles) issue(c.w.tile_begin + it + 1, stage ^ 1);
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning tile `it`
+    cp_async_wait<1>();
+    Mma::smem_fence();
+    __syncthreads();
+    const uint32_t sk = stages + stage * 2 * kTileBytes, sv = sk + kTileBytes;
+    const int valid = tile_ref(c.s, c.cached, c.w.tile_begin + it).valid;
+
+    float sc[BK / 8][4];
+    Mma::template qk<HD, BK>(sc, qf, sk, lane);
+    online_softmax_tile<BK, HD>(sc, o, m, l, valid, a.scale_log2, lane);
+    Mma::template pv<HD, BK>(o, sc, sv, lane);
+    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+  }
+
+  store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
+}
+
+// host side of one instantiation over the fp16 cache: the shared-memory
+// limit (once per device), the launch (grid: work items x heads), occupancy
+template <class Mma, int HD, int BQ>
+cudaError_t allow_attention_smem() {
+  return allow_dynamic_smem(attention_kernel<Mma, Fp16PageFormat, HD, BQ>, attention_kernel_smem<Mma>(HD, BQ));
+}
+
+template <class Mma, int HD, int BQ>
+cudaError_t launch_attention_kernel(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t items,
+                                    cudaStream_t stream) {
+  attention_kernel<Mma, Fp16PageFormat, HD, BQ>
+      <<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)), Mma::kThreads(BQ),
+         attention_kernel_smem<Mma>(HD, BQ), stream>>>(a, kv);
+  return cudaGetLastError();
+}
+
+template <class Mma, int HD, int BQ>
+int32_t attention_kernel_ctas_per_sm() {
+  return resident_ctas(attention_kernel<Mma, Fp16PageFormat, HD, BQ>, Mma::kThreads(BQ),
+                       attention_kernel_smem<Mma>(HD, BQ));
+}
+
+// every instantiation of one Mma policy, for head sizes HDs and block_q 64
+// and 128, chosen at run time
+template <class Mma, int... HDs>
+struct AttentionKernels {
+  // raises every instantiation's shared-memory limit; the first error
+  static cudaError_t prepare() {
+    cudaError_t e = cudaSuccess;
+    auto keep = [&](cudaError_t r) {
+      if (r != cudaSuccess && e == cudaSuccess) e = r;
+    };
+    (keep(allow_attention_smem<Mma, HDs, 64>()), ...);
+    (keep(allow_attention_smem<Mma, HDs, 128>()), ...);
+    return e;
+  }
+  // CTAs per SM for (head_dim, block_q); 0 if unknown
+  static int32_t ctas_per_sm(int32_t head_dim, int32_t block_q) {
+    int32_t n = 0;
+    ((head_dim == HDs && (n = block_q == 128 ? attention_kernel_ctas_per_sm<Mma, HDs, 128>()
+                                             : attention_kernel_ctas_per_sm<Mma, HDs, 64>(),
+                          true)) ||
+     ...);
+    return n;
+  }
+  static cudaError_t launch(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
+                            cudaStream_t stream) {
+    if (items <= 0 || a.heads <= 0) return cudaSuccess;
+    if (a.heads > 65535) return cudaErrorInvalidConfiguration;
+    if (a.block_q != 64 && a.block_q != 128) return cudaErrorInvalidValue;
+    cudaError_t e = cudaErrorInvalidValue;
+    ((head_dim == HDs && (e = a.block_q == 128 ? launch_attention_kernel<Mma, HDs, 128>(a, kv, items, stream)
+                                               : launch_attention_kernel<Mma, HDs, 64>(a, kv, items, stream),
+                          true)) ||
+     ...);
+    return e;
+  }
+};
+
+}  // namespace wm::cuda

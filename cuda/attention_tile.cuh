@@ -1,0 +1,163 @@
+// The per-tile arithmetic both attention kernels share (attention.cu with
+// mma.sync, attention_sm90.cu with wgmma): masking, the online softmax over
+// one tile of scores held in the m16n8 accumulator layout, and the epilogue
+// that writes a warp's 16 output rows (normalised, or as a split partial).
+// Device code only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention.cuh"
+#include "cuda/kv_layout.h"
+#include "cuda/mma.cuh"
+#include "cuda/mma_layout.h"
+#include "cuda/tile_load.cuh"
+
+namespace wm::cuda {
+
+// One CTA's share of a launch: work item blockIdx.x (a query tile of one
+// session and a range of its key tiles) for head blockIdx.y.
+struct ItemContext {
+  WorkItem w;
+  PlanSession s;
+  int32_t cached = 0;     // the session's cached tokens at this layer
+  int32_t q0 = 0, nq = 0;  // first query row (of the session's block) and rows in this tile
+  int head = 0;
+  int64_t head_rows = 0;  // row offset of this head in q16 / k16 / v16
+  const int32_t* pt_row = nullptr;  // this (layer, head)'s page-table row
+};
+
+template <class View>
+__device__ __forceinline__ ItemContext item_context(const AttentionArgs& a, const View& kv, int block_q) {
+  ItemContext c;
+  c.w = a.items[blockIdx.x];
+  c.head = static_cast<int>(blockIdx.y);
+  c.s = a.sessions[c.w.session];
+  c.cached = a.cached[c.w.session];
+  c.q0 = c.w.q_tile * block_q;
+  c.nq = min(block_q, c.s.rows - c.q0);
+  c.head_rows = static_cast<int64_t>(c.head) * a.rows_total;
+  c.pt_row = kv.page_table + page_row_offset(c.s, a.layer, a.heads, c.head);
+  return c;
+}
+
+// starts the copy of the item's query rows into the BQ x HD tile at sq (swz
+// layout), zero-filling rows past the session's block
+template <int HD, int BQ, int NT>
+__device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const ItemContext& c, uint32_t sq, int tid) {
+  load_rows_async<HD, BQ, NT>(sq, a.q16 + (c.head_rows + c.s.row0 + c.q0) * HD, c.nq, a.q16, tid);
+}
+
+// this warp's 16 query rows as m16n8k16 A fragments, one per 16 channels
+template <int HD>
+__device__ __forceinline__ void query_fragments(uint32_t sq, int warp, int lane, uint32_t (&qf)[HD / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    ldmatrix_x4(qf[kk], sq + swz<HD>(warp * 16 + a_row(lane), a_chunk(lane, kk)));
+}
+
+// starts the cp.async copies of the item's key tile `tile` into the K and V tiles at sk, sv: from the cache's
+// pages, or from the session's own block (a.k16, a.v16). PANEL: wgmma layout.
+template <class Fmt, int HD, int NT, bool PANEL>
+__device__ __forceinline__ void load_key_tile(const AttentionArgs& a, const typename Fmt::View& kv,
+                                              const ItemContext& c, int tile, uint32_t sk, uint32_t sv, int tid) {
+  const TileRef t = tile_ref(c.s, c.cached, tile);
+  if (t.from_cache) {
+    Fmt::template load_tile<HD, NT, PANEL>(kv, c.pt_row, t.first, t.valid, sk, sv, tid);
+  } else {
+    const int64_t off = t.valid > 0 ? (c.head_rows + c.s.row0 + t.first) * HD : 0;
+    load_rows_async<HD, kTileKeys, NT, PANEL>(sk, a.k16 + off, t.valid, a.k16, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL>(sv, a.v16 + off, t.valid, a.v16, tid);
+  }
+}
+
+// sc: this thread's scores for BK keys (sc[j][e]: row c_row(lane, e), key
+// 8j + c_col(lane, e)); keys >= valid are masked. On return sc holds the
+// unnormalised probabilities exp2(s * scale_log2 - m), o is rescaled to the
+// new running max, m and l are updated. Rows g (r = 0) and g + 8 (r = 1); a
+// row's 4 threads are one quad.
+template <int BK, int HD>
+__device__ __forceinline__ void online_softmax_tile(float (&sc)[BK / 8][4], float (&o)[HD / 8][4], float (&m)[2],
+                                                    float (&l)[2], int valid, float scale_log2, int lane) {
+  if (valid < BK) {
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (8 * j + c_col(lane, e) >= valid) sc[j][e] = -INFINITY;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[r], mx * scale_log2);
+    // no key seen yet: subtract 0 so that exp2(-inf) gives 0, not nan
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = exp2f(m[r] - m_use);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) {
+      const float p0 = exp2f(fmaf(sc[j][2 * r], scale_log2, -m_use));
+      const float p1 = exp2f(fmaf(sc[j][2 * r + 1], scale_log2, -m_use));
+      sc[j][2 * r] = p0;
+      sc[j][2 * r + 1] = p1;
+      sum += p0 + p1;
+    }
+    l[r] = l[r] * corr + sum;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) {
+      o[j][2 * r] *= corr;
+      o[j][2 * r + 1] *= corr;
+    }
+    m[r] = m_new;
+  }
+}
+
+// the A operand of P V for k-step kk: the probabilities of key tiles 2kk and
+// 2kk + 1 repacked as fp16 pairs
+template <int BK>
+__device__ __forceinline__ void pack_p(const float (&sc)[BK / 8][4], int kk, uint32_t (&pa)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pa[i] = pack_half2(sc[p_tile(kk, i)][p_elem(i)], sc[p_tile(kk, i)][p_elem(i) + 1]);
+}
+
+// writes this warp's 16 rows (warp * 16 + ...) of the item's query tile:
+// the normalised output when the work item covers the whole cache, else the
+// unnormalised partial with its running max and sum for attention_combine.cu
+template <int HD, int BQ>
+__device__ __forceinline__ void store_rows(const AttentionArgs& a, const ItemContext& c, int warp, int lane,
+                                           const float (&o)[HD / 8][4], const float (&m)[2], float (&l)[2]) {
+  const WorkItem& w = c.w;
+  const int head = c.head;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + c_row(lane, 2 * r);
+    if (row >= c.nq) continue;
+    if (w.partial < 0) {
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      float* dst = a.out + ((static_cast<int64_t>(c.s.row0) + c.q0 + row) * a.heads + head) * HD;
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j + c_col(lane, 2 * r)) =
+            make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    } else {
+      const int64_t prow = (static_cast<int64_t>(w.partial) * a.heads + head) * BQ + row;
+      float* dst = a.partial_o + prow * HD;
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j + c_col(lane, 2 * r)) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
+      if ((lane & 3) == 0) *reinterpret_cast<float2*>(a.partial_ml + 2 * prow) = make_float2(m[r], l[r]);
+    }
+  }
+}
+
+}  // namespace wm::cuda
