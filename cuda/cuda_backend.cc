@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/half.h"
 #include "cuda/attention.cuh"
 #include "cuda/attention_combine.cuh"
@@ -221,6 +223,13 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.plans") return plans_made_;
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
+  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma), 0 if none
+  if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
+    int32_t hd = 0;
+    if (!absl::SimpleAtoi(name, &hd)) return absl::NotFoundError("attention.kernel.head_dim_N: N is a number");
+    if (hd != 32 && hd != 64 && hd != 128) return int64_t{0};
+    return int64_t{use_sm90(hd) ? 2 : 1};
+  }
   return absl::NotFoundError(absl::StrCat("unknown counter '", name, "'"));
 }
 

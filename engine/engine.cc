@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/noise.h"
 #include "engine/plugin_loader.h"
@@ -44,6 +45,14 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
     // auto only picks a GPU that can hold this model's cache
     if (o.device == "cuda" || (*b)->kv_reservation_bytes("fp16", kv_geometry_of(c), o.kv_options) > 0) {
       *device = "cuda";
+      const WmPluginDeviceInfo& i = (*b)->device_info();
+      const absl::StatusOr<int64_t> k = (*b)->counter(absl::StrCat("attention.kernel.head_dim_", c.head_dim));
+      *note = absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)%s", i.name, i.sm_major, i.sm_minor, i.multiprocessors,
+                              static_cast<double>(i.total_bytes) / (1 << 30),
+                              !k.ok()    ? ""
+                              : *k == 2 ? ", attention kernel wgmma"
+                              : *k == 1 ? ", attention kernel mma.sync"
+                                        : "");
       return std::unique_ptr<Backend>(std::move(*b));
     }
     b = absl::UnimplementedError(absl::StrCat("no CUDA attention kernel for head_dim ", c.head_dim));

@@ -111,7 +111,8 @@ class Engine {
 
   const ModelConfig& config() const { return model_->config(); }
   const std::string& device() const { return device_; }
-  // why "auto" fell back to the CPU (empty otherwise)
+  // on a GPU, which one and its attention kernel; on "auto" fallen back to
+  // the CPU, why; empty on "cpu"
   const std::string& device_note() const { return device_note_; }
   // GPU memory and the device KV pool (zeros on the CPU)
   BackendMemory device_memory() const { return backend_->memory(); }

@@ -22,7 +22,7 @@ struct ServedModel {
   ModelConfig config;
   int64_t parameters = 0;
   std::string device;
-  std::string device_note;                           // why "auto" fell back to the CPU
+  std::string device_note;                           // Engine::device_note()
   std::vector<std::string> cache_formats;
   std::string default_format;
   std::map<std::string, int64_t> reservation_bytes;  // per format: one session's most KV bytes

@@ -733,7 +733,10 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
       EXPECT_EQ(all, a.layers) << "head_dim " << hd << " kernel " << kernel;
       const bool expect_sm90 = wgmma && hd != 32 && (kernel == 2 || (kernel == 0 && auto_wgmma));
       EXPECT_EQ(sm90, expect_sm90 ? all : 0) << "head_dim " << hd << " kernel " << kernel;
+      Tuning t(b, {{"attention.kernel", kernel}});
+      EXPECT_EQ(counter(("attention.kernel.head_dim_" + std::to_string(hd)).c_str()), expect_sm90 ? 2 : 1);
     }
+  EXPECT_EQ(counter("attention.kernel.head_dim_48"), 0);
   auto* pb = backends().cuda.get();
   EXPECT_EQ(pb->set_tuning("attention.kernel", 3).code(), absl::StatusCode::kInvalidArgument);
   if (!wgmma) {
