@@ -6,6 +6,9 @@
 // 4 video frames, one block = 12), KV bytes per session; the same fields as
 // ../shared/research/torch_mg2_step.py, which tools/gpu-run.sh runs beside it.
 //
+// On a device it also times every layer's attention alone over the same
+// sessions and caches: attention_ms_per_forward, its share and TFLOP/s.
+//
 // A block is what Engine::step does on the device: 3 x (forward + Euler),
 // unpatchify, the frames' download, then the write pass. The caches are
 // filled to the window with random K/V first (the write path, not a forward
@@ -186,6 +189,29 @@ int run(int argc, char** argv) {
         j["gemm_fallback_calls"] = count("gemm.fallback_calls") - fallback0;
         j["device_used_bytes"] = m.device_total - m.device_free;
         j["kv_pool_used_bytes"] = m.kv_pool_used;
+        // where a forward's time goes: every layer's attention alone, same sessions, caches and kernel
+        const size_t vals = static_cast<size_t>(frames) * T * Q;
+        const std::vector<float> filler(vals, 0.5f);  // the timing does not depend on the values
+        float* aq = put(filler);
+        float* ak = put(filler);
+        float* av = put(filler);
+        float* ao = put(filler);
+        std::vector<SessionSlice> slices;
+        for (int s = 0; s < S; ++s) slices.push_back({caches[static_cast<size_t>(s)].get(), s * B, B});
+        b.attention(0, slices, T, aq, ak, av, ao);
+        dev.sync();
+        const int64_t sm90_0 = count("attention.sm90_launches");
+        if (dev.plugin->timer_start().ok()) {
+          for (int r = 0; r < reps; ++r)
+            for (int l = 0; l < L; ++l) b.attention(l, slices, T, aq, ak, av, ao);
+          const double ms = dev.plugin->timer_stop_ms().value_or(-1.0) / reps;
+          const double keys = static_cast<double>(W) * T + static_cast<double>(B) * T;  // cache + own block
+          const double flops = 4.0 * L * S * cfg.heads * (static_cast<double>(B) * T) * keys * cfg.head_dim;
+          j["attention_ms_per_forward"] = std::round(ms * 100) / 100;
+          j["attention_share_of_forward"] = std::round(ms / (forward_s * 1e3) * 1000) / 1000;
+          j["attention_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
+          j["attention_kernel"] = count("attention.sm90_launches") > sm90_0 ? "wgmma" : "mma";
+        }
       }
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);

@@ -89,6 +89,9 @@ def compare(results):
         t = torch_runs.get((r["sessions_batched"], r["window_latent_frames"]))
         row = {"sessions": r["sessions_batched"], "window": r["window_latent_frames"], "ours_forward_ms": r["forward_ms"],
                "ours_block_ms": r["block_ms"], "ours_fps": r["fps_aggregate"]}
+        for k in ("attention_ms_per_forward", "attention_share_of_forward", "attention_TFLOPs", "attention_kernel"):
+            if k in r:
+                row[k] = r[k]
         if t:
             row.update({"torch_forward_ms": t["forward_ms"], "torch_fps": t["fps_aggregate"],
                         "fps_ratio": round(r["fps_aggregate"] / max(1e-9, t["fps_aggregate"]), 2)})
@@ -174,7 +177,9 @@ def summary(path):
     for m in r.get("comparison", {}).get("mg2", []):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
-                                        if "torch_fps" in m else ""))
+                                        if "torch_fps" in m else "") +
+              (" [attention %(attention_ms_per_forward)s ms/forward, %(attention_TFLOPs)s TF/s, %(attention_kernel)s]" % m
+               if "attention_ms_per_forward" in m else ""))
     sv = r.get("serving") or {}
     for run in sv.get("runs", []):
         print("serving %(sessions)s sessions at %(fps)s fps: holds=%(holds)s, slowest %(session_fps_min)s fps, "
