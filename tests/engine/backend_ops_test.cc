@@ -34,7 +34,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
+#include <sstream>
 
 #include "engine/backend.h"
 #include "engine/engine.h"
@@ -203,6 +205,8 @@ struct OpCase {
   Tol tol;
   // runs the op on a backend with inputs drawn from `seed`, returns the outputs
   std::function<std::vector<float>(Backend&, uint32_t seed)> run;
+  // optional: where the values outside the tolerance are, to tell a layout bug from rounding
+  std::function<std::string(const std::vector<float>& cpu, const std::vector<float>& cuda)> explain;
 };
 
 // gtest prints a case by its name
@@ -413,6 +417,28 @@ OpCase attention_case(const AttnSpec& a) {
     }
     return all;
   };
+  // outputs are [layers][rows][heads][head_dim]: count the bad values by channel group, row within a
+  // warp's 16, head and layer (a wrong fragment or descriptor shows as a pattern, rounding does not)
+  c.explain = [=](const std::vector<float>& cpu, const std::vector<float>& cuda) {
+    const size_t hd = static_cast<size_t>(a.head_dim), H = static_cast<size_t>(a.heads);
+    const size_t per_layer = cpu.size() / static_cast<size_t>(a.layers);
+    std::map<size_t, int64_t> by_channel, by_row16, by_head, by_layer;
+    for (size_t i = 0; i < cpu.size() && i < cuda.size(); ++i) {
+      if (!(std::fabs(cpu[i] - cuda[i]) > kAttentionAbs)) continue;
+      const size_t j = i % per_layer;
+      ++by_channel[j % hd / 8];
+      ++by_row16[j / (H * hd) % 16];
+      ++by_head[j / hd % H];
+      ++by_layer[i / per_layer];
+    }
+    std::ostringstream os;
+    for (const auto& [name, m] : {std::pair{"channels/8", &by_channel}, std::pair{"row%16", &by_row16},
+                                  std::pair{"head", &by_head}, std::pair{"layer", &by_layer}}) {
+      os << " bad by " << name << ":";
+      for (const auto& [k, n] : *m) os << " " << k << "=" << n;
+    }
+    return os.str();
+  };
   return c;
 }
 
@@ -460,6 +486,25 @@ std::vector<OpCase> all_cases() {
       cases.push_back(attention_case(a));
     }
   };
+  for (int hd : {32, 64, 128}) {
+    // the smallest cases first: one session, only its own block (one partial key tile), then one
+    // full cache tile and the block
+    AttnSpec a;
+    a.head_dim = hd;
+    a.heads = 1;
+    a.layers = 1;
+    a.sinks = 0;
+    a.frames_per_block = 1;
+    a.tokens_per_frame = 16;
+    a.cached = {0};
+    a.label = "single";
+    per_kernel(a);
+    a.tokens_per_frame = 64;
+    a.window = 1;
+    a.cached = {1};
+    a.label = "onetile";
+    per_kernel(a);
+  }
   for (int hd : {32, 64, 128})
     for (const auto& tu : tunings) {
       AttnSpec a;
@@ -513,12 +558,38 @@ TEST_P(BackendOps, CudaMatchesCpu) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
   ASSERT_FALSE(cpu.empty());
   const auto r = close(cpu, cuda, c.tol);
-  EXPECT_TRUE(r) << c.name;
+  EXPECT_TRUE(r) << c.name << (!r && c.explain ? c.explain(cpu, cuda) : std::string());
   if (r) std::printf("  %s: %s\n", c.name.c_str(), r.message());
 }
 
 INSTANTIATE_TEST_SUITE_P(Parity, BackendOps, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+
+// a failed attention case says where its bad values are (runs without a GPU: CPU output, perturbed)
+TEST(ParityReport, AttentionMismatchesAreGroupedByLayout) {
+  AttnSpec a;
+  a.heads = 2;
+  a.head_dim = 64;
+  a.cached = {0, 3};
+  const OpCase c = attention_case(a);
+  const auto cpu = c.run(*backends().cpu, 3);
+  auto bad = cpu;
+  const size_t per_layer = cpu.size() / static_cast<size_t>(a.layers);
+  int64_t n = 0;
+  for (size_t j = 0; j < per_layer; ++j)
+    if (j / 64 % 2 == 1 && j % 64 / 8 == 5) {  // head 1, channels 40..47, layer 1
+      bad[per_layer + j] += 1.0f;
+      ++n;
+    }
+  ASSERT_GT(n, 0);
+  EXPECT_FALSE(close(cpu, bad, c.tol));
+  const std::string why = c.explain(cpu, bad);
+  const std::string count = "=" + std::to_string(n);
+  EXPECT_NE(why.find("bad by channels/8: 5" + count), std::string::npos) << why;
+  EXPECT_NE(why.find("bad by head: 1" + count), std::string::npos) << why;
+  EXPECT_NE(why.find("bad by layer: 1" + count), std::string::npos) << why;
+  EXPECT_EQ(c.explain(cpu, cpu).find('='), std::string::npos) << "nothing bad, nothing counted";
+}
 
 // ---- KV caches on the device -------------------------------------------------------
 
