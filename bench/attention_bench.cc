@@ -8,7 +8,7 @@
 //
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
-//                   [--kernel=auto|mma|wgmma|both]
+//                   [--kernel=auto|mma|wgmma|overlap|all]
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -44,19 +44,25 @@ int run(int argc, char** argv) {
   const int64_t pool = (static_cast<int64_t>(max_cached) + 2 * 880) * heads * hd * 4 + (int64_t{256} << 20);
   Device dev = open_device(f, pool, int64_t{1} << 30);
   Backend& b = *dev.backend;
-  // --kernel=auto|mma|wgmma|both: the CUDA attention kernel(s) to time ("attention.kernel")
+  // --kernel=auto|mma|wgmma|overlap|all: the CUDA attention kernel(s) to time ("attention.kernel")
   const std::string kernel_flag = f.str("kernel", "auto");
   const std::map<std::string, std::vector<std::pair<std::string, int64_t>>> kernel_sets = {
-      {"auto", {{"auto", 0}}}, {"mma", {{"mma", 1}}}, {"wgmma", {{"wgmma", 2}}}, {"both", {{"mma", 1}, {"wgmma", 2}}}};
+      {"auto", {{"auto", 0}}},
+      {"mma", {{"mma", 1}}},
+      {"wgmma", {{"wgmma", 2}}},
+      {"overlap", {{"overlap", 3}}},
+      {"all", {{"mma", 1}, {"wgmma", 2}, {"overlap", 3}}}};
   const auto kernels_it = kernel_sets.find(kernel_flag);
   if (kernels_it == kernel_sets.end()) {
-    std::fprintf(stderr, "--kernel=%s: use auto, mma, wgmma or both\n", kernel_flag.c_str());
+    std::fprintf(stderr, "--kernel=%s: use auto, mma, wgmma, overlap or all\n", kernel_flag.c_str());
     return 2;
   }
   const auto& kernels = kernels_it->second;
-  auto sm90_launches = [&]() -> int64_t {
-    if (dev.plugin == nullptr) return 0;
-    return dev.plugin->counter("attention.sm90_launches").value_or(0);
+  // the kernel that attends this head size now (docs/CUDA.md, counters)
+  auto running = [&]() -> std::string {
+    if (dev.plugin == nullptr) return "cpu";
+    const int64_t k = dev.plugin->counter("attention.kernel.head_dim_" + std::to_string(hd)).value_or(0);
+    return k == 1 ? "mma" : k == 2 ? "wgmma" : k == 3 ? "overlap" : "none";
   };
   for (const auto& [kernel_name, kernel] : kernels) {
     if (dev.plugin == nullptr && kernel_name != kernels.front().first) break;  // the CPU has one kernel
@@ -108,10 +114,9 @@ int run(int argc, char** argv) {
           }
           const SessionSlice slice{cache->get(), 0, fpb};
           const std::span<const SessionSlice> slices(&slice, 1);
-          const int64_t sm90_0 = sm90_launches();
           for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
           dev.sync();
-          const char* ran = dev.plugin == nullptr ? "cpu" : sm90_launches() > sm90_0 ? "wgmma" : "mma";
+          const std::string ran = running();
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {

@@ -49,7 +49,7 @@ struct SyncMma {
   }
 };
 
-using Kernels = AttentionKernels<SyncMma, 32, 64, 128>;
+using Kernels = AttentionKernels<PlainAttention<SyncMma>, 32, 64, 128>;
 
 }  // namespace
 

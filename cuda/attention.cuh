@@ -41,14 +41,15 @@ cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, 
                              cudaStream_t stream);
 
 
-// The Hopper kernel (attention_sm90.cu, built for sm_90a only, so it runs on
-// compute capability 9.0 and nothing else): same arguments, plan and results,
-// wgmma instead of mma.sync; head_dim 64 or 128.
+// The Hopper kernels (attention_sm90.cu, built for sm_90a only, so they run
+// on compute capability 9.0 and nothing else): same arguments, plan and
+// results, wgmma instead of mma.sync; head_dim 64 or 128. overlap: the
+// variant that overlaps each tile's softmax with the tensor cores.
 bool attention_sm90_supports(int32_t head_dim);
-size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q);
+size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, bool overlap);
 cudaError_t attention_sm90_prepare();
-int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q);
+int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, bool overlap);
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
-                                  cudaStream_t stream);
+                                  bool overlap, cudaStream_t stream);
 
 }  // namespace wm::cuda

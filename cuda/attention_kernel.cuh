@@ -72,11 +72,8 @@ __global__ void __launch_bounds__(Mma::kThreads(BQ), Mma::kMinCtas(BQ))
   uint32_t qf[HD / 16][4];
   query_fragments<HD>(sq, warp, lane, qf);
 
-  float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY};  // running max of scaled logits, log2 units
-  float l[2] = {0.0f, 0.0f};            // this thread's part of the running sum
+  float o[HD / 8][4], m[2], l[2];  // output, running max of scaled logits (log2 units), this thread's sum
+  start_rows<HD>(o, m, l);
 
   for (int it = 0; it < n_tiles; ++it) {
     const int stage = it & 1;
@@ -98,49 +95,54 @@ __global__ void __launch_bounds__(Mma::kThreads(BQ), Mma::kMinCtas(BQ))
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 
-// host side of one instantiation over the fp16 cache: the shared-memory
-// limit (once per device), the launch (grid: work items x heads), occupancy
-template <class Mma, int HD, int BQ>
-cudaError_t allow_attention_smem() {
-  return allow_dynamic_smem(attention_kernel<Mma, Fp16PageFormat, HD, BQ>, attention_kernel_smem<Mma>(HD, BQ));
-}
+// A kernel family for the host side: the kernel for (HD, BQ) over the fp16
+// cache, its threads and its dynamic shared memory. This one is
+// attention_kernel with an Mma policy; attention_sm90.cu has another.
+template <class Mma>
+struct PlainAttention {
+  template <int HD, int BQ>
+  static constexpr auto kernel() {
+    return attention_kernel<Mma, Fp16PageFormat, HD, BQ>;
+  }
+  static constexpr int threads(int bq) { return Mma::kThreads(bq); }
+  static constexpr size_t smem(int32_t hd, int32_t bq) { return attention_kernel_smem<Mma>(hd, bq); }
+};
 
-template <class Mma, int HD, int BQ>
-cudaError_t launch_attention_kernel(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t items,
-                                    cudaStream_t stream) {
-  attention_kernel<Mma, Fp16PageFormat, HD, BQ>
-      <<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)), Mma::kThreads(BQ),
-         attention_kernel_smem<Mma>(HD, BQ), stream>>>(a, kv);
-  return cudaGetLastError();
-}
-
-template <class Mma, int HD, int BQ>
-int32_t attention_kernel_ctas_per_sm() {
-  return resident_ctas(attention_kernel<Mma, Fp16PageFormat, HD, BQ>, Mma::kThreads(BQ),
-                       attention_kernel_smem<Mma>(HD, BQ));
-}
-
-// every instantiation of one Mma policy, for head sizes HDs and block_q 64
-// and 128, chosen at run time
-template <class Mma, int... HDs>
+// every instantiation of one kernel family, for head sizes HDs and block_q
+// 64 and 128, chosen at run time
+template <class Family, int... HDs>
 struct AttentionKernels {
-  // raises every instantiation's shared-memory limit; the first error
+  template <int HD, int BQ>
+  static cudaError_t allow_smem() {
+    return allow_dynamic_smem(Family::template kernel<HD, BQ>(), Family::smem(HD, BQ));
+  }
+  template <int HD, int BQ>
+  static int32_t ctas() {
+    return resident_ctas(Family::template kernel<HD, BQ>(), Family::threads(BQ), Family::smem(HD, BQ));
+  }
+  // grid: work items x heads
+  template <int HD, int BQ>
+  static cudaError_t launch_one(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t items,
+                                cudaStream_t stream) {
+    Family::template kernel<HD, BQ>()<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)),
+                                        Family::threads(BQ), Family::smem(HD, BQ), stream>>>(a, kv);
+    return cudaGetLastError();
+  }
+
+  // raises every instantiation's shared-memory limit (once per device); the first error
   static cudaError_t prepare() {
     cudaError_t e = cudaSuccess;
     auto keep = [&](cudaError_t r) {
       if (r != cudaSuccess && e == cudaSuccess) e = r;
     };
-    (keep(allow_attention_smem<Mma, HDs, 64>()), ...);
-    (keep(allow_attention_smem<Mma, HDs, 128>()), ...);
+    (keep(allow_smem<HDs, 64>()), ...);
+    (keep(allow_smem<HDs, 128>()), ...);
     return e;
   }
   // CTAs per SM for (head_dim, block_q); 0 if unknown
   static int32_t ctas_per_sm(int32_t head_dim, int32_t block_q) {
     int32_t n = 0;
-    ((head_dim == HDs && (n = block_q == 128 ? attention_kernel_ctas_per_sm<Mma, HDs, 128>()
-                                             : attention_kernel_ctas_per_sm<Mma, HDs, 64>(),
-                          true)) ||
-     ...);
+    ((head_dim == HDs && (n = block_q == 128 ? ctas<HDs, 128>() : ctas<HDs, 64>(), true)) || ...);
     return n;
   }
   static cudaError_t launch(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
@@ -149,8 +151,8 @@ struct AttentionKernels {
     if (a.heads > 65535) return cudaErrorInvalidConfiguration;
     if (a.block_q != 64 && a.block_q != 128) return cudaErrorInvalidValue;
     cudaError_t e = cudaErrorInvalidValue;
-    ((head_dim == HDs && (e = a.block_q == 128 ? launch_attention_kernel<Mma, HDs, 128>(a, kv, items, stream)
-                                               : launch_attention_kernel<Mma, HDs, 64>(a, kv, items, stream),
+    ((head_dim == HDs && (e = a.block_q == 128 ? launch_one<HDs, 128>(a, kv, items, stream)
+                                               : launch_one<HDs, 64>(a, kv, items, stream),
                           true)) ||
      ...);
     return e;

@@ -74,12 +74,13 @@ __device__ __forceinline__ void load_key_tile(const AttentionArgs& a, const type
 
 // sc: this thread's scores for BK keys (sc[j][e]: row c_row(lane, e), key
 // 8j + c_col(lane, e)); keys >= valid are masked. On return sc holds the
-// unnormalised probabilities exp2(s * scale_log2 - m), o is rescaled to the
-// new running max, m and l are updated. Rows g (r = 0) and g + 8 (r = 1); a
-// row's 4 threads are one quad.
-template <int BK, int HD>
-__device__ __forceinline__ void online_softmax_tile(float (&sc)[BK / 8][4], float (&o)[HD / 8][4], float (&m)[2],
-                                                    float (&l)[2], int valid, float scale_log2, int lane) {
+// unnormalised probabilities exp2(s * scale_log2 - m), m and l are updated
+// and corr holds the factor that takes the output accumulated so far to the
+// new running max. Rows g (r = 0) and g + 8 (r = 1); a row's 4 threads are
+// one quad.
+template <int BK>
+__device__ __forceinline__ void softmax_tile(float (&sc)[BK / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             int valid, float scale_log2, int lane) {
   if (valid < BK) {
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j)
@@ -97,7 +98,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[BK / 8][4], floa
     const float m_new = fmaxf(m[r], mx * scale_log2);
     // no key seen yet: subtract 0 so that exp2(-inf) gives 0, not nan
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    const float corr = exp2f(m[r] - m_use);
+    corr[r] = exp2f(m[r] - m_use);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) {
@@ -107,14 +108,39 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[BK / 8][4], floa
       sc[j][2 * r + 1] = p1;
       sum += p0 + p1;
     }
-    l[r] = l[r] * corr + sum;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      o[j][2 * r] *= corr;
-      o[j][2 * r + 1] *= corr;
-    }
+    l[r] = l[r] * corr[r] + sum;
     m[r] = m_new;
   }
+}
+
+// the running state of a warp's rows before any key: O = 0, max = -inf, sum = 0
+template <int HD>
+__device__ __forceinline__ void start_rows(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.0f;
+}
+
+// o *= corr, row by row (softmax_tile's corr)
+template <int HD>
+__device__ __forceinline__ void rescale_rows(float (&o)[HD / 8][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) {
+      o[j][2 * r] *= corr[r];
+      o[j][2 * r + 1] *= corr[r];
+    }
+}
+
+// softmax_tile, then the output rescaled to the new running max
+template <int BK, int HD>
+__device__ __forceinline__ void online_softmax_tile(float (&sc)[BK / 8][4], float (&o)[HD / 8][4], float (&m)[2],
+                                                    float (&l)[2], int valid, float scale_log2, int lane) {
+  float corr[2];
+  softmax_tile<BK>(sc, m, l, corr, valid, scale_log2, lane);
+  rescale_rows<HD>(o, corr);
 }
 
 // the A operand of P V for k-step kk: the probabilities of key tiles 2kk and

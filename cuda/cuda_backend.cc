@@ -140,9 +140,10 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
     const absl::string_view v(e);
-    const int64_t kind = v == "auto" ? 0 : v == "mma" ? 1 : v == "wgmma" ? 2 : -1;
+    const int64_t kind = v == "auto" ? 0 : v == "mma" ? kMma : v == "wgmma" ? kWgmma : v == "overlap" ? kOverlap : -1;
     if (kind < 0)
-      return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_ATTENTION='", v, "': use auto, mma or wgmma"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("WM_CUDA_ATTENTION='", v, "': use auto, mma, wgmma or overlap"));
     s = set_tuning("attention.kernel", kind);
     if (!s.ok()) return s;
     default_attention_kernel_ = attention_kernel_;
@@ -150,13 +151,12 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     for (int32_t j = 0; j < 2; ++j) {
-      const int32_t bq = j == 0 ? 64 : 128;
-      const int32_t n = attention_ctas_per_sm(kHeadDims[i], bq);
-      ctas_per_sm_[i][static_cast<size_t>(j)] = n > 0 ? n : (j == 0 ? 2 : 1);
-      if (sm90_ready_ && attention_sm90_supports(kHeadDims[i])) {
-        const int32_t m = attention_sm90_ctas_per_sm(kHeadDims[i], bq);
-        sm90_ctas_per_sm_[i][static_cast<size_t>(j)] = m > 0 ? m : 1;
-      }
+      const int32_t hd = kHeadDims[i], bq = j == 0 ? 64 : 128, fallback = j == 0 ? 2 : 1;
+      const bool sm90 = sm90_ready_ && attention_sm90_supports(hd);
+      const std::array<int32_t, 3> n = {attention_ctas_per_sm(hd, bq),
+                                        sm90 ? attention_sm90_ctas_per_sm(hd, bq, false) : 0,
+                                        sm90 ? attention_sm90_ctas_per_sm(hd, bq, true) : 0};
+      for (size_t k = 0; k < n.size(); ++k) ctas_per_sm_[k][i][static_cast<size_t>(j)] = n[k] > 0 ? n[k] : fallback;
     }
   return absl::OkStatus();
 }
@@ -195,9 +195,10 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     if (value < 1 || value > 1 << 20) return absl::InvalidArgumentError("attention.min_tiles_per_split: >= 1");
     plan_tuning_.min_tiles_per_split = static_cast<int32_t>(value);
   } else if (key == "attention.kernel") {
-    if (value < 0 || value > 2) return absl::InvalidArgumentError("attention.kernel: 0 (auto), 1 (mma) or 2 (wgmma)");
-    if (value == 2 && !sm90_ready_)
-      return absl::FailedPreconditionError(absl::StrCat("attention.kernel: the wgmma kernel runs on compute "
+    if (value < 0 || value > kOverlap)
+      return absl::InvalidArgumentError("attention.kernel: 0 (default), 1 (mma), 2 (wgmma) or 3 (wgmma, overlapped)");
+    if (value >= kWgmma && !sm90_ready_)
+      return absl::FailedPreconditionError(absl::StrCat("attention.kernel: the wgmma kernels run on compute "
                                                         "capability 9.0 only; this GPU is ",
                                                         info_.sm_major, ".", info_.sm_minor));
     attention_kernel_ = static_cast<int32_t>(value);
@@ -212,9 +213,11 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   return absl::OkStatus();
 }
 
-bool CudaBackend::use_sm90(int32_t head_dim) const {
-  const int32_t kernel = attention_kernel_ != 0 ? attention_kernel_ : default_attention_kernel_;
-  return sm90_ready_ && kernel != 1 && attention_sm90_supports(head_dim);
+int32_t CudaBackend::kernel_for(int32_t head_dim) const {
+  if (head_dim != 32 && head_dim != 64 && head_dim != 128) return 0;
+  if (!sm90_ready_ || !attention_sm90_supports(head_dim)) return kMma;
+  const int32_t k = attention_kernel_ != 0 ? attention_kernel_ : default_attention_kernel_;
+  return k != 0 ? k : kOverlap;
 }
 
 absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
@@ -223,12 +226,12 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.plans") return plans_made_;
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
-  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma), 0 if none
+  if (name == "attention.overlap_launches") return overlap_launches_;
+  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped), 0 if none
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
     int32_t hd = 0;
     if (!absl::SimpleAtoi(name, &hd)) return absl::NotFoundError("attention.kernel.head_dim_N: N is a number");
-    if (hd != 32 && hd != 64 && hd != 128) return int64_t{0};
-    return int64_t{use_sm90(hd) ? 2 : 1};
+    return int64_t{kernel_for(hd)};
   }
   return absl::NotFoundError(absl::StrCat("unknown counter '", name, "'"));
 }
@@ -645,7 +648,7 @@ absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std:
   const int32_t hd = caches.empty() ? 0 : caches[0]->pages.geometry().head_dim;
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     if (kHeadDims[i] == hd) {
-      const auto& n = use_sm90(hd) ? sm90_ctas_per_sm_[i] : ctas_per_sm_[i];
+      const auto& n = ctas_per_sm_[static_cast<size_t>(std::max(kMma, kernel_for(hd)) - 1)][i];
       t.ctas_per_sm_64 = n[0];
       t.ctas_per_sm_128 = n[1];
     }
@@ -726,9 +729,10 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   view.page_tokens = p.page_tokens;
   view.head_dim = p.head_dim;
   const auto items = static_cast<int32_t>(p.items.size());
-  if (use_sm90(p.head_dim)) {
+  if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWgmma || kernel == kOverlap) {
     ++sm90_launches_;
-    WM_CUDA_RETURN_IF_ERROR(launch_attention_sm90(a, view, p.head_dim, items, stream_));
+    if (kernel == kOverlap) ++overlap_launches_;
+    WM_CUDA_RETURN_IF_ERROR(launch_attention_sm90(a, view, p.head_dim, items, kernel == kOverlap, stream_));
   } else {
     WM_CUDA_RETURN_IF_ERROR(launch_attention(a, view, p.head_dim, items, stream_));
   }

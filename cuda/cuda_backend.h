@@ -162,17 +162,19 @@ class CudaBackend {
 
   // tuning (set_tuning): see docs/CUDA.md
   PlanTuning plan_tuning_;
-  // CTAs per SM of the attention kernel, [head_dim 32, 64, 128][block_q 64, 128]
-  static constexpr std::array<int32_t, 3> kHeadDims = {32, 64, 128};
-  std::array<std::array<int32_t, 2>, 3> ctas_per_sm_{{{2, 1}, {2, 1}, {2, 1}}};
-  // attention kernel: 1 mma.sync, 2 wgmma (head_dim 64/128 on 9.0), 0 the
-  // default: WM_CUDA_ATTENTION's choice at start-up, else wgmma where it runs
-  // (tuning "attention.kernel")
+  // attention kernels: 1 mma.sync, 2 wgmma, 3 wgmma with the softmax
+  // overlapped (2 and 3: head_dim 64/128 on compute capability 9.0);
+  // tuning "attention.kernel" 0 means the default: WM_CUDA_ATTENTION's
+  // choice at start-up, else 3 where it runs, else 1
+  static constexpr int32_t kMma = 1, kWgmma = 2, kOverlap = 3;
   int32_t attention_kernel_ = 0, default_attention_kernel_ = 0;
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
-  std::array<std::array<int32_t, 2>, 3> sm90_ctas_per_sm_{{{0, 0}, {1, 1}, {1, 1}}};
-  int64_t sm90_launches_ = 0;
-  bool use_sm90(int32_t head_dim) const;
+  // the kernel that attends head_dim now (0: none)
+  int32_t kernel_for(int32_t head_dim) const;
+  // CTAs per SM, [kernel - 1][head_dim 32, 64, 128][block_q 64, 128]
+  static constexpr std::array<int32_t, 3> kHeadDims = {32, 64, 128};
+  std::array<std::array<std::array<int32_t, 2>, 3>, 3> ctas_per_sm_{};
+  int64_t sm90_launches_ = 0, overlap_launches_ = 0;
   bool use_shadow_ = true;
   int64_t tuning_generation_ = 0;
 };

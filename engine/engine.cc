@@ -50,6 +50,7 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
       *note = absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)%s", i.name, i.sm_major, i.sm_minor, i.multiprocessors,
                               static_cast<double>(i.total_bytes) / (1 << 30),
                               !k.ok()    ? ""
+                              : *k == 3 ? ", attention kernel wgmma (softmax overlapped)"
                               : *k == 2 ? ", attention kernel wgmma"
                               : *k == 1 ? ", attention kernel mma.sync"
                                         : "");

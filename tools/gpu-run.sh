@@ -5,9 +5,12 @@
 # continuing whatever the one before did; results are rewritten after every
 # stage so that a cut-off run still returns what it measured:
 #   info        nvidia-smi
-#   wgmma       backend_ops_tests: the wgmma attention kernel's parity cases
-#               alone (-> $OUT/parity_wgmma.json); if they fail or crash, every
-#               later stage runs with WM_CUDA_ATTENTION=mma (the mma.sync kernel)
+#   wgmma       backend_ops_tests: the plain wgmma attention kernel's parity
+#               cases alone (-> $OUT/parity_wgmma.json)
+#   overlap     the same for the overlapped wgmma kernel, the default on the
+#               H200 (-> $OUT/parity_overlap.json); if its cases fail or crash,
+#               every later stage runs with WM_CUDA_ATTENTION=wgmma, or =mma
+#               when the plain wgmma kernel failed too
 #   parity      backend_ops_tests: every op, CPU vs CUDA             -> $OUT/parity.json
 #   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR  -> $OUT/parity_e2e.json
 #   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once)
@@ -86,17 +89,27 @@ stage() {
 }
 
 stage info 10 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw --format=csv; cat .gpu/BUILD_INFO; echo "sanitizer: '"${sanitizer:-none}"'"; ldd .gpu/bin/libwm_cuda.so | grep -E "cublas|cudart|not found"'
-# the newest kernel first and alone: a fault in it must not take the rest of the report with it
-stage wgmma 30 .gpu/bin/backend_ops_tests --gtest_filter='*kernel2*' --gtest_output=json:"$OUT/parity_wgmma.json"
-if [ -z "${WM_CUDA_ATTENTION:-}" ] && grep -q "^wgmma," "$raw/stages.csv" && ! grep -q "^wgmma,0," "$raw/stages.csv"; then
-  export WM_CUDA_ATTENTION=mma
-  echo "=== the wgmma attention kernel failed its parity cases: later stages use WM_CUDA_ATTENTION=mma" | tee -a "$log"
+# the newest kernels first and alone: a fault in one must not take the rest of the report with it
+stage wgmma 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel2*' --gtest_output=json:"$OUT/parity_wgmma.json"
+stage overlap 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel3*' --gtest_output=json:"$OUT/parity_overlap.json"
+failed() {  # the stage ran and did not pass
+  grep -q "^$1," "$raw/stages.csv" && ! grep -q "^$1,0," "$raw/stages.csv"
+}
+if [ -z "${WM_CUDA_ATTENTION:-}" ]; then
+  if failed overlap && failed wgmma; then
+    export WM_CUDA_ATTENTION=mma
+  elif failed overlap; then
+    export WM_CUDA_ATTENTION=wgmma
+  fi
+  if [ -n "${WM_CUDA_ATTENTION:-}" ]; then
+    echo "=== a wgmma kernel failed its parity cases: later stages use WM_CUDA_ATTENTION=$WM_CUDA_ATTENTION" | tee -a "$log"
+  fi
 fi
 echo "attention_kernel=${WM_CUDA_ATTENTION:-auto}" > "$raw/attention_kernel.txt"
-attention_kernels=both
+attention_kernels=all
 [ "${WM_CUDA_ATTENTION:-}" = mma ] && attention_kernels=mma
 # two stages, so that a hang or a crash in one still leaves the other's report
-stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter='-CudaEndToEnd.*:*kernel2*' --gtest_output=json:"$OUT/parity.json"
+stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter='-CudaEndToEnd.*:*kernel2*:*kernel3*' --gtest_output=json:"$OUT/parity.json"
 stage e2e 45 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$OUT/parity_e2e.json"
 if [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do

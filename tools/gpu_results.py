@@ -62,8 +62,9 @@ def parity(raw, out_dir):
     res = gtest_report(os.path.join(out_dir, "parity.json"))
     res["end_to_end_report"] = gtest_report(os.path.join(out_dir, "parity_e2e.json"))
     res["wgmma_report"] = gtest_report(os.path.join(out_dir, "parity_wgmma.json"))
+    res["overlap_report"] = gtest_report(os.path.join(out_dir, "parity_overlap.json"))
     res["attention_kernel"] = text(os.path.join(raw, "attention_kernel.txt")).strip() or None
-    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "parity", "e2e"))
+    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "parity", "e2e"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
     res["op_errors"] = [l.strip() for l in log.splitlines() if l.startswith("  ") and "max |err|" in l][:80]
     res["device_line"] = next((l.strip() for l in log.splitlines() if l.startswith("CUDA backend:")), None)
@@ -154,7 +155,8 @@ def summary(path):
         print("stage %-10s rc=%-7s %6ss (limit %s)" % (s["stage"], s["rc"], s["seconds"], s["limit"]))
     p = r.get("parity", {})
     print("attention kernel for the later stages: %s" % p.get("attention_kernel"))
-    for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("parity", p),
+    for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("overlap parity", p.get("overlap_report", {})),
+                      ("parity", p),
                       ("end to end", p.get("end_to_end_report", {}))):
         if "error" in rep:
             print("%s: %s" % (name, rep["error"]))

@@ -476,11 +476,11 @@ std::vector<OpCase> all_cases() {
       {{"attention.block_q", 128}, {"attention.split", 2}},
       {{"attention.split", -1}}};
   // every attention case runs on the mma.sync kernel (kernel1) and, for head_dim 64 and 128, on the
-  // wgmma kernel (kernel2, skipped where the GPU is not compute capability 9.0)
+  // wgmma kernels (kernel2 plain, kernel3 overlapped; skipped where the GPU is not compute capability 9.0)
   auto per_kernel = [&](AttnSpec a) {
     const auto base = a.tuning;
-    for (int64_t kernel : {1, 2}) {
-      if (kernel == 2 && a.head_dim == 32) continue;
+    for (int64_t kernel : {1, 2, 3}) {
+      if (kernel >= 2 && a.head_dim == 32) continue;
       a.tuning = base;
       a.tuning.emplace_back("attention.kernel", kernel);
       cases.push_back(attention_case(a));
@@ -551,8 +551,9 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {};
 TEST_P(BackendOps, CudaMatchesCpu) {
   WM_REQUIRE_CUDA();
   const OpCase& c = GetParam();
-  if (c.name.find("_kernel2") != std::string::npos && !wgmma_available())
-    GTEST_SKIP() << "the wgmma attention kernel needs compute capability 9.0";
+  if ((c.name.find("_kernel2") != std::string::npos || c.name.find("_kernel3") != std::string::npos) &&
+      !wgmma_available())
+    GTEST_SKIP() << "the wgmma attention kernels need compute capability 9.0";
   const auto cpu = c.run(*backends().cpu, 1234);
   const auto cuda = c.run(*backends().cuda, 1234);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
@@ -782,36 +783,43 @@ TEST(CudaCounters, AttentionIsPlannedOncePerStep) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
-// "attention.kernel" picks the kernel that runs: mma.sync (1) never launches the wgmma kernel, wgmma (2)
-// runs it for head_dim 64 and 128 only, and auto (0) runs it wherever it can
+// "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped (2 and 3 for
+// head_dim 64 and 128 only, on compute capability 9.0), 0 the process default (WM_CUDA_ATTENTION, else 3
+// wherever it runs)
 TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
   const bool wgmma = wgmma_available();
-  const char* env = std::getenv("WM_CUDA_ATTENTION");  // what "auto" (0) means in this process
-  const bool auto_wgmma = env == nullptr || std::string(env) != "mma";
+  const std::map<std::string, int64_t> by_name = {{"auto", 3}, {"mma", 1}, {"wgmma", 2}, {"overlap", 3}};
+  const char* env = std::getenv("WM_CUDA_ATTENTION");
+  const int64_t default_kernel = env == nullptr || *env == '\0' ? 3 : by_name.at(env);
   for (int hd : {32, 64, 128})
-    for (int64_t kernel : {0, 1, 2}) {
-      if (kernel == 2 && !wgmma) continue;
+    for (int64_t kernel : {0, 1, 2, 3}) {
+      if (kernel >= 2 && !wgmma) continue;
       AttnSpec a;
       a.head_dim = hd;
       a.cached = {0, 3};
       a.tuning = {{"attention.kernel", kernel}};
-      const int64_t sm90_0 = counter("attention.sm90_launches"), all0 = counter("attention.launches");
+      const int64_t expect = !wgmma || hd == 32 ? 1 : kernel == 0 ? default_kernel : kernel;
+      const int64_t sm90_0 = counter("attention.sm90_launches"), overlap0 = counter("attention.overlap_launches"),
+                    all0 = counter("attention.launches");
       attention_case(a).run(b, 7);
       ASSERT_TRUE(backends().cuda->synchronize().ok());
-      const int64_t sm90 = counter("attention.sm90_launches") - sm90_0, all = counter("attention.launches") - all0;
+      const int64_t all = counter("attention.launches") - all0;
       EXPECT_EQ(all, a.layers) << "head_dim " << hd << " kernel " << kernel;
-      const bool expect_sm90 = wgmma && hd != 32 && (kernel == 2 || (kernel == 0 && auto_wgmma));
-      EXPECT_EQ(sm90, expect_sm90 ? all : 0) << "head_dim " << hd << " kernel " << kernel;
+      EXPECT_EQ(counter("attention.sm90_launches") - sm90_0, expect >= 2 ? all : 0)
+          << "head_dim " << hd << " kernel " << kernel;
+      EXPECT_EQ(counter("attention.overlap_launches") - overlap0, expect == 3 ? all : 0)
+          << "head_dim " << hd << " kernel " << kernel;
       Tuning t(b, {{"attention.kernel", kernel}});
-      EXPECT_EQ(counter(("attention.kernel.head_dim_" + std::to_string(hd)).c_str()), expect_sm90 ? 2 : 1);
+      EXPECT_EQ(counter(("attention.kernel.head_dim_" + std::to_string(hd)).c_str()), expect);
     }
   EXPECT_EQ(counter("attention.kernel.head_dim_48"), 0);
   auto* pb = backends().cuda.get();
-  EXPECT_EQ(pb->set_tuning("attention.kernel", 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pb->set_tuning("attention.kernel", 4).code(), absl::StatusCode::kInvalidArgument);
   if (!wgmma) {
     EXPECT_EQ(pb->set_tuning("attention.kernel", 2).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(pb->set_tuning("attention.kernel", 3).code(), absl::StatusCode::kFailedPrecondition);
   }
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
@@ -824,11 +832,12 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
                                layer_norm_case(7, 100, 3), rms_norm_rope_case(9, 3, 64, 16, 5000), gelu_case(1003),
                                gated_residual_case(9, 33, 4), patchify_case({8, 12, 3, 4}, 2, false),
                                patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true)};
-  // head_dim 128 runs the mma.sync kernel split, and the default kernel (wgmma on compute capability 9.0)
-  // with two warpgroups
+  // head_dim 128 runs the mma.sync kernel split, the plain wgmma kernel with one warpgroup and the default
+  // kernel (overlapped wgmma on compute capability 9.0) with two; head_dim 32 runs mma.sync throughout
   for (int hd : {32, 128})
     for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
              {{"attention.block_q", 64}, {"attention.split", 3}, {"attention.kernel", 1}},
+             {{"attention.block_q", 64}, {"attention.split", 2}, {"attention.kernel", wgmma_available() ? 2 : 1}},
              {{"attention.block_q", 128}, {"attention.split", 1}}}) {
       AttnSpec a;
       a.head_dim = hd;
