@@ -85,11 +85,13 @@ constexpr size_t overlap_smem(int32_t hd, int32_t bq) {
   return WgMma::kAlign + static_cast<size_t>(2 * kOverlapStages * kTileKeys + bq) * hd * 2;
 }
 
+// at head_dim 64 two 256-thread CTAs fit an SM if the registers allow (<= 128 each, no spills)
 template <class Fmt, int HD, int BQ>
-__global__ void __launch_bounds__(BQ * 2, 1)
+__global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
     attention_overlap_kernel(const AttentionArgs a, const typename Fmt::View kv) {
   constexpr int BK = kTileKeys, NT = BQ * 2;
   constexpr uint32_t kTileBytes = BK * HD * 2;
+  static_assert(kTileBytes % WgMma::kAlign == 0, "every stage starts on a swizzle boundary");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t stages = (smem_addr(smem) + WgMma::kAlign - 1) & ~(WgMma::kAlign - 1);
   const uint32_t sq = stages + 2 * kOverlapStages * kTileBytes;
