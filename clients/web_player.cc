@@ -77,6 +77,36 @@ struct Player {
 
   std::mutex end_mu;  // end() may run on the page's thread and at shutdown at once
 
+  // what the page's /stats shows: frames delivered, their recent arrival
+  // times and action-to-frame latencies (this process's clock: the frame
+  // echoes its action's send time); bounded rings
+  static constexpr size_t kRecent = 256;
+  std::mutex stats_mu;
+  int64_t frames = 0, deadline_missed = 0;
+  uint64_t frames_dropped = 0;
+  std::vector<SteadyClock::time_point> arrivals;  // ring of kRecent
+  std::vector<double> latency_ms;                 // ring of kRecent
+  void record(const v1::Frame& f) {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    const size_t at = static_cast<size_t>(frames % static_cast<int64_t>(kRecent));
+    if (arrivals.size() < kRecent) {
+      arrivals.push_back(SteadyClock::now());
+    } else {
+      arrivals[at] = SteadyClock::now();
+    }
+    if (f.client_time_us() > 0) {
+      const double ms = static_cast<double>(now_us() - f.client_time_us()) / 1000.0;
+      if (latency_ms.size() < kRecent) {
+        latency_ms.push_back(ms);
+      } else {
+        latency_ms[static_cast<size_t>(frames) % kRecent] = ms;
+      }
+    }
+    ++frames;
+    frames_dropped = f.frames_dropped();
+    if (f.deadline_missed()) ++deadline_missed;
+  }
+
   // ends the session: the sender stops, the stream is cancelled
   void end() {
     done = true;
@@ -100,7 +130,8 @@ class WebPlayer {
     if (uri == "/players" && post) return create(conn);
     if (uri == "/stream" && get) return stream(conn);
     if (uri == "/input" && post) return input(conn);
-    if (uri == "/" || uri == "/players" || uri == "/stream" || uri == "/input")
+    if (uri == "/stats" && get) return stats(conn);
+    if (uri == "/" || uri == "/players" || uri == "/stream" || uri == "/input" || uri == "/stats")
       return reply_error(conn, 405, method + " is not allowed on " + uri);
     reply_error(conn, 404, "no page " + uri);
   }
@@ -246,6 +277,7 @@ class WebPlayer {
     v1::PlayResponse r;
     while (!p->done && p->stream->read(&r)) {
       if (!r.has_frame()) continue;
+      p->record(r.frame());
       const std::string& jpeg = r.frame().jpeg();
       const std::string head = absl::StrCat("--wmframe\r\nContent-Type: image/jpeg\r\nContent-Length: ", jpeg.size(),
                                             "\r\nX-Frame-Index: ", r.frame().index(), "\r\n\r\n");
@@ -278,6 +310,41 @@ class WebPlayer {
       p->dy = std::clamp(p->dy + dy, -kMaxMouseAccumulated, kMaxMouseAccumulated);
     }
     reply(conn, 200, "application/json", "{}");
+  }
+
+  // a player's frame rate over the last 2 s and its recent action-to-frame latencies
+  void stats(mg_connection* conn) {
+    const std::string id = param(conn, "id");
+    std::shared_ptr<Player> p = find(id);
+    if (p == nullptr) return reply_error(conn, 404, "no player '" + id + "'");
+    nlohmann::json j;
+    {
+      std::lock_guard<std::mutex> lk(p->stats_mu);
+      const auto now = SteadyClock::now();
+      const auto window = std::chrono::seconds(2);
+      int64_t recent = 0;
+      auto oldest = now, newest = SteadyClock::time_point{};
+      for (const auto& t : p->arrivals)
+        if (now - t <= window) {
+          ++recent;
+          oldest = std::min(oldest, t);
+          newest = std::max(newest, t);
+        }
+      // the frames after the window's first, over the time they took
+      const double span = recent > 1 ? std::chrono::duration<double>(newest - oldest).count() : 0.0;
+      std::vector<double> lat = p->latency_ms;
+      std::sort(lat.begin(), lat.end());
+      auto pct = [&](double q) {
+        return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(q * static_cast<double>(lat.size())))];
+      };
+      j = {{"frames", p->frames},
+           {"fps", recent > 1 && span > 0 ? std::round(static_cast<double>(recent - 1) / span * 10) / 10 : 0.0},
+           {"latency_ms_p50", std::round(pct(0.50) * 10) / 10},
+           {"latency_ms_p95", std::round(pct(0.95) * 10) / 10},
+           {"frames_dropped", p->frames_dropped},
+           {"deadline_missed", p->deadline_missed}};
+    }
+    reply(conn, 200, "application/json", j.dump());
   }
 
   const WebPlayerOptions o_;

@@ -13,6 +13,9 @@
 //   POST /input?id=ID       body "KEYS DX DY": the keys held now (a bit mask
 //                           in the model's key order) and mouse movement
 //                           since the last post; the next action carries them
+//   GET  /stats?id=ID       JSON: frames, fps (last 2 s), latency_ms_p50/p95
+//                           (action to frame, last 256 frames, wmplay's
+//                           clock), frames_dropped, deadline_missed
 //
 // A player whose page never opens its stream ends after attach_timeout_s.
 #pragma once

@@ -28,15 +28,16 @@ inline constexpr char kWebPlayerPage[] = R"html(<!doctype html>
   <button id="stop">Stop</button>
   <span id="status" class="muted">press Play</span>
 </div>
+<div id="stats" class="muted"></div>
 <img id="view" alt="">
 <div id="keys"></div>
 <p class="muted">Click the picture to steer with the mouse (Esc lets it go); hold the model's keys to move.</p>
 <script>
 "use strict";
 const view = document.getElementById("view"), statusLine = document.getElementById("status");
-const keysBox = document.getElementById("keys");
+const keysBox = document.getElementById("keys"), statsLine = document.getElementById("stats");
 const SENSITIVITY = 0.15;  // action mouse units per pixel of movement
-let player = null, timer = null, held = 0, dx = 0, dy = 0, bits = {};
+let player = null, timer = null, statsTimer = null, held = 0, dx = 0, dy = 0, bits = {};
 
 function say(text) { statusLine.textContent = text; }
 
@@ -53,7 +54,10 @@ function showKeys() {
 
 function stop() {
   if (timer) clearInterval(timer);
+  if (statsTimer) clearInterval(statsTimer);
   timer = null;
+  statsTimer = null;
+  statsLine.textContent = "";
   player = null;
   view.removeAttribute("src");  // closing the stream ends the session
   held = 0; dx = 0; dy = 0;
@@ -82,6 +86,19 @@ async function play() {
       player.cache_format + " cache, " + player.fps + " frames/s");
   showKeys();
   timer = setInterval(send, 1000 / player.fps);
+  statsTimer = setInterval(showStats, 1000);
+}
+
+// frames/s as they arrive and how long an action takes to come back as a frame
+function showStats() {
+  if (!player) return;
+  const id = player.id;
+  fetch("/stats?id=" + encodeURIComponent(id)).then(r => r.ok ? r.json() : null).then(s => {
+    if (!s || !player || player.id !== id) return;
+    statsLine.textContent = s.fps.toFixed(1) + " frames/s, action to frame p50 " + s.latency_ms_p50.toFixed(0) +
+        " ms, p95 " + s.latency_ms_p95.toFixed(0) + " ms; " + s.frames + " frames, " + s.frames_dropped +
+        " dropped, " + s.deadline_missed + " late";
+  }).catch(() => {});
 }
 
 function send() {

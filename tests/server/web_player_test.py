@@ -97,6 +97,7 @@ class WebPlayerTest(unittest.TestCase):
         self.assertIn("text/html", ctype)
         self.assertIn(b'<img id="view"', data)
         self.assertIn(b"/players?seed=", data)
+        self.assertIn(b"/stats?id=", data)
 
     def test_2_a_session_streams_frames_and_takes_input(self):
         p = self.new_player(seed=7)
@@ -122,6 +123,17 @@ class WebPlayerTest(unittest.TestCase):
         indices = [i for i, _ in frames]
         self.assertEqual(indices, sorted(indices))
         self.assertEqual(len(set(indices)), len(indices))
+        # what the page shows beside the picture: frames so far, their rate, action-to-frame latency
+        status, ctype, data = self.request("GET", "/stats?id=" + p["id"])
+        self.assertEqual(status, 200, data)
+        self.assertIn("application/json", ctype)
+        stats = json.loads(data)
+        self.assertGreaterEqual(stats["frames"], len(frames))
+        self.assertGreater(stats["fps"], 0)
+        self.assertLess(stats["fps"], 1000)
+        self.assertGreater(stats["latency_ms_p50"], 0)
+        self.assertGreaterEqual(stats["latency_ms_p95"], stats["latency_ms_p50"])
+        self.assertGreaterEqual(stats["frames_dropped"], 0)
         r.close()  # the page goes away
         c.close()
         # closing the page's stream ends the session: its input is refused soon after
@@ -140,6 +152,8 @@ class WebPlayerTest(unittest.TestCase):
             ("POST", "/input?id=" + p["id"], "", 400),
             ("POST", "/input?id=nobody", "0 0 0", 404),
             ("GET", "/stream?id=nobody", None, 404),
+            ("GET", "/stats?id=nobody", None, 404),
+            ("POST", "/stats?id=" + p["id"], None, 405),
             ("POST", "/players?seed=minus-one", None, 400),
             ("GET", "/players", None, 405),
             ("GET", "/nope", None, 404),
