@@ -58,12 +58,6 @@ int run(int argc, char** argv) {
     return 2;
   }
   const auto& kernels = kernels_it->second;
-  // the kernel that attends this head size now (docs/CUDA.md, counters)
-  auto running = [&]() -> std::string {
-    if (dev.plugin == nullptr) return "cpu";
-    const int64_t k = dev.plugin->counter("attention.kernel.head_dim_" + std::to_string(hd)).value_or(0);
-    return k == 1 ? "mma" : k == 2 ? "wgmma" : k == 3 ? "overlap" : "none";
-  };
   for (const auto& [kernel_name, kernel] : kernels) {
     if (dev.plugin == nullptr && kernel_name != kernels.front().first) break;  // the CPU has one kernel
     if (dev.plugin != nullptr) {
@@ -116,7 +110,7 @@ int run(int argc, char** argv) {
           const std::span<const SessionSlice> slices(&slice, 1);
           for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
           dev.sync();
-          const std::string ran = running();
+          const std::string ran = dev.plugin == nullptr ? "cpu" : dev.plugin->attention_kernel(hd);
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {

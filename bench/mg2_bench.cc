@@ -200,7 +200,7 @@ int run(int argc, char** argv) {
         for (int s = 0; s < S; ++s) slices.push_back({caches[static_cast<size_t>(s)].get(), s * B, B});
         b.attention(0, slices, T, aq, ak, av, ao);
         dev.sync();
-        const int64_t kernel = count(("attention.kernel.head_dim_" + std::to_string(cfg.head_dim)).c_str());
+        const std::string kernel = dev.plugin->attention_kernel(cfg.head_dim);
         if (dev.plugin->timer_start().ok()) {
           for (int r = 0; r < reps; ++r)
             for (int l = 0; l < L; ++l) b.attention(l, slices, T, aq, ak, av, ao);
@@ -210,7 +210,7 @@ int run(int argc, char** argv) {
           j["attention_ms_per_forward"] = std::round(ms * 100) / 100;
           j["attention_share_of_forward"] = std::round(ms / (forward_s * 1e3) * 1000) / 1000;
           j["attention_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
-          j["attention_kernel"] = kernel == 1 ? "mma" : kernel == 2 ? "wgmma" : kernel == 3 ? "overlap" : "none";
+          j["attention_kernel"] = kernel;
         }
       }
       std::printf("%s\n", j.dump().c_str());

@@ -46,14 +46,10 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
     if (o.device == "cuda" || (*b)->kv_reservation_bytes("fp16", kv_geometry_of(c), o.kv_options) > 0) {
       *device = "cuda";
       const WmPluginDeviceInfo& i = (*b)->device_info();
-      const absl::StatusOr<int64_t> k = (*b)->counter(absl::StrCat("attention.kernel.head_dim_", c.head_dim));
+      const std::string kernel = (*b)->attention_kernel(c.head_dim);
       *note = absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)%s", i.name, i.sm_major, i.sm_minor, i.multiprocessors,
                               static_cast<double>(i.total_bytes) / (1 << 30),
-                              !k.ok()    ? ""
-                              : *k == 3 ? ", attention kernel wgmma (softmax overlapped)"
-                              : *k == 2 ? ", attention kernel wgmma"
-                              : *k == 1 ? ", attention kernel mma.sync"
-                                        : "");
+                              kernel.empty() ? "" : ", attention kernel " + kernel);
       return std::unique_ptr<Backend>(std::move(*b));
     }
     b = absl::UnimplementedError(absl::StrCat("no CUDA attention kernel for head_dim ", c.head_dim));
