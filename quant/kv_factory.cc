@@ -100,6 +100,12 @@ std::vector<std::string> kv_format_variants() {
 
 bool kv_format_known(absl::string_view format) { return parse(format, {}).ok(); }
 
+absl::Status check_append_order(absl::string_view name, int layer, int64_t first_frame, int64_t frames_appended) {
+  if (first_frame == frames_appended) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(name, ": frame ", first_frame, " appended to layer ", layer,
+                                                    " after ", frames_appended, " frames"));
+}
+
 absl::StatusOr<KvFormatOptions> kv_format_options(absl::string_view format, const KvFormatOptions& base) {
   auto p = parse(format, base);
   if (!p.ok()) return p.status();

@@ -56,9 +56,7 @@ class SpanKvCache final : public KvCache {
 
   absl::Status append(int layer, const float* k, const float* v, int64_t first_frame, int frames) override {
     SpanLayer& L = layers_[static_cast<size_t>(layer)];
-    if (first_frame != L.ledger.frames_appended())
-      return absl::FailedPreconditionError(absl::StrCat(name_, ": frame ", first_frame, " appended to layer ", layer,
-                                                        " after ", L.ledger.frames_appended(), " frames"));
+    if (absl::Status s = check_append_order(name_, layer, first_frame, L.ledger.frames_appended()); !s.ok()) return s;
     const int T = g_.tokens_per_frame, H = g_.heads, D = g_.head_dim;
     for (int f = 0; f < frames; ++f) {
       PendingFrame pf;
