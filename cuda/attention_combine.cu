@@ -1,52 +1,12 @@
-#include <cmath>
-
 #include "cuda/attention_combine.cuh"
+#include "cuda/attention_combine_kernel.cuh"
 
 namespace wm::cuda {
-namespace {
-
-constexpr int kWarps = 4;
-
-// one warp per query row, lanes over head_dim (<= 128: 4 columns per lane)
-__global__ void attention_combine_kernel(const AttentionArgs a, int32_t head_dim) {
-  const CombineGroup gr = a.groups[blockIdx.x];
-  const int head = blockIdx.y;
-  const PlanSession s = a.sessions[gr.session];
-  const int32_t q0 = gr.q_tile * a.block_q;
-  const int32_t nq = min(a.block_q, s.rows - q0);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int row = warp; row < nq; row += kWarps) {
-    float mstar = -INFINITY;
-    for (int k = 0; k < gr.splits; ++k) {
-      const int64_t prow = (static_cast<int64_t>(gr.first_partial + k) * a.heads + head) * a.block_q + row;
-      mstar = fmaxf(mstar, a.partial_ml[2 * prow]);
-    }
-    float den = 0.0f;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int k = 0; k < gr.splits; ++k) {
-      const int64_t prow = (static_cast<int64_t>(gr.first_partial + k) * a.heads + head) * a.block_q + row;
-      const float mk = a.partial_ml[2 * prow], lk = a.partial_ml[2 * prow + 1];
-      const float wk = mk == -INFINITY ? 0.0f : exp2f(mk - mstar);
-      den += wk * lk;
-      const float* po = a.partial_o + prow * head_dim;
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (lane + 32 * c < head_dim) acc[c] += wk * po[lane + 32 * c];
-    }
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    float* dst = a.out + ((static_cast<int64_t>(s.row0) + q0 + row) * a.heads + head) * head_dim;
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      if (lane + 32 * c < head_dim) dst[lane + 32 * c] = acc[c] * inv;
-  }
-}
-
-}  // namespace
 
 cudaError_t launch_attention_combine(const AttentionArgs& a, int32_t head_dim, int32_t groups, cudaStream_t stream) {
   if (groups <= 0 || a.heads <= 0) return cudaSuccess;
   if (head_dim > 128 || a.heads > 65535) return cudaErrorInvalidValue;
-  attention_combine_kernel<<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(a.heads)), kWarps * 32, 0,
+  attention_combine_kernel<<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(a.heads)), kCombineWarps * 32, 0,
                              stream>>>(a, head_dim);
   return cudaGetLastError();
 }

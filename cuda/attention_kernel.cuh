@@ -27,7 +27,6 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/attention_tile.cuh"
-#include "cuda/kernel_attrs.cuh"
 #include "cuda/kv_format_fp16.cuh"
 #include "cuda/kv_layout.h"
 #include "cuda/mma.cuh"
@@ -50,8 +49,7 @@ __global__ void __launch_bounds__(Mma::kThreads(BQ), Mma::kMinCtas(BQ))
   constexpr int BK = kTileKeys, NT = Mma::kThreads(BQ);
   constexpr uint32_t kTileBytes = BK * HD * 2;
   static_assert(kTileBytes % Mma::kAlign == 0, "every stage starts on an alignment boundary");
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const uint32_t stages = (smem_addr(smem) + Mma::kAlign - 1) & ~(Mma::kAlign - 1);
+  const uint32_t stages = (dynamic_smem_addr() + Mma::kAlign - 1) & ~(Mma::kAlign - 1);
   const uint32_t sq = stages + 4 * kTileBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -106,57 +104,6 @@ struct PlainAttention {
   }
   static constexpr int threads(int bq) { return Mma::kThreads(bq); }
   static constexpr size_t smem(int32_t hd, int32_t bq) { return attention_kernel_smem<Mma>(hd, bq); }
-};
-
-// every instantiation of one kernel family, for head sizes HDs and block_q
-// 64 and 128, chosen at run time
-template <class Family, int... HDs>
-struct AttentionKernels {
-  template <int HD, int BQ>
-  static cudaError_t allow_smem() {
-    return allow_dynamic_smem(Family::template kernel<HD, BQ>(), Family::smem(HD, BQ));
-  }
-  template <int HD, int BQ>
-  static int32_t ctas() {
-    return resident_ctas(Family::template kernel<HD, BQ>(), Family::threads(BQ), Family::smem(HD, BQ));
-  }
-  // grid: work items x heads
-  template <int HD, int BQ>
-  static cudaError_t launch_one(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t items,
-                                cudaStream_t stream) {
-    Family::template kernel<HD, BQ>()<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)),
-                                        Family::threads(BQ), Family::smem(HD, BQ), stream>>>(a, kv);
-    return cudaGetLastError();
-  }
-
-  // raises every instantiation's shared-memory limit (once per device); the first error
-  static cudaError_t prepare() {
-    cudaError_t e = cudaSuccess;
-    auto keep = [&](cudaError_t r) {
-      if (r != cudaSuccess && e == cudaSuccess) e = r;
-    };
-    (keep(allow_smem<HDs, 64>()), ...);
-    (keep(allow_smem<HDs, 128>()), ...);
-    return e;
-  }
-  // CTAs per SM for (head_dim, block_q); 0 if unknown
-  static int32_t ctas_per_sm(int32_t head_dim, int32_t block_q) {
-    int32_t n = 0;
-    ((head_dim == HDs && (n = block_q == 128 ? ctas<HDs, 128>() : ctas<HDs, 64>(), true)) || ...);
-    return n;
-  }
-  static cudaError_t launch(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
-                            cudaStream_t stream) {
-    if (items <= 0 || a.heads <= 0) return cudaSuccess;
-    if (a.heads > 65535) return cudaErrorInvalidConfiguration;
-    if (a.block_q != 64 && a.block_q != 128) return cudaErrorInvalidValue;
-    cudaError_t e = cudaErrorInvalidValue;
-    ((head_dim == HDs && (e = a.block_q == 128 ? launch_one<HDs, 128>(a, kv, items, stream)
-                                               : launch_one<HDs, 64>(a, kv, items, stream),
-                          true)) ||
-     ...);
-    return e;
-  }
 };
 
 }  // namespace wm::cuda

@@ -17,6 +17,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// the shared-memory address where this CTA's dynamic shared memory starts
+__device__ __forceinline__ uint32_t dynamic_smem_addr() {
+  extern __shared__ __align__(16) unsigned char wm_dynamic_smem[];
+  return smem_addr(wm_dynamic_smem);
+}
+
 // 16 bytes global -> shared; with `valid` false the destination is zero-filled
 // and nothing is read (src must still be a valid address)
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {

@@ -1,0 +1,186 @@
+// The attention kernels on Hopper's warpgroup MMA (wgmma, sm_90a only):
+// attention_kernel.cuh with WgMma. One warpgroup (4 warps) per 64 query rows:
+// block_q 64 is one, 128 two that share every key tile. Q stays in registers
+// as the A operand of S = Q K^T; the K and V tiles are the B operands, read
+// by the tensor cores straight from shared memory through descriptors, so
+// they are stored in the 128-byte-swizzle layout (mma_layout.h: panel_swz,
+// key_desc, value_desc); P is repacked from the S accumulators into the A
+// registers of O += P V, as with mma.sync (docs/CUDA.md, "The Hopper kernel").
+// Two variants: attention_kernel.cuh's loop (S, softmax, P V in turn), and
+// attention_overlap_kernel below, which overlaps each tile's softmax with
+// the tensor cores' work.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention_kernel.cuh"
+#include "cuda/attention_tile.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace wm::cuda {
+
+// O += P V over 16 keys: N = HD output channels in one instruction
+template <int HD>
+__device__ __forceinline__ void pv_mma(float (&o)[HD / 8][4], const uint32_t (&pa)[4], uint64_t desc) {
+  if constexpr (HD == 64) {
+    wgmma_m64n64k16<1>(o, pa, desc);
+  } else {
+    wgmma_m64n128k16<1>(o, pa, desc);
+  }
+}
+
+struct WgMma {
+  __host__ __device__ static constexpr int kThreads(int bq) { return bq * 2; }  // 128 threads per 64 rows
+  __host__ __device__ static constexpr int kMinCtas(int) { return 1; }
+  static constexpr bool kPanel = true;
+  static constexpr uint32_t kAlign = 1024;  // swizzle groups start on 1024-byte boundaries
+  // the cp.async writes become visible to wgmma, which reads through the async proxy
+  __device__ static void smem_fence() { fence_proxy_async_smem(); }
+
+  // S = Q K^T: the warpgroup's 64 rows against the tile's BK keys
+  template <int HD, int BK>
+  __device__ static void qk(float (&sc)[BK / 8][4], uint32_t (&qf)[HD / 16][4], uint32_t sk, int) {
+    static_assert(BK == 64, "one m64n64k16 per 16 channels");
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    fence_regs(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_m64n64k16<0>(sc, qf[kk], key_desc<HD, BK>(sk, kk));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    fence_regs(qf);
+  }
+
+  // O += P V for P already in A registers, one m64n{HD}k16 per 16 keys
+  template <int HD, int BK>
+  __device__ static void pv_packed(float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4], uint32_t sv) {
+    fence_regs(o);
+    fence_regs(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv, kk));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+  }
+
+  template <int HD, int BK>
+  __device__ static void pv(float (&o)[HD / 8][4], const float (&sc)[BK / 8][4], uint32_t sv, int) {
+    uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
+    pv_packed<HD, BK>(o, pa, sv);
+  }
+};
+
+// FlashAttention-3's intra-warpgroup overlap: while the tensor cores compute
+// S for key tile t and O += P V for tile t - 1, the warpgroup waits only for
+// S, runs tile t's softmax on the CUDA cores, then waits for P V and rescales
+// O. O is touched only after its MMA completes: rescaling afterwards is the
+// same arithmetic, (O + P V) * corr. Three stages of K/V: tile t + 2 is
+// loaded into the stage tile t - 1 used, once its P V has completed, so that
+// every load has a whole iteration to land.
+constexpr int kOverlapStages = 3;
+
+constexpr size_t overlap_smem(int32_t hd, int32_t bq) {
+  return WgMma::kAlign + static_cast<size_t>(2 * kOverlapStages * kTileKeys + bq) * hd * 2;
+}
+
+// at head_dim 64 two 256-thread CTAs fit an SM if the registers allow (<= 128 each, no spills)
+template <class Fmt, int HD, int BQ>
+__global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
+    attention_overlap_kernel(const AttentionArgs a, const typename Fmt::View kv) {
+  constexpr int BK = kTileKeys, NT = BQ * 2;
+  constexpr uint32_t kTileBytes = BK * HD * 2;
+  static_assert(kTileBytes % WgMma::kAlign == 0, "every stage starts on a swizzle boundary");
+  const uint32_t stages = (dynamic_smem_addr() + WgMma::kAlign - 1) & ~(WgMma::kAlign - 1);
+  const uint32_t sq = stages + 2 * kOverlapStages * kTileBytes;
+  auto key_tile = [&](int t) { return stages + static_cast<uint32_t>(t % kOverlapStages) * 2 * kTileBytes; };
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const ItemContext c = item_context(a, kv, BQ);
+  const int n = c.w.tile_end - c.w.tile_begin;
+  // t: the item's t-th key tile; one cp.async group per tile, possibly empty
+  auto issue = [&](int t) {
+    if (t < n)
+      load_key_tile<Fmt, HD, NT, true>(a, kv, c, c.w.tile_begin + t, key_tile(t), key_tile(t) + kTileBytes, tid);
+    cp_async_commit();
+  };
+  auto valid = [&](int t) { return tile_ref(c.s, c.cached, c.w.tile_begin + t).valid; };
+
+  // prologue: Q with tile 0, then tiles 1 and 2; S and softmax of tile 0
+  load_query_tile<HD, BQ, NT>(a, c, sq, tid);
+  issue(0);
+  issue(1);
+  issue(2);
+  cp_async_wait<2>();
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  uint32_t qf[HD / 16][4];
+  query_fragments<HD>(sq, warp, lane, qf);
+  float o[HD / 8][4], m[2], l[2];  // output, running max of scaled logits (log2 units), this thread's sum
+  start_rows<HD>(o, m, l);
+  float corr[2];
+  uint32_t pa[BK / 16][4];  // P of the tile before, as the A operand of P V
+  if (n > 0) {
+    float sc[BK / 8][4];
+    WgMma::qk<HD, BK>(sc, qf, key_tile(0), lane);
+    softmax_tile<BK>(sc, m, l, corr, valid(0), a.scale_log2, lane);  // O is still 0: nothing to rescale
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
+  }
+
+  for (int t = 1; t < n; ++t) {
+    cp_async_wait<1>();  // tile t (the newer group is tile t + 1)
+    fence_proxy_async_smem();
+    __syncthreads();
+    const uint32_t sk = key_tile(t), sv_prev = key_tile(t - 1) + kTileBytes;
+
+    float sc[BK / 8][4];
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    fence_regs(sc);
+    fence_regs(o);
+    fence_regs(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_m64n64k16<0>(sc, qf[kk], key_desc<HD, BK>(sk, kk));
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv_prev, kk));
+    wgmma_commit();
+
+    wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run
+    fence_regs(sc);
+    softmax_tile<BK>(sc, m, l, corr, valid(t), a.scale_log2, lane);
+
+    wgmma_wait<0>();  // P V of tile t - 1
+    fence_regs(o);
+    fence_regs(pa);
+    fence_regs(qf);
+    rescale_rows<HD>(o, corr);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
+
+    __syncthreads();  // every warpgroup is done with tile t - 1's stage
+    issue(t + 2);
+  }
+
+  if (n > 0) WgMma::pv_packed<HD, BK>(o, pa, key_tile(n - 1) + kTileBytes);  // P V of the last tile
+  store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
+}
+
+struct OverlapAttention {
+  template <int HD, int BQ>
+  static constexpr auto kernel() {
+    return attention_overlap_kernel<Fp16PageFormat, HD, BQ>;
+  }
+  static constexpr int threads(int bq) { return bq * 2; }
+  static constexpr size_t smem(int32_t hd, int32_t bq) { return overlap_smem(hd, bq); }
+};
+
+}  // namespace wm::cuda
