@@ -18,6 +18,8 @@
 #include "cuda/kv_pages.h"
 #include "cuda/mma_layout.h"
 #include "cuda/page_pool.h"
+#include "paged_attention_case.h"
+#include "ptx_model.h"
 #include "quant/frame_window.h"
 #include "quant/kv_cache.h"
 
@@ -334,207 +336,16 @@ TEST(AttentionPlan, CoversEveryTileUnderEveryTuning) {
 
 // ---- the plan run on the CPU ----------------------------------------------------
 
-// what kv_append.cu does, on a host pool
-void host_append(const KvPages& kv, const KvAppendPlan& plan, const std::vector<int32_t>& table /*[H][pph]*/,
-                 int32_t pph, const float* k, const float* v, std::vector<uint16_t>* pool, int64_t page_elems) {
-  const PagedGeometry& g = kv.geometry();
-  for (size_t w = 0; w < plan.slot.size(); ++w)
-    for (int32_t t = 0; t < g.tokens_per_frame; ++t)
-      for (int32_t h = 0; h < g.heads; ++h) {
-        const int64_t src = ((static_cast<int64_t>(plan.src_frame[w]) * g.tokens_per_frame + t) * g.heads + h) *
-                            g.head_dim;
-        const int64_t logical = static_cast<int64_t>(plan.slot[w]) * g.tokens_per_frame + t;
-        const int32_t page = table[static_cast<size_t>(h * pph + logical / g.page_tokens)];
-        const int64_t dk = page * page_elems + (logical % g.page_tokens) * g.head_dim;
-        const int64_t dv = dk + static_cast<int64_t>(g.page_tokens) * g.head_dim;
-        for (int32_t d = 0; d < g.head_dim; ++d) {
-          (*pool)[static_cast<size_t>(dk + d)] = f32_to_f16(k[src + d]);
-          (*pool)[static_cast<size_t>(dv + d)] = f32_to_f16(v[src + d]);
-        }
-      }
-}
-
-// what attention.cu + attention_combine.cu compute, in scalar code with the
-// same tile walk and online softmax; p_fp16 rounds probabilities like the
-// tensor-core path does before P V
-std::vector<float> host_attention(const AttentionPlan& p, int32_t layer, const std::vector<uint16_t>& pool,
-                                  int64_t page_elems, const std::vector<uint16_t>& q16,
-                                  const std::vector<uint16_t>& k16, const std::vector<uint16_t>& v16, bool p_fp16) {
-  const int32_t H = p.heads, Dh = p.head_dim, R = p.rows_total, S = static_cast<int32_t>(p.sessions.size());
-  const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
-  std::vector<float> out(static_cast<size_t>(R) * H * Dh, 0.0f);
-  std::vector<float> po(static_cast<size_t>(p.partials) * H * p.block_q * Dh, 0.0f);
-  std::vector<float> pml(static_cast<size_t>(p.partials) * H * p.block_q * 2, 0.0f);
-  auto f16 = [](uint16_t x) { return f16_to_f32(x); };
-  for (const WorkItem& w : p.items)
-    for (int32_t h = 0; h < H; ++h) {
-      const PlanSession& s = p.sessions[static_cast<size_t>(w.session)];
-      const int32_t cached = p.cached[static_cast<size_t>(layer) * S + w.session];
-      const int64_t pt = page_row_offset(s, layer, H, h);
-      for (int32_t row = 0; row < p.block_q; ++row) {
-        const int32_t qr = w.q_tile * p.block_q + row;
-        if (qr >= s.rows) break;
-        const uint16_t* q = q16.data() + (static_cast<int64_t>(h) * R + s.row0 + qr) * Dh;
-        float m = -INFINITY, l = 0;
-        std::vector<float> acc(static_cast<size_t>(Dh), 0.0f);
-        for (int32_t tile = w.tile_begin; tile < w.tile_end; ++tile) {
-          const TileRef t = tile_ref(s, cached, tile);
-          std::vector<float> logits(static_cast<size_t>(t.valid));
-          std::vector<const uint16_t*> vrows(static_cast<size_t>(t.valid));
-          float mx = -INFINITY;
-          for (int32_t j = 0; j < t.valid; ++j) {
-            const uint16_t *kr, *vr;
-            if (t.from_cache) {
-              const int32_t page = p.page_tables[static_cast<size_t>(pt + (t.first + j) / p.page_tokens)];
-              const int64_t off = page * page_elems + static_cast<int64_t>((t.first + j) % p.page_tokens) * Dh;
-              kr = pool.data() + off;
-              vr = kr + static_cast<int64_t>(p.page_tokens) * Dh;
-            } else {
-              const int64_t off = (static_cast<int64_t>(h) * R + s.row0 + t.first + j) * Dh;
-              kr = k16.data() + off;
-              vr = v16.data() + off;
-            }
-            float dot = 0;
-            for (int32_t d = 0; d < Dh; ++d) dot += f16(q[d]) * f16(kr[d]);
-            logits[static_cast<size_t>(j)] = dot;
-            vrows[static_cast<size_t>(j)] = vr;
-            mx = std::max(mx, dot);
-          }
-          const float m_new = std::max(m, mx * scale_log2);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-          const float corr = std::exp2(m - m_use);
-          l *= corr;
-          for (float& a : acc) a *= corr;
-          for (int32_t j = 0; j < t.valid; ++j) {
-            const float pr = std::exp2(logits[static_cast<size_t>(j)] * scale_log2 - m_use);
-            l += pr;
-            const float pv = p_fp16 ? f16_to_f32(f32_to_f16(pr)) : pr;
-            for (int32_t d = 0; d < Dh; ++d) acc[static_cast<size_t>(d)] += pv * f16(vrows[static_cast<size_t>(j)][d]);
-          }
-          m = m_new;
-        }
-        if (w.partial < 0) {
-          for (int32_t d = 0; d < Dh; ++d)
-            out[(static_cast<size_t>(s.row0 + qr) * H + h) * Dh + d] = l > 0 ? acc[static_cast<size_t>(d)] / l : 0;
-        } else {
-          const size_t prow = (static_cast<size_t>(w.partial) * H + h) * p.block_q + row;
-          for (int32_t d = 0; d < Dh; ++d) po[prow * Dh + d] = acc[static_cast<size_t>(d)];
-          pml[2 * prow] = m;
-          pml[2 * prow + 1] = l;
-        }
-      }
-    }
-  for (const CombineGroup& gr : p.groups)
-    for (int32_t h = 0; h < H; ++h) {
-      const PlanSession& s = p.sessions[static_cast<size_t>(gr.session)];
-      for (int32_t row = 0; row < p.block_q; ++row) {
-        const int32_t qr = gr.q_tile * p.block_q + row;
-        if (qr >= s.rows) break;
-        float mstar = -INFINITY;
-        for (int k = 0; k < gr.splits; ++k)
-          mstar = std::max(mstar, pml[2 * ((static_cast<size_t>(gr.first_partial + k) * H + h) * p.block_q + row)]);
-        float den = 0;
-        std::vector<float> num(static_cast<size_t>(Dh), 0.0f);
-        for (int k = 0; k < gr.splits; ++k) {
-          const size_t prow = (static_cast<size_t>(gr.first_partial + k) * H + h) * p.block_q + row;
-          const float wk = pml[2 * prow] == -INFINITY ? 0.0f : std::exp2(pml[2 * prow] - mstar);
-          den += wk * pml[2 * prow + 1];
-          for (int32_t d = 0; d < Dh; ++d) num[static_cast<size_t>(d)] += wk * po[prow * Dh + d];
-        }
-        for (int32_t d = 0; d < Dh; ++d)
-          out[(static_cast<size_t>(s.row0 + qr) * H + h) * Dh + d] = den > 0 ? num[static_cast<size_t>(d)] / den : 0;
-      }
-    }
-  return out;
-}
-
-struct Session {
-  int frames_before;  // cached frames when attention runs
-  int rows;           // queries (= own block keys)
-};
-
-// runs one batch through: device-style paged pool + plan on the host vs the
-// CPU fp16 cache; returns the max abs difference and the max |reference|
-std::pair<double, double> paged_vs_cpu(const PagedGeometry& g, const std::vector<Session>& sessions,
+// runs one batch through: device-style paged pool + plan in scalar code
+// (paged_attention_case.h) vs the CPU fp16 cache; returns the max abs
+// difference and the max |reference|
+std::pair<double, double> paged_vs_cpu(const PagedGeometry& g, const std::vector<CaseSession>& sessions,
                                        const PlanTuning& tuning, bool p_fp16, float q_scale) {
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd;
-  const int32_t H = g.heads, Dh = g.head_dim, T = g.tokens_per_frame, L = g.layers;
-  const int64_t page_elems = static_cast<int64_t>(2) * g.page_tokens * Dh;
-  const int32_t capacity = static_cast<int32_t>(sessions.size() * g.reservation_pages());
-  PagePool pool_book(capacity);
-  // nan bits everywhere: a read of anything not written shows up
-  std::vector<uint16_t> pool(static_cast<size_t>(capacity * page_elems), 0x7e00);
-  KvGeometry cg;
-  cg.layers = L;
-  cg.heads = H;
-  cg.head_dim = Dh;
-  cg.tokens_per_frame = T;
-  cg.window_frames = g.window_frames;
-  cg.sink_frames = g.sink_frames;
-  std::vector<std::unique_ptr<KvPages>> kvs;
-  std::vector<std::unique_ptr<KvCache>> cpu;
-  for (const Session& s : sessions) {
-    kvs.push_back(std::make_unique<KvPages>(g));
-    auto owner = pool_book.open(g.reservation_pages());
-    EXPECT_TRUE(owner.ok());
-    auto c = make_kv_cache("fp16", cg);
-    EXPECT_TRUE(c.ok());
-    cpu.push_back(std::move(*c));
-    for (int f = 0; f < s.frames_before; ++f) {
-      std::vector<float> k(static_cast<size_t>(T) * H * Dh), v(k.size());
-      for (float& x : k) x = nd(rng);
-      for (float& x : v) x = nd(rng);
-      for (int32_t l = 0; l < L; ++l) {
-        KvPages& kv = *kvs.back();
-        auto plan = kv.plan_append(l, f, 1);
-        EXPECT_TRUE(plan.ok());
-        std::vector<int32_t> fresh;
-        for (int i = 0; i < H * plan->new_pages_per_head; ++i) fresh.push_back(*pool_book.take(*owner));
-        const int32_t pph = kv.pages_per_head(l) + plan->new_pages_per_head;
-        std::vector<int32_t> table(static_cast<size_t>(H * pph));
-        for (int32_t h = 0; h < H; ++h) {
-          const auto& old = kv.pages(l, h);
-          for (size_t i = 0; i < old.size(); ++i) table[static_cast<size_t>(h * pph) + i] = old[i];
-          for (int32_t i = 0; i < plan->new_pages_per_head; ++i)
-            table[static_cast<size_t>(h * pph) + old.size() + i] = fresh[static_cast<size_t>(h * plan->new_pages_per_head + i)];
-        }
-        host_append(kv, *plan, table, pph, k.data(), v.data(), &pool, page_elems);
-        kv.commit_append(*plan, fresh);
-        EXPECT_TRUE(cpu.back()->append(l, k.data(), v.data(), f, 1).ok());
-      }
-    }
-  }
-  int32_t rows_total = 0;
-  std::vector<PlanInput> in;
-  for (size_t s = 0; s < sessions.size(); ++s) {
-    in.push_back({kvs[s].get(), rows_total, sessions[s].rows});
-    rows_total += sessions[s].rows;
-  }
-  std::vector<float> q(static_cast<size_t>(rows_total) * H * Dh), k(q.size()), v(q.size());
-  for (float& x : q) x = q_scale * nd(rng);
-  for (float& x : k) x = nd(rng);
-  for (float& x : v) x = nd(rng);
-  // the kernel's inputs: fp16 [H][rows][Dh]
-  std::vector<uint16_t> q16(q.size()), k16(q.size()), v16(q.size());
-  for (int32_t r = 0; r < rows_total; ++r)
-    for (int32_t h = 0; h < H; ++h)
-      for (int32_t d = 0; d < Dh; ++d) {
-        const size_t src = (static_cast<size_t>(r) * H + h) * Dh + d, dst = (static_cast<size_t>(h) * rows_total + r) * Dh + d;
-        q16[dst] = f32_to_f16(q[src]);
-        k16[dst] = f32_to_f16(k[src]);
-        v16[dst] = f32_to_f16(v[src]);
-      }
-  auto plan = make_attention_plan(in, tuning);
-  EXPECT_TRUE(plan.ok());
+  const PagedAttentionCase c = make_paged_attention_case(g, sessions, tuning, q_scale);
   double worst = 0, ref_max = 0;
-  for (int32_t layer = 0; layer < L; ++layer) {
-    const std::vector<float> got = host_attention(*plan, layer, pool, page_elems, q16, k16, v16, p_fp16);
-    std::vector<float> ref(q.size());
-    for (size_t s = 0; s < sessions.size(); ++s) {
-      const size_t off = static_cast<size_t>(in[s].row0) * H * Dh;
-      cpu[s]->attend(layer, q.data() + off, k.data() + off, v.data() + off, in[s].rows, ref.data() + off);
-    }
+  for (int32_t layer = 0; layer < g.layers; ++layer) {
+    const std::vector<float> got = host_attention(c, layer, p_fp16);
+    const std::vector<float>& ref = c.cpu[static_cast<size_t>(layer)];
     for (size_t i = 0; i < ref.size(); ++i) {
       worst = std::max(worst, static_cast<double>(std::fabs(got[i] - ref[i])));
       ref_max = std::max(ref_max, static_cast<double>(std::fabs(ref[i])));
@@ -546,7 +357,7 @@ std::pair<double, double> paged_vs_cpu(const PagedGeometry& g, const std::vector
 TEST(AttentionPlanOnHost, MatchesTheCpuCacheWithEverySplit) {
   // sessions of different lengths, one empty, one past its window (ring reuse)
   const PagedGeometry g = small_geometry(17, 4, 1, 64);
-  const std::vector<Session> sessions = {{0, 17}, {3, 34}, {9, 51}, {2, 5}};
+  const std::vector<CaseSession> sessions = {{0, 17}, {3, 34}, {9, 51}, {2, 5}};
   for (int32_t bq : {64, 128})
     for (int32_t split : {1, 2, 3, -1}) {
       PlanTuning t;
@@ -580,73 +391,19 @@ TEST(AttentionPlanOnHost, Fp16ErrorBudget) {
 
 // ---- the attention kernel's tensor-core lane maps ---------------------------------
 //
-// A CPU model of the two PTX instructions the kernel is built on, written from
-// the PTX ISA's fragment tables (g = lane / 4, t = lane % 4):
-//   ldmatrix.m8n8.x4: lanes 8i..8i+7 give the row addresses of matrix i; each
-//     lane gets, in register i, row g columns 2t, 2t+1 of matrix i (with .trans:
-//     rows 2t, 2t+1 of column g)
-//   mma.m16n8k16.row.col f16 -> f32: A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..),
-//     a3 (g+8, 2t+8..); B b0 (k 2t.., n g), b1 (k 2t+8.., n g); C c0,c1 (g, 2t..), c2,c3 (g+8, 2t..)
-// and one warp's S = Q K^T and O = P V run with the kernel's lane maps
-// (mma_layout.h), against plain matrix products.
+// One warp's S = Q K^T and O = P V run with the kernel's lane maps
+// (mma_layout.h) through the CPU models of ldmatrix and mma.m16n8k16
+// (ptx_model.h, from the PTX ISA's fragment tables), against plain matrix
+// products.
 
-using Lanes4 = std::array<std::array<uint32_t, 4>, 32>;
-using Acc = std::array<std::array<float, 4>, 32>;
-
-uint16_t half_at(const std::vector<uint8_t>& smem, uint32_t byte) {
-  return static_cast<uint16_t>(smem[byte] | (smem[byte + 1] << 8));
-}
+using ptx_model::Acc;
+using ptx_model::Lanes2;
+using ptx_model::Lanes4;
+using ptx_model::pack;
 
 Lanes4 ldmatrix_x4(const std::vector<uint8_t>& smem, const std::array<uint32_t, 32>& addr, bool trans) {
-  Lanes4 r{};
-  for (int i = 0; i < 4; ++i)
-    for (int lane = 0; lane < 32; ++lane) {
-      const int g = lane / 4, t = lane % 4;
-      uint16_t lo, hi;
-      if (!trans) {
-        lo = half_at(smem, addr[8 * i + g] + 2 * (2 * t));
-        hi = half_at(smem, addr[8 * i + g] + 2 * (2 * t + 1));
-      } else {
-        lo = half_at(smem, addr[8 * i + 2 * t] + 2 * g);
-        hi = half_at(smem, addr[8 * i + 2 * t + 1] + 2 * g);
-      }
-      r[static_cast<size_t>(lane)][static_cast<size_t>(i)] = lo | (static_cast<uint32_t>(hi) << 16);
-    }
-  return r;
+  return ptx_model::ldmatrix_x4(smem.data(), addr, trans);
 }
-
-float lo_half(uint32_t r) { return f16_to_f32(static_cast<uint16_t>(r & 0xffff)); }
-float hi_half(uint32_t r) { return f16_to_f32(static_cast<uint16_t>(r >> 16)); }
-
-// c += a b for the whole warp; b[lane] = {b0, b1}
-void mma_16816(Acc& c, const Lanes4& a, const std::array<std::array<uint32_t, 2>, 32>& b) {
-  float A[16][16], B[16][8], C[16][8];
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, t = lane % 4;
-    const auto& ar = a[static_cast<size_t>(lane)];
-    A[g][2 * t] = lo_half(ar[0]), A[g][2 * t + 1] = hi_half(ar[0]);
-    A[g + 8][2 * t] = lo_half(ar[1]), A[g + 8][2 * t + 1] = hi_half(ar[1]);
-    A[g][2 * t + 8] = lo_half(ar[2]), A[g][2 * t + 9] = hi_half(ar[2]);
-    A[g + 8][2 * t + 8] = lo_half(ar[3]), A[g + 8][2 * t + 9] = hi_half(ar[3]);
-    const auto& br = b[static_cast<size_t>(lane)];
-    B[2 * t][g] = lo_half(br[0]), B[2 * t + 1][g] = hi_half(br[0]);
-    B[2 * t + 8][g] = lo_half(br[1]), B[2 * t + 9][g] = hi_half(br[1]);
-    const auto& cr = c[static_cast<size_t>(lane)];
-    C[g][2 * t] = cr[0], C[g][2 * t + 1] = cr[1], C[g + 8][2 * t] = cr[2], C[g + 8][2 * t + 1] = cr[3];
-  }
-  for (int m = 0; m < 16; ++m)
-    for (int n = 0; n < 8; ++n) {
-      double acc = C[m][n];
-      for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[m][k]) * B[k][n];
-      C[m][n] = static_cast<float>(acc);
-    }
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, t = lane % 4;
-    c[static_cast<size_t>(lane)] = {C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1]};
-  }
-}
-
-uint32_t pack(float lo, float hi) { return f32_to_f16(lo) | (static_cast<uint32_t>(f32_to_f16(hi)) << 16); }
 
 template <int HD>
 void check_warp_tiles() {
@@ -698,13 +455,13 @@ void check_warp_tiles() {
       for (int l = 0; l < 32; ++l) addr[static_cast<size_t>(l)] = sk + swz<HD>(kb_row(l, jj), kb_chunk(l, kk));
       EXPECT_TRUE(banks_distinct(addr)) << "K ldmatrix bank conflict";
       const Lanes4 b = ldmatrix_x4(smem, addr, false);
-      std::array<std::array<uint32_t, 2>, 32> b01{}, b23{};
+      Lanes2 b01{}, b23{};
       for (int l = 0; l < 32; ++l) {
         b01[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][0], b[static_cast<size_t>(l)][1]};
         b23[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][2], b[static_cast<size_t>(l)][3]};
       }
-      mma_16816(sc[static_cast<size_t>(2 * jj)], qf[static_cast<size_t>(kk)], b01);
-      mma_16816(sc[static_cast<size_t>(2 * jj + 1)], qf[static_cast<size_t>(kk)], b23);
+      ptx_model::mma_16816(sc[static_cast<size_t>(2 * jj)], qf[static_cast<size_t>(kk)], b01);
+      ptx_model::mma_16816(sc[static_cast<size_t>(2 * jj + 1)], qf[static_cast<size_t>(kk)], b23);
     }
   std::vector<float> P(static_cast<size_t>(16) * BK);  // this warp's rows, fp16 like the kernel's P
   for (int l = 0; l < 32; ++l)
@@ -732,13 +489,13 @@ void check_warp_tiles() {
       for (int l = 0; l < 32; ++l) addr[static_cast<size_t>(l)] = sv + swz<HD>(vb_row(l, kk), vb_chunk(l, jj));
       EXPECT_TRUE(banks_distinct(addr)) << "V ldmatrix bank conflict";
       const Lanes4 b = ldmatrix_x4(smem, addr, true);
-      std::array<std::array<uint32_t, 2>, 32> b01{}, b23{};
+      Lanes2 b01{}, b23{};
       for (int l = 0; l < 32; ++l) {
         b01[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][0], b[static_cast<size_t>(l)][1]};
         b23[static_cast<size_t>(l)] = {b[static_cast<size_t>(l)][2], b[static_cast<size_t>(l)][3]};
       }
-      mma_16816(o[static_cast<size_t>(2 * jj)], pa, b01);
-      mma_16816(o[static_cast<size_t>(2 * jj + 1)], pa, b23);
+      ptx_model::mma_16816(o[static_cast<size_t>(2 * jj)], pa, b01);
+      ptx_model::mma_16816(o[static_cast<size_t>(2 * jj + 1)], pa, b23);
     }
   }
   for (int l = 0; l < 32; ++l)
@@ -773,25 +530,13 @@ TEST(TensorCoreLaneMaps, SwizzleIsAPermutationOfEachRow) {
 
 // ---- the wgmma kernel's shared-memory operands (attention_sm90.cu) ----
 
-// Where wgmma reads element (k, n) of its 16 x N B operand, modelled from the
-// PTX ISA's canonical layouts for 16-bit types (T = 8 elements = 16 bytes)
-// with the 128-byte swizzle:
-//   K-major:  ((8,m),(T,2k)) : ((8T,SBO),(1,T))      n is the row, k the column
-//   MN-major: ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))  n is contiguous
-// then Swizzle<3,4,3> on the byte address (bits 4-6 ^= bits 7-9).
+// Where wgmma reads element (k, n) of its B operand: ptx_model.h, from the
+// PTX ISA's canonical layouts with the 128-byte swizzle.
 uint32_t wgmma_b_address(uint64_t desc, bool mn_major, int k, int n) {
-  const auto field = [&](int lo) { return static_cast<uint32_t>((desc >> lo) & 0x3FFF) << 4; };
-  const uint32_t start = field(0), lbo = field(16), sbo = field(32);
-  EXPECT_EQ(desc >> 62, 1u) << "128-byte swizzle";
-  EXPECT_EQ((desc >> 49) & 7, 0u) << "base offset";
-  uint32_t off = 0;
-  if (!mn_major) {
-    off = (n % 8) * 128 + (n / 8) * sbo + (k % 8) * 2 + (k / 8) * 16;
-  } else {
-    off = (n % 8) * 2 + (n / 8 % 8) * 16 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo;
-  }
-  const uint32_t addr = start + off;
-  return addr ^ (((addr >> 7) & 7) << 4);
+  const ptx_model::Descriptor d(desc);
+  EXPECT_EQ(d.swizzle, 1u) << "128-byte swizzle";
+  EXPECT_EQ(d.base_offset, 0u) << "base offset";
+  return ptx_model::wgmma_b_address(desc, mn_major, k, n);
 }
 
 template <int HD>

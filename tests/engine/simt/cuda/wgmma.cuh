@@ -1,0 +1,34 @@
+// The host emulator's cuda/wgmma.cuh (simt_runtime.h): the same functions as
+// the project's wgmma wrappers, run by the emulator, which executes a
+// warpgroup's MMAs when a wgmma.wait_group retires them. The fences have
+// nothing to order on the host.
+#pragma once
+
+#include <cstdint>
+
+#include "simt_runtime.h"
+
+namespace wm::cuda {
+
+inline void wgmma_fence() {}
+inline void wgmma_commit() { simt::wgmma_commit(); }
+template <int N>
+inline void wgmma_wait() {
+  simt::wgmma_wait(N);
+}
+inline void fence_proxy_async_smem() {}
+template <int R, int C>
+inline void fence_regs(float (&)[R][C]) {}
+template <int R, int C>
+inline void fence_regs(uint32_t (&)[R][C]) {}
+
+template <int TRANS_B>
+inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+  simt::wgmma(64, &d[0][0], a, desc, TRANS_B != 0);
+}
+template <int TRANS_B>
+inline void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+  simt::wgmma(128, &d[0][0], a, desc, TRANS_B != 0);
+}
+
+}  // namespace wm::cuda

@@ -1,0 +1,496 @@
+#include "simt_runtime.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "ptx_model.h"
+
+namespace wm::simt {
+namespace {
+
+constexpr size_t kStackBytes = 256 << 10;  // a wgmma model call needs ~20 KiB
+
+// threads that meet at an instruction: a warp, a warpgroup or the CTA
+struct Group {
+  int size = 0;
+  int arrived = 0;
+  uint64_t gen = 0;          // completed meetings
+  const char* what = "";     // the instruction of the meeting in progress
+  std::string name;          // "warp 3", for messages
+};
+
+struct Copy {
+  uint32_t dst = 0;
+  const uint8_t* src = nullptr;
+  bool valid = false;
+};
+
+struct Fiber {
+  ucontext_t ctx{};
+  std::unique_ptr<char[]> stack;
+  uint3 tid{};
+  bool done = false;
+  Group* waiting = nullptr;  // the meeting it waits in, if any
+  uint64_t wait_gen = 0;
+  std::vector<Copy> open_copies;             // cp.async since the last commit
+  std::deque<std::vector<Copy>> copy_groups;  // committed, not landed, oldest first
+};
+
+// per-lane inputs and outputs of the warp-wide instructions
+struct WarpSlots {
+  uint32_t addr[32];
+  uint32_t a[32][4], b0[32], b1[32];
+  float c[32][4];
+  unsigned mask[32];
+  int lane_mask[32];
+  float value[32];
+  uint32_t out_r[32][4];
+  float out_c[32][4];
+  float out_value[32];
+};
+
+struct WgmmaOp {
+  int n_cols = 0;
+  uint64_t desc = 0;
+  bool trans_b = false;
+  float* d[128] = {};
+  const uint32_t* a[128] = {};
+};
+
+struct Warpgroup {
+  int n_cols[128];
+  uint64_t desc[128];
+  bool trans_b[128];
+  float* d[128];
+  const uint32_t* a[128];
+  std::vector<WgmmaOp> uncommitted;
+  std::deque<std::vector<WgmmaOp>> committed;  // oldest first
+};
+
+struct Cta {
+  LaunchConfig cfg;
+  uint3 block{};
+  std::vector<uint8_t> smem;      // shared addresses [0, smem_base + dynamic_smem)
+  std::vector<uint16_t> pending;  // cp.async in flight per 16-byte chunk of shared memory
+  std::vector<uint8_t> written;   // per 16-byte chunk: a copy has landed in it since the CTA started
+  std::vector<Fiber>* fibers = nullptr;
+  std::vector<Group> warps, warpgroups;
+  Group cta;
+  std::vector<WarpSlots> warp_slots;
+  std::vector<Warpgroup> wg;
+  std::string error;
+};
+
+Cta* g_cta = nullptr;
+Fiber* g_cur = nullptr;
+ucontext_t g_scheduler{};
+const std::function<void()>* g_body = nullptr;
+std::vector<std::pair<const uint8_t*, size_t>> g_globals;
+
+int linear_tid() { return static_cast<int>(g_cur->tid.x); }
+int lane() { return linear_tid() & 31; }
+int warp() { return linear_tid() >> 5; }
+
+std::string where() {
+  std::ostringstream s;
+  s << "block (" << g_cta->block.x << ", " << g_cta->block.y << ") thread " << linear_tid() << ": ";
+  return s.str();
+}
+
+void yield_to_scheduler() { swapcontext(&g_cur->ctx, &g_scheduler); }
+
+// waits until all of g's threads arrive at `what`; the last one to arrive
+// runs on_complete before anyone goes on
+template <class F>
+void meet(Group& g, const char* what, F&& on_complete) {
+  if (g.arrived == 0) {
+    g.what = what;
+  } else if (std::strcmp(g.what, what) != 0) {
+    fail(g.name + ": threads at different instructions (" + g.what + " and " + what + ")");
+  }
+  if (++g.arrived == g.size) {
+    on_complete();
+    g.arrived = 0;
+    ++g.gen;
+    return;
+  }
+  g_cur->waiting = &g;
+  g_cur->wait_gen = g.gen;
+  yield_to_scheduler();
+  g_cur->waiting = nullptr;
+}
+
+void meet(Group& g, const char* what) {
+  meet(g, what, [] {});
+}
+
+size_t smem_end() { return g_cta->smem.size(); }
+
+void check_shared(uint32_t addr, uint32_t bytes, const char* what) {
+  const uint32_t base = g_cta->cfg.smem_base;
+  if (addr < base || addr + bytes > smem_end()) {
+    std::ostringstream s;
+    s << what << " at shared address " << addr << " (+" << bytes << ") is outside the dynamic shared memory ["
+      << base << ", " << smem_end() << ")";
+    fail(where() + s.str());
+  }
+}
+
+// a read of shared memory: inside the launch's, and no copy still in flight to it
+void check_read(uint32_t addr, uint32_t bytes, const char* what) {
+  check_shared(addr, bytes, what);
+  for (uint32_t c = addr / 16; c <= (addr + bytes - 1) / 16; ++c)
+    if (g_cta->pending[c] != 0) {
+      std::ostringstream s;
+      s << what << " reads shared address " << addr << " while a cp.async to it has not landed (no wait or no "
+        << "barrier between the copy and the read)";
+      fail(where() + s.str());
+    }
+  for (uint32_t c = addr / 16; c <= (addr + bytes - 1) / 16; ++c)
+    if (g_cta->written[c] == 0) {
+      std::ostringstream s;
+      s << what << " reads shared address " << addr << ", which nothing has written yet (a copy not issued, "
+        << "or issued by a thread that has not reached it: a missing barrier)";
+      fail(where() + s.str());
+    }
+}
+
+void land(const Copy& c) {
+  uint8_t* dst = g_cta->smem.data() + c.dst;
+  if (c.valid) {
+    std::memcpy(dst, c.src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+  --g_cta->pending[c.dst / 16];
+  g_cta->written[c.dst / 16] = 1;
+}
+
+Warpgroup& my_warpgroup(const char* what) {
+  if (g_cta->cfg.threads % 128 != 0) fail(where() + what + " needs whole warpgroups of 128 threads");
+  return g_cta->wg[static_cast<size_t>(linear_tid() / 128)];
+}
+
+void run_wgmma(const WgmmaOp& op) {
+  const uint8_t* smem = g_cta->smem.data();
+  ptx_model::wgmma_m64nNk16(op.n_cols, op.d, op.a, smem, [&](int k, int n) {
+    const uint32_t addr = ptx_model::wgmma_b_address(op.desc, op.trans_b, k, n);
+    check_read(addr, 2, "wgmma B operand");
+    return addr;
+  });
+}
+
+[[noreturn]] void fiber_entry() {
+  (*g_body)();
+  if (!g_cur->open_copies.empty()) fail(where() + "cp.async copies never committed");
+  for (const auto& group : g_cur->copy_groups)
+    if (!group.empty()) fail(where() + "exits with cp.async copies that no wait covered");
+  g_cur->done = true;
+  yield_to_scheduler();
+  std::abort();  // a finished fiber is never resumed
+}
+
+bool runnable(const Fiber& f) { return !f.done && (f.waiting == nullptr || f.waiting->gen != f.wait_gen); }
+
+Fiber* pick(std::vector<Fiber>& fibers, Schedule schedule, size_t* cursor) {
+  const size_t n = fibers.size();
+  if (schedule == Schedule::kRoundRobin) {
+    for (size_t i = 1; i <= n; ++i) {
+      const size_t at = (*cursor + i) % n;
+      if (runnable(fibers[at])) {
+        *cursor = at;
+        return &fibers[at];
+      }
+    }
+    return nullptr;
+  }
+  const size_t warps = (n + 31) / 32;
+  for (size_t w = 0; w < warps; ++w) {
+    const size_t warp_index = schedule == Schedule::kWarpsInOrder ? w : warps - 1 - w;
+    for (size_t l = 0; l < 32 && warp_index * 32 + l < n; ++l)
+      if (runnable(fibers[warp_index * 32 + l])) return &fibers[warp_index * 32 + l];
+  }
+  return nullptr;
+}
+
+std::string describe_deadlock(const std::vector<Fiber>& fibers) {
+  std::ostringstream s;
+  s << "block (" << g_cta->block.x << ", " << g_cta->block.y << "): deadlock:";
+  int shown = 0;
+  for (const Fiber& f : fibers) {
+    if (f.done || shown >= 4) continue;
+    s << " thread " << f.tid.x << " waits in " << (f.waiting ? f.waiting->name : "?") << " at "
+      << (f.waiting ? f.waiting->what : "?") << " (" << (f.waiting ? f.waiting->arrived : 0) << " of "
+      << (f.waiting ? f.waiting->size : 0) << " arrived);";
+    ++shown;
+  }
+  size_t done = 0;
+  for (const Fiber& f : fibers) done += f.done ? 1 : 0;
+  s << " " << done << " threads have exited";
+  return s.str();
+}
+
+std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
+  g_cta = &cta;
+  const unsigned n = cta.cfg.threads;
+  cta.warps.assign((n + 31) / 32, Group{});
+  for (size_t w = 0; w < cta.warps.size(); ++w) {
+    cta.warps[w].size = static_cast<int>(std::min<unsigned>(32, n - 32 * static_cast<unsigned>(w)));
+    cta.warps[w].name = "warp " + std::to_string(w);
+  }
+  cta.warpgroups.assign(n / 128, Group{});
+  for (size_t w = 0; w < cta.warpgroups.size(); ++w) {
+    cta.warpgroups[w].size = 128;
+    cta.warpgroups[w].name = "warpgroup " + std::to_string(w);
+  }
+  cta.cta = Group{};
+  cta.cta.size = static_cast<int>(n);
+  cta.cta.name = "the CTA";
+  cta.warp_slots.assign(cta.warps.size(), WarpSlots{});
+  cta.wg.assign(cta.warpgroups.size(), Warpgroup{});
+  std::fill(cta.smem.begin(), cta.smem.end(), 0xff);
+  std::fill(cta.pending.begin(), cta.pending.end(), 0);
+  std::fill(cta.written.begin(), cta.written.end(), 0);
+  cta.error.clear();
+  cta.fibers = &fibers;
+
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber& f = fibers[t];
+    f.tid = uint3{t, 0, 0};
+    f.done = false;
+    f.waiting = nullptr;
+    f.open_copies.clear();
+    f.copy_groups.clear();
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  size_t cursor = n - 1;
+  for (;;) {
+    Fiber* next = pick(fibers, cta.cfg.schedule, &cursor);
+    if (next == nullptr) {
+      bool all_done = true;
+      for (const Fiber& f : fibers)
+        if (!f.done) all_done = false;
+      if (!all_done) return describe_deadlock(fibers);
+      break;
+    }
+    g_cur = next;
+    swapcontext(&g_scheduler, &next->ctx);
+    g_cur = nullptr;
+    if (!cta.error.empty()) return cta.error;
+  }
+  for (size_t w = 0; w < cta.wg.size(); ++w)
+    if (!cta.wg[w].uncommitted.empty() || !cta.wg[w].committed.empty())
+      return "warpgroup " + std::to_string(w) + " exits with a wgmma in flight";
+  return "";
+}
+
+}  // namespace
+
+std::string launch(const LaunchConfig& config, const std::function<void()>& thread_body) {
+  if (config.threads == 0 || config.threads > 1024 || config.threads % 32 != 0)
+    return "threads per CTA must be whole warps, at most 1024";
+  if (config.smem_base % 16 != 0) return "smem_base must be 16-byte aligned";
+  Cta cta;
+  cta.cfg = config;
+  const size_t smem_bytes = (config.smem_base + config.dynamic_smem + 15) / 16 * 16;
+  cta.smem.assign(smem_bytes, 0xff);
+  cta.pending.assign(smem_bytes / 16 + 1, 0);
+  cta.written.assign(smem_bytes / 16 + 1, 0);
+  std::vector<Fiber> fibers(config.threads);
+  for (Fiber& f : fibers) f.stack = std::make_unique<char[]>(kStackBytes);
+  g_body = &thread_body;
+  std::string error;
+  // the reversed schedule also runs the CTAs last to first: a CTA that
+  // writes another's outputs is then overwritten in one order or the other
+  const bool reverse = config.schedule == Schedule::kWarpsReversed;
+  const auto at = [reverse](unsigned i, unsigned n) { return reverse ? n - 1 - i : i; };
+  for (unsigned z = 0; z < config.grid.z && error.empty(); ++z)
+    for (unsigned y = 0; y < config.grid.y && error.empty(); ++y)
+      for (unsigned x = 0; x < config.grid.x && error.empty(); ++x) {
+        cta.block = uint3{at(x, config.grid.x), at(y, config.grid.y), at(z, config.grid.z)};
+        error = run_cta(cta, fibers);
+      }
+  g_body = nullptr;
+  g_cta = nullptr;
+  return error;
+}
+
+void register_global(const void* data, size_t bytes) {
+  g_globals.emplace_back(static_cast<const uint8_t*>(data), bytes);
+}
+void clear_globals() { g_globals.clear(); }
+
+uint3 thread_idx() { return g_cur->tid; }
+uint3 block_idx() { return g_cta->block; }
+uint3 block_dim() { return uint3{g_cta->cfg.threads, 1, 1}; }
+uint3 grid_dim() { return uint3{g_cta->cfg.grid.x, g_cta->cfg.grid.y, g_cta->cfg.grid.z}; }
+
+void sync_threads() { meet(g_cta->cta, "__syncthreads"); }
+
+float shfl_xor(unsigned mask, float value, int lane_mask) {
+  WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];
+  const int l = lane();
+  s.mask[l] = mask;
+  s.value[l] = value;
+  s.lane_mask[l] = lane_mask;
+  meet(g_cta->warps[static_cast<size_t>(warp())], "shfl.sync.bfly", [&] {
+    for (int i = 0; i < 32; ++i) {
+      if (s.mask[i] != 0xffffffffu || s.lane_mask[i] != s.lane_mask[0] || s.lane_mask[i] < 0 || s.lane_mask[i] > 31)
+        fail(where() + "shfl.sync.bfly: only full-warp shuffles with one lane mask are modelled");
+      s.out_value[i] = s.value[i ^ s.lane_mask[i]];
+    }
+  });
+  return s.out_value[l];
+}
+
+uint32_t shared_address(const void* p) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  const uint8_t* lo = g_cta->smem.data();
+  if (b < lo || b >= lo + g_cta->smem.size()) fail(where() + "a generic pointer that is not shared memory");
+  return static_cast<uint32_t>(b - lo);
+}
+
+uint32_t dynamic_smem_base() { return g_cta->cfg.smem_base; }
+
+void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  if (dst % 16 != 0) fail(where() + "cp.async destination not 16-byte aligned");
+  check_shared(dst, 16, "cp.async");
+  const auto* s = static_cast<const uint8_t*>(src);
+  if (valid) {
+    if (reinterpret_cast<uintptr_t>(s) % 16 != 0) fail(where() + "cp.async source not 16-byte aligned");
+    bool inside = false;
+    for (const auto& [base, bytes] : g_globals)
+      if (s >= base && s + 16 <= base + bytes) inside = true;
+    if (!inside) fail(where() + "cp.async reads global memory outside every buffer");
+  }
+  if (g_cta->pending[dst / 16] != 0) {
+    fail(where() + "cp.async to shared address " + std::to_string(dst) + " while another copy to it is in flight");
+  }
+  ++g_cta->pending[dst / 16];
+  g_cur->open_copies.push_back(Copy{dst, s, valid});
+}
+
+void cp_async_commit() {
+  g_cur->copy_groups.push_back(std::move(g_cur->open_copies));
+  g_cur->open_copies.clear();
+}
+
+void cp_async_wait(int newest_left) {
+  while (g_cur->copy_groups.size() > static_cast<size_t>(newest_left)) {
+    for (const Copy& c : g_cur->copy_groups.front()) land(c);
+    g_cur->copy_groups.pop_front();
+  }
+}
+
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
+  WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];
+  const int l = lane();
+  s.addr[l] = addr;
+  meet(g_cta->warps[static_cast<size_t>(warp())], trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", [&] {
+    std::array<uint32_t, 32> rows{};
+    for (int i = 0; i < 32; ++i) {
+      if (s.addr[i] % 16 != 0) fail(where() + "ldmatrix row address not 16-byte aligned");
+      check_read(s.addr[i], 16, "ldmatrix");
+      rows[static_cast<size_t>(i)] = s.addr[i];
+    }
+    const ptx_model::Lanes4 got = ptx_model::ldmatrix_x4(g_cta->smem.data(), rows, trans);
+    for (int i = 0; i < 32; ++i)
+      for (int k = 0; k < 4; ++k) s.out_r[i][k] = got[static_cast<size_t>(i)][static_cast<size_t>(k)];
+  });
+  for (int k = 0; k < 4; ++k) r[k] = s.out_r[l][k];
+}
+
+void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];
+  const int l = lane();
+  for (int k = 0; k < 4; ++k) {
+    s.a[l][k] = a[k];
+    s.c[l][k] = c[k];
+  }
+  s.b0[l] = b0;
+  s.b1[l] = b1;
+  meet(g_cta->warps[static_cast<size_t>(warp())], "mma.m16n8k16", [&] {
+    ptx_model::Lanes4 la{};
+    ptx_model::Lanes2 lb{};
+    ptx_model::Acc acc{};
+    for (size_t i = 0; i < 32; ++i) {
+      for (size_t k = 0; k < 4; ++k) {
+        la[i][k] = s.a[i][k];
+        acc[i][k] = s.c[i][k];
+      }
+      lb[i] = {s.b0[i], s.b1[i]};
+    }
+    ptx_model::mma_16816(acc, la, lb);
+    for (size_t i = 0; i < 32; ++i)
+      for (size_t k = 0; k < 4; ++k) s.out_c[i][k] = acc[i][k];
+  });
+  for (int k = 0; k < 4; ++k) c[k] = s.out_c[l][k];
+}
+
+void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b) {
+  Warpgroup& wg = my_warpgroup("wgmma");
+  const int t = linear_tid() % 128;
+  wg.n_cols[t] = n_cols;
+  wg.desc[t] = desc;
+  wg.trans_b[t] = trans_b;
+  wg.d[t] = d;
+  wg.a[t] = a;
+  meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], "wgmma.mma_async", [&] {
+    WgmmaOp op;
+    op.n_cols = wg.n_cols[0];
+    op.desc = wg.desc[0];
+    op.trans_b = wg.trans_b[0];
+    for (int i = 0; i < 128; ++i) {
+      if (wg.n_cols[i] != op.n_cols || wg.desc[i] != op.desc || wg.trans_b[i] != op.trans_b)
+        fail(where() + "wgmma: the threads of a warpgroup pass different shapes or descriptors");
+      op.d[i] = wg.d[i];
+      op.a[i] = wg.a[i];
+    }
+    const ptx_model::Descriptor fields(op.desc);
+    if (fields.swizzle != 1 || fields.base_offset != 0)
+      fail(where() + "wgmma: only the 128-byte swizzle with base offset 0 is modelled");
+    wg.uncommitted.push_back(op);
+  });
+}
+
+void wgmma_commit() {
+  Warpgroup& wg = my_warpgroup("wgmma.commit_group");
+  meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], "wgmma.commit_group", [&] {
+    wg.committed.push_back(std::move(wg.uncommitted));
+    wg.uncommitted.clear();
+  });
+}
+
+void wgmma_wait(int newest_left) {
+  Warpgroup& wg = my_warpgroup("wgmma.wait_group");
+  meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], "wgmma.wait_group", [&] {
+    while (wg.committed.size() > static_cast<size_t>(newest_left)) {
+      for (const WgmmaOp& op : wg.committed.front()) run_wgmma(op);
+      wg.committed.pop_front();
+    }
+  });
+}
+
+void fail(const std::string& message) {
+  if (g_cta != nullptr && g_cta->error.empty()) g_cta->error = message;
+  if (g_cur != nullptr) {
+    g_cur->done = true;
+    yield_to_scheduler();
+  }
+  std::fprintf(stderr, "simt: %s\n", message.c_str());
+  std::abort();
+}
+
+}  // namespace wm::simt

@@ -1,0 +1,110 @@
+// A host emulator for the CUDA kernels' device code, so that the attention
+// kernels themselves (not a model of them) run and are checked on a machine
+// without a GPU.
+//
+// The kernel source is compiled by the host compiler with this directory
+// first on the include path: its cuda/mma.cuh and cuda/wgmma.cuh replace the
+// PTX wrappers with calls into this runtime, and this header supplies the
+// CUDA built-ins the kernels use (threadIdx, blockIdx, blockDim,
+// __syncthreads, __shfl_xor_sync, min). What the instructions compute comes
+// from the CPU models in ../ptx_model.h (the PTX ISA's fragment tables).
+//
+// How it runs: the CTAs of a grid one after another; the threads of a CTA
+// as fibers on one OS thread, switched only where a thread waits for others
+// (a warp-wide instruction, a warpgroup MMA, __syncthreads). A schedule picks
+// which runnable thread goes next: round robin, or one warp as far as it can
+// go before the next (in order or reversed), which exposes a missing
+// barrier.
+//
+// What it checks, failing the launch with a message instead of computing a
+// wrong answer:
+//   - shared memory: every access inside the launch's dynamic shared memory;
+//     16-byte alignment of cp.async and ldmatrix rows; no read of bytes a
+//     cp.async has not landed in yet (the copy lands at the cp.async.wait
+//     that covers it), no second copy to bytes with one in flight, no read
+//     of bytes no copy has landed in since the CTA started (memory starts
+//     as 0xff bytes, fp16 NaN, in any case);
+//   - global memory: a cp.async source inside a buffer the test registered;
+//   - warp and warpgroup instructions: all lanes arrive at the same one (a
+//     divergent lane is an error, as is a barrier some thread never reaches);
+//   - wgmma: every thread of the warpgroup passes the same descriptor; the
+//     descriptor uses the 128-byte swizzle with base offset 0; the MMA runs
+//     when a wgmma.wait_group retires its group, reading the A registers and
+//     accumulators then, so code that touches them before the wait computes
+//     a wrong answer; no wgmma or cp.async is left in flight at exit.
+// Not modelled: timing, memory-proxy fences, bank conflicts, register limits.
+#pragma once
+
+// the CUDA headers the kernels use, before the built-ins below are defined
+// (the runtime API names parameters gridDim and blockDim)
+#include <cuda_runtime_api.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace wm::simt {
+
+enum class Schedule {
+  kRoundRobin,     // every runnable thread in turn
+  kWarpsInOrder,   // the lowest runnable warp runs until it waits for the others
+  kWarpsReversed,  // the highest runnable warp first, and the CTAs last to first
+};
+
+struct LaunchConfig {
+  dim3 grid;
+  unsigned threads = 0;             // per CTA
+  size_t dynamic_smem = 0;          // bytes
+  uint32_t smem_base = 0;           // shared address where dynamic shared memory starts (16-byte aligned)
+  Schedule schedule = Schedule::kRoundRobin;
+};
+
+// runs `thread_body` for every thread of every CTA; "" or the first error
+std::string launch(const LaunchConfig& config, const std::function<void()>& thread_body);
+
+// global memory a cp.async may read (a test's device buffers)
+void register_global(const void* data, size_t bytes);
+void clear_globals();
+
+// ---- what the emulated built-ins and PTX wrappers call ----
+uint3 thread_idx();
+uint3 block_idx();
+uint3 block_dim();
+uint3 grid_dim();
+void sync_threads();
+float shfl_xor(unsigned mask, float value, int lane_mask);
+
+uint32_t shared_address(const void* p);
+uint32_t dynamic_smem_base();
+void cp_async_16(uint32_t dst, const void* src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int newest_left);
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);
+void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+// n_cols 64 or 128: d holds the thread's n_cols / 2 accumulators
+void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b);
+void wgmma_commit();
+void wgmma_wait(int newest_left);
+
+// fails the launch from kernel code; does not return
+[[noreturn]] void fail(const std::string& message);
+
+}  // namespace wm::simt
+
+// ---- the CUDA built-ins, for kernel code compiled on the host ----
+#define threadIdx (::wm::simt::thread_idx())
+#define blockIdx (::wm::simt::block_idx())
+#define blockDim (::wm::simt::block_dim())
+#define gridDim (::wm::simt::grid_dim())
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
+inline void __syncthreads() { ::wm::simt::sync_threads(); }
+inline float __shfl_xor_sync(unsigned mask, float value, int lane_mask) {
+  return ::wm::simt::shfl_xor(mask, value, lane_mask);
+}
+inline int min(int a, int b) { return a < b ? a : b; }
