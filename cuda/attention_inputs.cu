@@ -1,5 +1,6 @@
 #include "cuda/attention_inputs.cuh"
 #include "cuda/device_util.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -45,8 +46,8 @@ cudaError_t launch_attention_inputs(const float* q, const float* k, const float*
     if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return cudaErrorMisalignedAddress;
   if (head_dim % 8 != 0 || total >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   Tensors t{{q, k, v}, {q16, k16, v16}};
-  attention_inputs_kernel<<<dim3(grid_for(total), 3), kThreads, 0, stream>>>(t, rows, heads, head_dim, total);
-  return cudaGetLastError();
+  return launch_kernel(attention_inputs_kernel, dim3(grid_for(total), 3), kThreads, 0, stream, t, rows, heads, head_dim,
+                       total);
 }
 
 }  // namespace wm::cuda

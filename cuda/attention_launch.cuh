@@ -11,6 +11,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/kernel_attrs.cuh"
 #include "cuda/kv_layout.h"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 
@@ -30,9 +31,9 @@ struct AttentionKernels {
   template <int HD, int BQ>
   static cudaError_t launch_one(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t items,
                                 cudaStream_t stream) {
-    Family::template kernel<HD, BQ>()<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)),
-                                        Family::threads(BQ), Family::smem(HD, BQ), stream>>>(a, kv);
-    return cudaGetLastError();
+    return launch_kernel(Family::template kernel<HD, BQ>(),
+                         dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)), Family::threads(BQ),
+                         Family::smem(HD, BQ), stream, a, kv);
   }
 
   // raises every instantiation's shared-memory limit (once per device); the first error

@@ -1,5 +1,6 @@
 #include "cuda/convert.cuh"
 #include "cuda/device_util.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -38,12 +39,8 @@ cudaError_t launch_f32_to_bf16(const float* x, int64_t rows, int32_t cols, int32
   if (total <= 0) return cudaSuccess;
   const bool flat = ld == cols && cols % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
                     (reinterpret_cast<uintptr_t>(y) & 15u) == 0;
-  if (flat) {
-    f32_to_bf16_flat8<<<grid_for(total / 8), kThreads, 0, stream>>>(x, total / 8, y);
-  } else {
-    f32_to_bf16_rows<<<grid_for(total), kThreads, 0, stream>>>(x, rows, cols, ld, y);
-  }
-  return cudaGetLastError();
+  if (flat) return launch_kernel(f32_to_bf16_flat8, grid_for(total / 8), kThreads, 0, stream, x, total / 8, y);
+  return launch_kernel(f32_to_bf16_rows, grid_for(total), kThreads, 0, stream, x, rows, cols, ld, y);
 }
 
 }  // namespace wm::cuda

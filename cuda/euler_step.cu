@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/euler_step.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -26,9 +27,8 @@ cudaError_t launch_euler_step(float* x, const float* v, const float* dt_per_fram
   if (frames_count > 65535) return cudaErrorInvalidConfiguration;
   unsigned bx = grid_for(values_per_frame);
   if (bx > 4096u) bx = 4096u;
-  euler_step_kernel<<<dim3(bx, static_cast<unsigned>(frames_count)), kThreads, 0, stream>>>(
-      x, v, dt_per_frame, values_per_frame, clamp);
-  return cudaGetLastError();
+  return launch_kernel(euler_step_kernel, dim3(bx, static_cast<unsigned>(frames_count)), kThreads, 0, stream, x, v,
+                       dt_per_frame, values_per_frame, clamp);
 }
 
 }  // namespace wm::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/gated_residual.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -21,8 +22,8 @@ cudaError_t launch_gated_residual(float* h, const float* y, const float* gate, i
                                   int32_t d, int32_t tokens_per_frame, cudaStream_t stream) {
   if (n <= 0 || d <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(n < (1 << 20) ? n : (1 << 20));
-  gated_residual_kernel<<<blocks, kThreads, 0, stream>>>(h, y, gate, mod_stride, n, d, tokens_per_frame);
-  return cudaGetLastError();
+  return launch_kernel(gated_residual_kernel, blocks, kThreads, 0, stream, h, y, gate, mod_stride, n, d,
+                       tokens_per_frame);
 }
 
 }  // namespace wm::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/gelu.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -42,12 +43,8 @@ cudaError_t launch_gelu(float* x, int64_t count, uint16_t* shadow, cudaStream_t 
   if (count <= 0) return cudaSuccess;
   const bool vec = count % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
                    (reinterpret_cast<uintptr_t>(shadow) & 7u) == 0;
-  if (vec) {
-    gelu_kernel4<<<grid_for(count / 4), kThreads, 0, stream>>>(x, count / 4, shadow);
-  } else {
-    gelu_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, shadow);
-  }
-  return cudaGetLastError();
+  if (vec) return launch_kernel(gelu_kernel4, grid_for(count / 4), kThreads, 0, stream, x, count / 4, shadow);
+  return launch_kernel(gelu_kernel, grid_for(count), kThreads, 0, stream, x, count, shadow);
 }
 
 }  // namespace wm::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/kv_append.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -49,8 +50,7 @@ cudaError_t launch_kv_append(const KvAppendArgs& a, cudaStream_t stream) {
   if (a.head_dim % 8 != 0 || (reinterpret_cast<uintptr_t>(a.k) & 15u) != 0 ||
       (reinterpret_cast<uintptr_t>(a.v) & 15u) != 0)
     return cudaErrorMisalignedAddress;
-  kv_append_kernel<<<grid_for(total), kThreads, 0, stream>>>(a, total);
-  return cudaGetLastError();
+  return launch_kernel(kv_append_kernel, grid_for(total), kThreads, 0, stream, a, total);
 }
 
 }  // namespace wm::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/layer_norm_modulate.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -46,9 +47,8 @@ cudaError_t launch_layer_norm_modulate(const float* x, int32_t n, int32_t d, con
                                        uint16_t* shadow, int32_t shadow_ld, cudaStream_t stream) {
   if (n <= 0 || d <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kRowsPerBlock - 1) / kRowsPerBlock);
-  layer_norm_modulate_kernel<<<blocks, kThreads, 0, stream>>>(x, n, d, shift, scale, mod_stride, tokens_per_frame,
-                                                              eps, y, shadow, shadow_ld);
-  return cudaGetLastError();
+  return launch_kernel(layer_norm_modulate_kernel, blocks, kThreads, 0, stream, x, n, d, shift, scale, mod_stride,
+                       tokens_per_frame, eps, y, shadow, shadow_ld);
 }
 
 }  // namespace wm::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/linear_fallback.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -39,8 +40,7 @@ cudaError_t launch_linear_fallback(const uint16_t* w, int32_t ld_w, const uint16
   const dim3 block(kTile, kTile);
   const dim3 grid((out + kTile - 1) / kTile, (n + kTile - 1) / kTile);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
-  linear_fallback_kernel<<<grid, block, 0, stream>>>(w, ld_w, x, ld_x, bias, n, in, out, y);
-  return cudaGetLastError();
+  return launch_kernel(linear_fallback_kernel, grid, block, 0, stream, w, ld_w, x, ld_x, bias, n, in, out, y);
 }
 
 }  // namespace wm::cuda

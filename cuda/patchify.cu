@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/patchify.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -39,16 +40,14 @@ cudaError_t launch_patchify(const float* frames, int32_t frames_count, const Fra
                             cudaStream_t stream) {
   const int64_t total = total_values(frames_count, s);
   if (total <= 0 || s.patch <= 0) return cudaSuccess;
-  patchify_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(frames, total, s, tokens);
-  return cudaGetLastError();
+  return launch_kernel(patchify_kernel<true>, grid_for(total), kThreads, 0, stream, frames, total, s, tokens);
 }
 
 cudaError_t launch_unpatchify(const float* tokens, int32_t frames_count, const FrameGeom& s, float* frames,
                               cudaStream_t stream) {
   const int64_t total = total_values(frames_count, s);
   if (total <= 0 || s.patch <= 0) return cudaSuccess;
-  patchify_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(tokens, total, s, frames);
-  return cudaGetLastError();
+  return launch_kernel(patchify_kernel<false>, grid_for(total), kThreads, 0, stream, tokens, total, s, frames);
 }
 
 }  // namespace wm::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_util.cuh"
 #include "cuda/rms_norm_rope.cuh"
+#include "cuda/launch.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -47,8 +48,8 @@ cudaError_t launch_rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t hea
   const int64_t vectors = static_cast<int64_t>(n) * heads;
   if (vectors <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((vectors + kVectorsPerBlock - 1) / kVectorsPerBlock);
-  rms_norm_rope_kernel<<<blocks, kThreads, 0, stream>>>(x, n, heads, head_dim, row_stride, norm_w, pos, table, eps);
-  return cudaGetLastError();
+  return launch_kernel(rms_norm_rope_kernel, blocks, kThreads, 0, stream, x, n, heads, head_dim, row_stride, norm_w,
+                       pos, table, eps);
 }
 
 }  // namespace wm::cuda
