@@ -649,6 +649,48 @@ TEST(CudaKvCache, ErrorsAreValues) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// a second backend in the same process does real work (GEMMs with and
+// without bias, a KV cache, attention) and is torn down: its plans,
+// descriptors, caches and memory released once each, the first backend
+// unharmed
+TEST(CudaBackendLifetime, ASecondBackendWorksAndTearsDownCleanly) {
+  WM_REQUIRE_CUDA();
+  PluginBackendOptions o;
+  o.path = backends().cuda->plugin().path();
+  o.kv_pool_bytes = int64_t{64} << 20;
+  o.abort_on_error = false;
+  for (int round = 0; round < 2; ++round) {
+    auto made = make_plugin_backend(o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::unique_ptr<PluginBackend> pb = std::move(*made);
+    Backend& b = *pb;
+    {
+      Buffers buf(b);
+      const int n = 19, in = 64, out = 96;
+      const auto w = randn(static_cast<size_t>(out) * in, 21, 0.1f), x = randn(static_cast<size_t>(n) * in, 22);
+      const auto bias = randn(static_cast<size_t>(out), 23);
+      LinearWeight with{b.upload_weight(w.data(), out, in), buf.put(bias), out, in};
+      LinearWeight without{b.upload_weight(w.data(), out, in), nullptr, out, in};
+      float *xd = buf.put(x), *y = buf.zeros(static_cast<size_t>(n) * out);
+      b.linear(with, xd, n, y);
+      b.linear(without, xd, n, y);
+      AttnSpec a;
+      const KvGeometry g = geometry_of(a);
+      auto cache = b.make_kv_cache("fp16", g, {});
+      ASSERT_TRUE(cache.ok()) << cache.status();
+      const size_t frame = static_cast<size_t>(g.tokens_per_frame) * g.heads * g.head_dim;
+      float *k = buf.put(randn(frame, 24)), *v = buf.put(randn(frame, 25)), *q = buf.put(randn(frame, 26));
+      float* o_att = buf.zeros(frame);
+      ASSERT_TRUE((*cache)->append(0, k, v, 0, 1).ok());
+      (*cache)->attend(0, q, k, v, g.tokens_per_frame, o_att);
+      ASSERT_TRUE(pb->synchronize().ok());
+      EXPECT_TRUE(pb->status().ok()) << pb->status();
+    }
+    pb.reset();  // every plan, descriptor and allocation goes here
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // LN -> three linears on its output, GELU -> linear: the bf16 copy of an
 // activation made by one op and reused by the next GEMM, against the CPU
 TEST(CudaShadow, ActivationCopiesFeedTheNextGemmsOnly) {

@@ -175,7 +175,7 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   }
   simt::LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>(p.items.size()), static_cast<unsigned>(H));
-  cfg.threads = l.threads;
+  cfg.block = dim3(l.threads);
   cfg.dynamic_smem = l.smem;
   cfg.smem_base = smem_base;
   cfg.schedule = schedule;
@@ -183,7 +183,7 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   if (r.error.empty() && !p.groups.empty()) {
     simt::LaunchConfig combine;
     combine.grid = dim3(static_cast<unsigned>(p.groups.size()), static_cast<unsigned>(H));
-    combine.threads = kCombineWarps * 32;
+    combine.block = dim3(kCombineWarps * 32);
     combine.schedule = schedule;
     r.error = simt::launch(combine, [&] { attention_combine_kernel(a, Dh); });
   }
@@ -303,7 +303,7 @@ std::string run_one_cta(unsigned threads, size_t smem, Schedule schedule, const 
   simt::register_global(global_tile().data(), global_tile().size() * 2);
   simt::LaunchConfig cfg;
   cfg.grid = dim3(1);
-  cfg.threads = threads;
+  cfg.block = dim3(threads);
   cfg.dynamic_smem = smem;
   cfg.schedule = schedule;
   std::string e = simt::launch(cfg, body);

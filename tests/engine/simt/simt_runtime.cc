@@ -1,6 +1,8 @@
 #include "simt_runtime.h"
 
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,10 +35,66 @@ struct Copy {
   bool valid = false;
 };
 
+// A fiber's saved context. On x86-64 a switch saves the callee-saved
+// registers on the fiber's stack and swaps stack pointers (no system call;
+// ucontext's swapcontext changes the signal mask on every switch and was
+// most of the emulator's time); elsewhere ucontext.
+#if defined(__x86_64__)
+extern "C" void wm_simt_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.globl wm_simt_switch
+.type wm_simt_switch,@function
+wm_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size wm_simt_switch, .-wm_simt_switch
+)");
+struct Context {
+  void* sp = nullptr;
+};
+void switch_context(Context* save, Context* load) { wm_simt_switch(&save->sp, load->sp); }
+// a fresh context that enters entry() on the stack [base, base + bytes) as if called
+void make_context(Context* c, char* base, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(base + bytes) & ~uintptr_t{15};
+  auto* sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;                                // entry's return address: it never returns
+  *--sp = reinterpret_cast<void*>(entry);         // where wm_simt_switch's ret goes
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp rbx r12-r15
+  c->sp = sp;
+}
+#else
+struct Context {
+  ucontext_t uc{};
+};
+void switch_context(Context* save, Context* load) { swapcontext(&save->uc, &load->uc); }
+void make_context(Context* c, char* base, size_t bytes, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = base;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+
 struct Fiber {
-  ucontext_t ctx{};
-  std::unique_ptr<char[]> stack;
+  Context ctx;
+  char* stack = nullptr;  // kStackBytes, from the stack pool
   uint3 tid{};
+  int linear = 0;  // x fastest
   bool done = false;
   Group* waiting = nullptr;  // the meeting it waits in, if any
   uint64_t wait_gen = 0;
@@ -91,11 +149,11 @@ struct Cta {
 
 Cta* g_cta = nullptr;
 Fiber* g_cur = nullptr;
-ucontext_t g_scheduler{};
+Context g_scheduler;
 const std::function<void()>* g_body = nullptr;
 std::vector<std::pair<const uint8_t*, size_t>> g_globals;
 
-int linear_tid() { return static_cast<int>(g_cur->tid.x); }
+int linear_tid() { return g_cur->linear; }
 int lane() { return linear_tid() & 31; }
 int warp() { return linear_tid() >> 5; }
 
@@ -105,7 +163,15 @@ std::string where() {
   return s.str();
 }
 
-void yield_to_scheduler() { swapcontext(&g_cur->ctx, &g_scheduler); }
+void yield_to_scheduler() { switch_context(&g_cur->ctx, &g_scheduler); }
+
+// fiber stacks, kept across launches (allocating and faulting in 256 KiB per
+// thread per launch cost more than the kernels)
+char* fiber_stack(size_t index) {
+  static std::vector<std::unique_ptr<char[]>>* pool = new std::vector<std::unique_ptr<char[]>>();
+  while (pool->size() <= index) pool->emplace_back(new char[kStackBytes]);
+  return (*pool)[index].get();
+}
 
 // waits until all of g's threads arrive at `what`; the last one to arrive
 // runs on_complete before anyone goes on
@@ -175,7 +241,7 @@ void land(const Copy& c) {
 }
 
 Warpgroup& my_warpgroup(const char* what) {
-  if (g_cta->cfg.threads % 128 != 0) fail(where() + what + " needs whole warpgroups of 128 threads");
+  if (g_cta->fibers->size() % 128 != 0) fail(where() + what + " needs whole warpgroups of 128 threads");
   return g_cta->wg[static_cast<size_t>(linear_tid() / 128)];
 }
 
@@ -227,7 +293,7 @@ std::string describe_deadlock(const std::vector<Fiber>& fibers) {
   int shown = 0;
   for (const Fiber& f : fibers) {
     if (f.done || shown >= 4) continue;
-    s << " thread " << f.tid.x << " waits in " << (f.waiting ? f.waiting->name : "?") << " at "
+    s << " thread " << f.linear << " waits in " << (f.waiting ? f.waiting->name : "?") << " at "
       << (f.waiting ? f.waiting->what : "?") << " (" << (f.waiting ? f.waiting->arrived : 0) << " of "
       << (f.waiting ? f.waiting->size : 0) << " arrived);";
     ++shown;
@@ -240,7 +306,7 @@ std::string describe_deadlock(const std::vector<Fiber>& fibers) {
 
 std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
   g_cta = &cta;
-  const unsigned n = cta.cfg.threads;
+  const unsigned n = cta.cfg.block.x * cta.cfg.block.y * cta.cfg.block.z;
   cta.warps.assign((n + 31) / 32, Group{});
   for (size_t w = 0; w < cta.warps.size(); ++w) {
     cta.warps[w].size = static_cast<int>(std::min<unsigned>(32, n - 32 * static_cast<unsigned>(w)));
@@ -264,16 +330,14 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
 
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = fibers[t];
-    f.tid = uint3{t, 0, 0};
+    const unsigned bx = cta.cfg.block.x, by = cta.cfg.block.y;
+    f.tid = uint3{t % bx, (t / bx) % by, t / (bx * by)};
+    f.linear = static_cast<int>(t);
     f.done = false;
     f.waiting = nullptr;
     f.open_copies.clear();
     f.copy_groups.clear();
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    make_context(&f.ctx, f.stack, kStackBytes, fiber_entry);
   }
   size_t cursor = n - 1;
   for (;;) {
@@ -286,7 +350,7 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
       break;
     }
     g_cur = next;
-    swapcontext(&g_scheduler, &next->ctx);
+    switch_context(&g_scheduler, &next->ctx);
     g_cur = nullptr;
     if (!cta.error.empty()) return cta.error;
   }
@@ -299,7 +363,8 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
 }  // namespace
 
 std::string launch(const LaunchConfig& config, const std::function<void()>& thread_body) {
-  if (config.threads == 0 || config.threads > 1024 || config.threads % 32 != 0)
+  const unsigned threads = config.block.x * config.block.y * config.block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock || threads % 32 != 0)
     return "threads per CTA must be whole warps, at most 1024";
   if (config.smem_base % 16 != 0) return "smem_base must be 16-byte aligned";
   Cta cta;
@@ -308,8 +373,8 @@ std::string launch(const LaunchConfig& config, const std::function<void()>& thre
   cta.smem.assign(smem_bytes, 0xff);
   cta.pending.assign(smem_bytes / 16 + 1, 0);
   cta.written.assign(smem_bytes / 16 + 1, 0);
-  std::vector<Fiber> fibers(config.threads);
-  for (Fiber& f : fibers) f.stack = std::make_unique<char[]>(kStackBytes);
+  std::vector<Fiber> fibers(threads);
+  for (size_t i = 0; i < fibers.size(); ++i) fibers[i].stack = fiber_stack(i);
   g_body = &thread_body;
   std::string error;
   // the reversed schedule also runs the CTAs last to first: a CTA that
@@ -330,11 +395,18 @@ std::string launch(const LaunchConfig& config, const std::function<void()>& thre
 void register_global(const void* data, size_t bytes) {
   g_globals.emplace_back(static_cast<const uint8_t*>(data), bytes);
 }
+void unregister_global(const void* data) {
+  for (auto it = g_globals.begin(); it != g_globals.end(); ++it)
+    if (it->first == data) {
+      g_globals.erase(it);
+      return;
+    }
+}
 void clear_globals() { g_globals.clear(); }
 
 uint3 thread_idx() { return g_cur->tid; }
 uint3 block_idx() { return g_cta->block; }
-uint3 block_dim() { return uint3{g_cta->cfg.threads, 1, 1}; }
+uint3 block_dim() { return uint3{g_cta->cfg.block.x, g_cta->cfg.block.y, g_cta->cfg.block.z}; }
 uint3 grid_dim() { return uint3{g_cta->cfg.grid.x, g_cta->cfg.grid.y, g_cta->cfg.grid.z}; }
 
 void sync_threads() { meet(g_cta->cta, "__syncthreads"); }

@@ -41,6 +41,8 @@
 #include <vector_functions.h>
 #include <vector_types.h>
 
+// device code sees the math library without including it (nvcc provides it)
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -56,7 +58,7 @@ enum class Schedule {
 
 struct LaunchConfig {
   dim3 grid;
-  unsigned threads = 0;             // per CTA
+  dim3 block;                       // threads per CTA, linearised x fastest; warps of 32 consecutive
   size_t dynamic_smem = 0;          // bytes
   uint32_t smem_base = 0;           // shared address where dynamic shared memory starts (16-byte aligned)
   Schedule schedule = Schedule::kRoundRobin;
@@ -65,8 +67,17 @@ struct LaunchConfig {
 // runs `thread_body` for every thread of every CTA; "" or the first error
 std::string launch(const LaunchConfig& config, const std::function<void()>& thread_body);
 
+// the launch limits of the emulated device (those of an H100/H200)
+inline constexpr unsigned kMaxThreadsPerBlock = 1024;
+inline constexpr size_t kMaxSharedPerBlock = 227 * 1024;    // with the opt-in attribute
+inline constexpr size_t kDefaultSharedPerBlock = 48 * 1024;  // without it
+inline constexpr size_t kSharedPerSm = 228 * 1024;
+inline constexpr unsigned kMaxThreadsPerSm = 2048;
+inline constexpr int kMultiprocessors = 132;
+
 // global memory a cp.async may read (a test's device buffers)
 void register_global(const void* data, size_t bytes);
+void unregister_global(const void* data);
 void clear_globals();
 
 // ---- what the emulated built-ins and PTX wrappers call ----
@@ -102,6 +113,10 @@ void wgmma_wait(int newest_left);
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+// a kernel's static shared arrays: one instance for the CTA that runs (CTAs
+// run one at a time), like shared memory, uninitialised between CTAs
+#undef __shared__
+#define __shared__ static
 
 inline void __syncthreads() { ::wm::simt::sync_threads(); }
 inline float __shfl_xor_sync(unsigned mask, float value, int lane_mask) {

@@ -1,0 +1,278 @@
+// The cuBLASLt subset the plugin's Gemm (cuda/gemm.cc) calls, for the
+// emulated device (device_runtime.h), written from cuBLASLt's documented
+// semantics rather than from how gemm.cc uses it:
+//
+//   D = alpha op(A) op(B) + beta C  (+ bias[i] on row i with the BIAS epilogue)
+//
+// every matrix column-major with its layout's rows, cols and leading
+// dimension; op(X) = X or X^T per TRANSA/TRANSB; A, B bf16, C, D fp32,
+// compute and scale fp32. Anything else (other types, orders, epilogues,
+// attributes) is CUBLAS_STATUS_NOT_SUPPORTED, shapes that do not chain are
+// CUBLAS_STATUS_INVALID_VALUE, and descriptors are tracked: using or
+// destroying one that is not alive aborts with a message (on a GPU it is
+// undefined behaviour).
+#include <cblas.h>
+#include <cublasLt.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <vector>
+
+struct cublasLtContext {
+  int unused = 0;
+};
+
+namespace {
+
+struct Desc {
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = CUDA_R_32F;
+  cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  cudaDataType_t bias_type = CUDA_R_32F;
+  const void* bias = nullptr;
+};
+
+struct Layout {
+  cudaDataType_t type = CUDA_R_32F;
+  uint64_t rows = 0, cols = 0;
+  int64_t ld = 0;
+};
+
+struct Pref {
+  size_t max_workspace = 0;
+};
+
+struct Live {
+  std::mutex mu;
+  std::set<const void*> objects;
+};
+
+Live& live() {
+  static Live* l = new Live();
+  return *l;
+}
+
+template <class T>
+T* make() {
+  T* p = new T();
+  std::lock_guard<std::mutex> lock(live().mu);
+  live().objects.insert(p);
+  return p;
+}
+
+void check_alive(const void* p, const char* call) {
+  std::lock_guard<std::mutex> lock(live().mu);
+  if (live().objects.count(p) == 0) {
+    std::fprintf(stderr, "simt cuBLASLt: %s on an object that is not alive (never created, or destroyed)\n", call);
+    std::abort();
+  }
+}
+
+template <class T>
+cublasStatus_t destroy(T* p, const char* call) {
+  if (p == nullptr) return CUBLAS_STATUS_SUCCESS;
+  check_alive(p, call);
+  {
+    std::lock_guard<std::mutex> lock(live().mu);
+    live().objects.erase(p);
+  }
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+template <class T>
+bool get(const void* buf, size_t size, T* out) {
+  if (size != sizeof(T)) return false;
+  std::memcpy(out, buf, sizeof(T));
+  return true;
+}
+
+float bf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// op(X) as a dense row-major [r][k] float matrix, X a bf16 column-major layout
+std::vector<float> op_rows(const uint16_t* x, const Layout& l, bool trans, uint64_t* r, uint64_t* k) {
+  *r = trans ? l.cols : l.rows;
+  *k = trans ? l.rows : l.cols;
+  std::vector<float> m(*r * *k);
+  for (uint64_t i = 0; i < *r; ++i)
+    for (uint64_t j = 0; j < *k; ++j) {
+      const uint64_t row = trans ? j : i, col = trans ? i : j;  // in X's storage
+      m[i * *k + j] = bf16(x[row + col * static_cast<uint64_t>(l.ld)]);
+    }
+  return m;
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  *h = make<cublasLtContext>();
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return destroy(h, "cublasLtDestroy"); }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+  if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  Desc* p = make<Desc>();
+  p->compute = compute;
+  p->scale = scale;
+  *d = reinterpret_cast<cublasLtMatmulDesc_t>(p);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  return destroy(reinterpret_cast<Desc*>(d), "cublasLtMatmulDescDestroy");
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+  check_alive(d, "cublasLtMatmulDescSetAttribute");
+  Desc* p = reinterpret_cast<Desc*>(d);
+  bool ok = false;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      ok = get(buf, size, &p->transa);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      ok = get(buf, size, &p->transb);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      ok = get(buf, size, &p->epilogue) &&
+           (p->epilogue == CUBLASLT_EPILOGUE_DEFAULT || p->epilogue == CUBLASLT_EPILOGUE_BIAS);
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      ok = get(buf, size, &p->bias_type) && p->bias_type == CUDA_R_32F;
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      ok = get(buf, size, &p->bias);
+      break;
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (!ok) return CUBLAS_STATUS_INVALID_VALUE;
+  if ((p->transa != CUBLAS_OP_N && p->transa != CUBLAS_OP_T) ||
+      (p->transb != CUBLAS_OP_N && p->transb != CUBLAS_OP_T))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* m, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+  if (type != CUDA_R_16BF && type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (ld < static_cast<int64_t>(rows) || ld <= 0) return CUBLAS_STATUS_INVALID_VALUE;
+  Layout* p = make<Layout>();
+  p->type = type;
+  p->rows = rows;
+  p->cols = cols;
+  p->ld = ld;
+  *m = reinterpret_cast<cublasLtMatrixLayout_t>(p);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t m) {
+  return destroy(reinterpret_cast<Layout*>(m), "cublasLtMatrixLayoutDestroy");
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = reinterpret_cast<cublasLtMatmulPreference_t>(make<Pref>());
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  return destroy(reinterpret_cast<Pref*>(p), "cublasLtMatmulPreferenceDestroy");
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t size) {
+  check_alive(p, "cublasLtMatmulPreferenceSetAttribute");
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return CUBLAS_STATUS_NOT_SUPPORTED;
+  uint64_t v = 0;
+  if (!get(buf, size, &v)) return CUBLAS_STATUS_INVALID_VALUE;
+  reinterpret_cast<Pref*>(p)->max_workspace = v;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+
+// the shapes chain: op(A) m x k, op(B) k x n, C and D m x n; the types are the supported ones
+cublasStatus_t check_problem(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl) {
+  if (a.type != CUDA_R_16BF || b.type != CUDA_R_16BF || c.type != CUDA_R_32F || dl.type != CUDA_R_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint64_t m = d.transa == CUBLAS_OP_T ? a.cols : a.rows, ka = d.transa == CUBLAS_OP_T ? a.rows : a.cols;
+  const uint64_t kb = d.transb == CUBLAS_OP_T ? b.cols : b.rows, n = d.transb == CUBLAS_OP_T ? b.rows : b.cols;
+  if (ka != kb || c.rows != m || c.cols != n || dl.rows != m || dl.cols != n) return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref,
+                                              int requested, cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
+  for (const void* p : {static_cast<const void*>(h), static_cast<const void*>(op), static_cast<const void*>(a),
+                        static_cast<const void*>(b), static_cast<const void*>(c), static_cast<const void*>(d),
+                        static_cast<const void*>(pref)})
+    check_alive(p, "cublasLtMatmulAlgoGetHeuristic");
+  *returned = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  const cublasStatus_t st =
+      check_problem(*reinterpret_cast<Desc*>(op), *reinterpret_cast<Layout*>(a), *reinterpret_cast<Layout*>(b),
+                    *reinterpret_cast<Layout*>(c), *reinterpret_cast<Layout*>(d));
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  results[0] = cublasLtMatmulHeuristicResult_t{};
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].workspaceSize = 0;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t adesc, const void* B, cublasLtMatrixLayout_t bdesc,
+                              const void* beta, const void* C, cublasLtMatrixLayout_t cdesc, void* D,
+                              cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t*, void*, size_t,
+                              cudaStream_t) {
+  for (const void* p : {static_cast<const void*>(h), static_cast<const void*>(op), static_cast<const void*>(adesc),
+                        static_cast<const void*>(bdesc), static_cast<const void*>(cdesc),
+                        static_cast<const void*>(ddesc)})
+    check_alive(p, "cublasLtMatmul");
+  const Desc& d = *reinterpret_cast<Desc*>(op);
+  const Layout &a = *reinterpret_cast<Layout*>(adesc), &b = *reinterpret_cast<Layout*>(bdesc),
+               &c = *reinterpret_cast<Layout*>(cdesc), &dl = *reinterpret_cast<Layout*>(ddesc);
+  const cublasStatus_t st = check_problem(d, a, b, c, dl);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && d.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  uint64_t m = 0, ka = 0, n = 0, kb = 0;
+  // op(A) as rows of k; op(B)^T as rows of k, so every dot product reads both contiguously
+  const std::vector<float> opa = op_rows(static_cast<const uint16_t*>(A), a, d.transa == CUBLAS_OP_T, &m, &ka);
+  const std::vector<float> opbt = op_rows(static_cast<const uint16_t*>(B), b, d.transb != CUBLAS_OP_T, &n, &kb);
+  // R = op(A) op(B), row-major m x n, in fp32 as the GPU accumulates
+  std::vector<float> r(m * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(ka),
+              1.0f, opa.data(), static_cast<int>(ka), opbt.data(), static_cast<int>(ka), 0.0f, r.data(),
+              static_cast<int>(n));
+  const auto* cm = static_cast<const float*>(C);
+  auto* dm = static_cast<float*>(D);
+  const auto* bias = static_cast<const float*>(d.bias);
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t i = 0; i < m; ++i) {
+      float v = al * r[i * n + j];
+      if (be != 0.0f) v += be * cm[i + j * static_cast<uint64_t>(c.ld)];
+      if (d.epilogue == CUBLASLT_EPILOGUE_BIAS) v += bias[i];
+      dm[i + j * static_cast<uint64_t>(dl.ld)] = v;
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}

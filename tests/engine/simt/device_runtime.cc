@@ -1,0 +1,303 @@
+#include "device_runtime.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "simt_runtime.h"
+
+namespace wm::simt {
+namespace {
+
+constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cudaMemGetInfo reports as total
+
+struct Device {
+  std::mutex mu;  // the plugin drives one device from one thread; tests may create several backends
+  std::map<const uint8_t*, size_t> allocations;
+  size_t allocated = 0;
+  cudaError_t last = cudaSuccess;    // cleared by cudaGetLastError
+  cudaError_t sticky = cudaSuccess;  // a kernel fault: every call fails from then on
+  std::map<const void*, size_t> smem_limits;
+};
+
+Device& device() {
+  static Device* d = new Device();  // never destroyed: backends may be torn down at exit
+  return *d;
+}
+
+cudaError_t fail_with(cudaError_t e) {
+  device().last = e;
+  return e;
+}
+
+// [p, p + bytes) inside one allocation
+bool inside_allocation(const void* p, size_t bytes) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  auto& a = device().allocations;
+  auto it = a.upper_bound(b);
+  if (it == a.begin()) return false;
+  --it;
+  return b >= it->first && b + bytes <= it->first + it->second;
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point at;
+  bool recorded = false;
+};
+
+}  // namespace
+
+cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t smem,
+                             const std::function<void()>& thread_body) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.sticky != cudaSuccess) return d.sticky;
+  const unsigned long long threads = static_cast<unsigned long long>(block.x) * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || threads == 0 ||
+      threads > kMaxThreadsPerBlock || block.z > 64)
+    return fail_with(cudaErrorInvalidConfiguration);
+  const auto limit = d.smem_limits.find(kernel);
+  const size_t allowed = limit == d.smem_limits.end() ? kDefaultSharedPerBlock : limit->second;
+  if (smem > allowed) return fail_with(cudaErrorInvalidValue);
+  LaunchConfig cfg;
+  cfg.grid = grid;
+  cfg.block = block;
+  cfg.dynamic_smem = smem;
+  const std::string error = launch(cfg, thread_body);
+  if (!error.empty()) {
+    std::fprintf(stderr, "simt: kernel fault: %s\n", error.c_str());
+    d.sticky = cudaErrorLaunchFailure;
+    return fail_with(cudaErrorLaunchFailure);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (bytes > kMaxSharedPerBlock) return fail_with(cudaErrorInvalidValue);
+  d.smem_limits[kernel] = bytes;
+  return cudaSuccess;
+}
+
+int resident_blocks(const void* kernel, int threads, size_t smem) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const auto limit = d.smem_limits.find(kernel);
+  const size_t allowed = limit == d.smem_limits.end() ? kDefaultSharedPerBlock : limit->second;
+  if (threads <= 0 || threads > static_cast<int>(kMaxThreadsPerBlock) || smem > allowed) return 0;
+  const int by_threads = static_cast<int>(kMaxThreadsPerSm) / threads;
+  const int by_smem = smem == 0 ? 32 : static_cast<int>(kSharedPerSm / (smem + 1024));  // 1 KiB reserved per CTA
+  return std::min(32, std::min(by_threads, by_smem));
+}
+
+}  // namespace wm::simt
+
+// ---- the CUDA runtime API, as far as the plugin uses it ----
+
+using wm::simt::device;
+using wm::simt::fail_with;
+
+#define WM_SIMT_STICKY()                                          \
+  do {                                                            \
+    if (device().sticky != cudaSuccess) return device().sticky;   \
+  } while (0)
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : fail_with(cudaErrorInvalidDevice); }
+
+cudaError_t cudaGetDevice(int* dev) {
+  *dev = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int dev) {
+  if (dev != 0) return fail_with(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof(p->name), "simt emulator (sm_90)");
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = wm::simt::kMultiprocessors;
+  p->totalGlobalMem = wm::simt::kDeviceBytes;
+  p->sharedMemPerBlock = wm::simt::kDefaultSharedPerBlock;
+  p->sharedMemPerBlockOptin = wm::simt::kMaxSharedPerBlock;
+  p->sharedMemPerMultiprocessor = wm::simt::kSharedPerSm;
+  p->maxThreadsPerBlock = static_cast<int>(wm::simt::kMaxThreadsPerBlock);
+  p->maxThreadsPerMultiProcessor = static_cast<int>(wm::simt::kMaxThreadsPerSm);
+  p->warpSize = 32;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  WM_SIMT_STICKY();
+  std::lock_guard<std::mutex> lock(device().mu);
+  *total_bytes = wm::simt::kDeviceBytes;
+  *free_bytes = wm::simt::kDeviceBytes - device().allocated;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  WM_SIMT_STICKY();
+  auto& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *p = nullptr;
+  if (bytes > wm::simt::kDeviceBytes - d.allocated) return fail_with(cudaErrorMemoryAllocation);
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void* m = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  if (m == nullptr) return fail_with(cudaErrorMemoryAllocation);
+  std::memset(m, 0xff, rounded == 0 ? 256 : rounded);  // NaN bits: a read of what nobody wrote shows
+  d.allocations[static_cast<const uint8_t*>(m)] = bytes;
+  d.allocated += bytes;
+  wm::simt::register_global(m, bytes);
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  auto& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.allocations.find(static_cast<const uint8_t*>(p));
+  if (it == d.allocations.end()) return fail_with(cudaErrorInvalidValue);  // not ours, or freed twice
+  d.allocated -= it->second;
+  d.allocations.erase(it);
+  wm::simt::unregister_global(p);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  WM_SIMT_STICKY();
+  if (bytes == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(device().mu);
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice ||
+                       (kind == cudaMemcpyDefault && wm::simt::inside_allocation(dst, 1));
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice ||
+                       (kind == cudaMemcpyDefault && wm::simt::inside_allocation(src, 1));
+  if ((dst_dev && !wm::simt::inside_allocation(dst, bytes)) || (src_dev && !wm::simt::inside_allocation(src, bytes))) {
+    std::fprintf(stderr, "simt: cudaMemcpyAsync of %zu bytes outside device memory\n", bytes);
+    return fail_with(cudaErrorInvalidValue);
+  }
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  WM_SIMT_STICKY();
+  std::lock_guard<std::mutex> lock(device().mu);
+  if (bytes > 0 && !wm::simt::inside_allocation(dst, bytes)) return fail_with(cudaErrorInvalidValue);
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  WM_SIMT_STICKY();
+  *s = reinterpret_cast<cudaStream_t>(new int(0));
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<int*>(s);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  WM_SIMT_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  WM_SIMT_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  WM_SIMT_STICKY();
+  *e = reinterpret_cast<cudaEvent_t>(new wm::simt::Event());
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<wm::simt::Event*>(e);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  WM_SIMT_STICKY();
+  auto* ev = reinterpret_cast<wm::simt::Event*>(e);
+  ev->at = std::chrono::steady_clock::now();
+  ev->recorded = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  WM_SIMT_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t begin, cudaEvent_t end) {
+  WM_SIMT_STICKY();
+  const auto* b = reinterpret_cast<wm::simt::Event*>(begin);
+  const auto* e = reinterpret_cast<wm::simt::Event*>(end);
+  if (!b->recorded || !e->recorded) return fail_with(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(e->at - b->at).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  auto& d = device();
+  if (d.sticky != cudaSuccess) return d.sticky;
+  const cudaError_t e = d.last;
+  d.last = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return device().sticky != cudaSuccess ? device().sticky : device().last; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    default:
+      return "cudaError (other)";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorLaunchFailure ? "a kernel fault on the emulator (its message is on stderr)"
+                                     : cudaGetErrorName(e);
+}

@@ -1,0 +1,30 @@
+// The emulated device behind the host emulator's plugin build
+// (libwm_cuda_simt.so): the CUDA runtime API subset the plugin calls,
+// implemented over host memory (device_runtime.cc), and kernel launches run
+// by simt_runtime.h. One device, "simt emulator (sm_90)", with an
+// H100/H200's launch limits; streams run every operation at once, in order.
+//
+// Device memory is host memory from cudaMalloc; every live allocation is a
+// buffer the emulator lets cp.async read. A kernel fault (the emulator's
+// checks) is printed with its message and becomes a sticky
+// cudaErrorLaunchFailure, as an illegal address is on a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+
+namespace wm::simt {
+
+// a launch as the runtime does it: the configuration against the device's
+// limits and the kernel's shared-memory attribute, then the kernel
+cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t smem,
+                             const std::function<void()>& thread_body);
+// cudaFuncAttributeMaxDynamicSharedMemorySize
+cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes);
+// CTAs of a kernel one SM holds at once, from threads and shared memory
+// (registers are not modelled)
+int resident_blocks(const void* kernel, int threads, size_t smem);
+
+}  // namespace wm::simt
