@@ -85,6 +85,19 @@ double mean_pixel_diff(const std::string& a, const std::string& b, int* max_diff
   return static_cast<double>(sum) / static_cast<double>(x->pixels.size());
 }
 
+// PSNR (dB, 8-bit) of two JPEGs' decoded pixels; 0 if either is broken
+double jpeg_psnr(const std::string& a, const std::string& b) {
+  auto x = jpeg_decode(a.data(), a.size()), y = jpeg_decode(b.data(), b.size());
+  if (!x.ok() || !y.ok() || x->pixels.size() != y->pixels.size() || x->pixels.empty()) return 0;
+  double se = 0;
+  for (size_t i = 0; i < x->pixels.size(); ++i) {
+    const double d = static_cast<double>(x->pixels[i]) - y->pixels[i];
+    se += d * d;
+  }
+  const double mse = se / static_cast<double>(x->pixels.size());
+  return mse == 0 ? 99.0 : 10.0 * std::log10(255.0 * 255.0 / mse);
+}
+
 grpc::Status play_status(const ServerProcess& s, const std::vector<v1::PlayRequest>& requests,
                          std::vector<v1::PlayResponse>* responses = nullptr) {
   client::PlayStream stream(channel(s), std::chrono::system_clock::now() + std::chrono::seconds(20));
@@ -931,6 +944,54 @@ TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
   }
   ASSERT_TRUE(m.count(fkey));
   EXPECT_LE(m[fkey], m[key]);
+}
+
+// --device cuda end to end: the real server on the CUDA plugin, here the
+// plugin built for the kernel emulator (tests/engine/simt/, no GPU needed);
+// the same session as the CPU's offline rollout, frame for frame within
+// bf16 rounding, the device and its memory in the metrics, and admission in
+// the plugin's page-rounded device bytes
+TEST(ServerIntegration, DeviceCudaPlaysLikeTheCpuAndReportsDeviceMemory) {
+#ifndef WM_CUDA_SIMT_PLUGIN
+  GTEST_SKIP() << "the emulated CUDA plugin is not built (no CUDA headers)";
+#else
+  auto server = ServerProcess::start(tiny_model(), {"--device=cuda", "--cuda_plugin=" WM_CUDA_SIMT_PLUGIN,
+                                                    "--kv_budget_bytes=67108864"});
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(absl::StrContains(server->log(), "device: simt emulator (sm_90)")) << server->log();
+  const auto expected = wmgen_frames(tiny_model(), 5);
+  PlayConfig pc = per_action(5, script_actions());
+  pc.start.set_jpeg_quality(90);
+  const PlayResult r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << server->log();
+  ASSERT_EQ(r.frames.size(), expected.size());
+  // PSNR of the decoded frames: bf16 weights against fp32 gives ~40 dB here;
+  // the bar is the parity suite's 35 dB, and another seed's rollout, the
+  // stand-in for a broken kernel, stays far below it
+  const auto other = wmgen_frames(tiny_model(), 6);
+  ASSERT_EQ(other.size(), expected.size());
+  double worst = 1e9, best_other = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(r.frames[i].index, static_cast<int64_t>(i));
+    const double p = jpeg_psnr(r.frames[i].jpeg, expected[i]);
+    worst = std::min(worst, p);
+    best_other = std::max(best_other, jpeg_psnr(other[i], expected[i]));
+    EXPECT_GE(p, 35.0) << "frame " << i;
+  }
+  EXPECT_LT(best_other, 30.0) << "the bar must tell another rollout apart";
+  std::printf("--device cuda (emulated) vs the CPU rollout: min PSNR %.1f dB (another seed: at most %.1f dB)\n",
+              worst, best_other);
+  // the plugin's pages: 64 KiB each, the worst case reserved at Start
+  EXPECT_GT(r.started.kv_reserved_bytes(), 0);
+  EXPECT_EQ(r.started.kv_reserved_bytes() % 65536, 0);
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_model_info{default_cache_format=\"fp16\",device=\"cuda\",model=\"tiny-test\"}"), 1);
+  EXPECT_EQ(m.at("wm_gpu_memory_bytes{kind=\"total\"}"), 16.0 * (1 << 30));
+  EXPECT_GT(m.at("wm_gpu_memory_bytes{kind=\"used\"}"), 64.0 * (1 << 20)) << "the KV pool alone is 64 MiB";
+  EXPECT_EQ(m.at("wm_kv_cache_bytes_capacity"), 67108864);
+  server->signal(SIGTERM);
+  EXPECT_EQ(server->wait_exit(10), std::optional<int>(0)) << server->log();
+#endif
 }
 
 }  // namespace
