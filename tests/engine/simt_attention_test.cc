@@ -378,10 +378,36 @@ TEST(SimtChecks, WgmmaLeftInFlightFails) {
   const std::string e = run_one_cta(128, 4096, Schedule::kRoundRobin, [] {
     float d[8][4] = {};
     const uint32_t a[4] = {0, 0, 0, 0};
+    wgmma_fence();
     wgmma_m64n64k16<0>(d, a, wgmma_desc(1024, 16, 1024));
     wgmma_commit();  // no wait
   });
   EXPECT_NE(e.find("wgmma in flight"), std::string::npos) << e;
+}
+
+// a K tile of 64 keys x 64 channels loaded by cp.async at shared address 1024, then one S = Q K^T step
+void load_tile_then_wgmma(bool proxy_fence, bool wgmma_fence_first) {
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i = tid; i < 64 * 8; i += 128)
+    cp_async_16(1024 + panel_swz<64, 64>(i / 8, i % 8), global_tile().data() + (i % 8) * 8, true);
+  cp_async_commit();
+  cp_async_wait<0>();
+  if (proxy_fence) fence_proxy_async_smem();
+  __syncthreads();
+  float d[8][4] = {};
+  const uint32_t a[4] = {0, 0, 0, 0};
+  if (wgmma_fence_first) wgmma_fence();
+  wgmma_m64n64k16<0>(d, a, key_desc<64, 64>(1024, 0));
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+
+TEST(SimtChecks, FencesWgmmaNeedsAreChecked) {
+  EXPECT_EQ(run_one_cta(128, 1024 + 8192, Schedule::kRoundRobin, [] { load_tile_then_wgmma(true, true); }), "");
+  std::string e = run_one_cta(128, 1024 + 8192, Schedule::kRoundRobin, [] { load_tile_then_wgmma(false, true); });
+  EXPECT_NE(e.find("fence.proxy.async"), std::string::npos) << e;
+  e = run_one_cta(128, 1024 + 8192, Schedule::kRoundRobin, [] { load_tile_then_wgmma(true, false); });
+  EXPECT_NE(e.find("without a wgmma.fence"), std::string::npos) << e;
 }
 
 }  // namespace

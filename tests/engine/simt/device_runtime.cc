@@ -67,6 +67,11 @@ cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t s
   cfg.grid = grid;
   cfg.block = block;
   cfg.dynamic_smem = smem;
+  // the launches take turns at the three schedules, so that a suite's many
+  // launches of each kernel meet all of them (deterministically)
+  static unsigned launches = 0;
+  constexpr Schedule kTurns[] = {Schedule::kRoundRobin, Schedule::kWarpsInOrder, Schedule::kWarpsReversed};
+  cfg.schedule = kTurns[launches++ % 3];
   const std::string error = launch(cfg, thread_body);
   if (!error.empty()) {
     std::fprintf(stderr, "simt: kernel fault: %s\n", error.c_str());

@@ -2,7 +2,8 @@
 // (libwm_cuda_simt.so): the CUDA runtime API subset the plugin calls,
 // implemented over host memory (device_runtime.cc), and kernel launches run
 // by simt_runtime.h. One device, "simt emulator (sm_90)", with an
-// H100/H200's launch limits; streams run every operation at once, in order.
+// H100/H200's launch limits; streams run every operation at once, in order;
+// successive launches take turns at the emulator's three schedules.
 //
 // Device memory is host memory from cudaMalloc; every live allocation is a
 // buffer the emulator lets cp.async read. A kernel fault (the emulator's

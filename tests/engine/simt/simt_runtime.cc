@@ -98,6 +98,8 @@ struct Fiber {
   bool done = false;
   Group* waiting = nullptr;  // the meeting it waits in, if any
   uint64_t wait_gen = 0;
+  std::vector<uint32_t> unfenced;            // chunks its copies landed in since its last fence.proxy.async
+  bool wgmma_fenced = false;                 // a wgmma.fence since its last wgmma.wait_group
   std::vector<Copy> open_copies;             // cp.async since the last commit
   std::deque<std::vector<Copy>> copy_groups;  // committed, not landed, oldest first
 };
@@ -139,6 +141,7 @@ struct Cta {
   std::vector<uint8_t> smem;      // shared addresses [0, smem_base + dynamic_smem)
   std::vector<uint16_t> pending;  // cp.async in flight per 16-byte chunk of shared memory
   std::vector<uint8_t> written;   // per 16-byte chunk: a copy has landed in it since the CTA started
+  std::vector<int32_t> generic_writer;  // per chunk: the thread whose copy landed there, until it fences (-1)
   std::vector<Fiber>* fibers = nullptr;
   std::vector<Group> warps, warpgroups;
   Group cta;
@@ -238,6 +241,8 @@ void land(const Copy& c) {
   }
   --g_cta->pending[c.dst / 16];
   g_cta->written[c.dst / 16] = 1;
+  g_cta->generic_writer[c.dst / 16] = linear_tid();
+  g_cur->unfenced.push_back(c.dst / 16);
 }
 
 Warpgroup& my_warpgroup(const char* what) {
@@ -250,6 +255,11 @@ void run_wgmma(const WgmmaOp& op) {
   ptx_model::wgmma_m64nNk16(op.n_cols, op.d, op.a, smem, [&](int k, int n) {
     const uint32_t addr = ptx_model::wgmma_b_address(op.desc, op.trans_b, k, n);
     check_read(addr, 2, "wgmma B operand");
+    // wgmma reads through the async proxy: what cp.async wrote (the generic
+    // proxy) is visible to it only after the writer's fence.proxy.async
+    if (const int32_t w = g_cta->generic_writer[addr / 16]; w >= 0)
+      fail(where() + "wgmma reads shared address " + std::to_string(addr) + ", written by thread " +
+           std::to_string(w) + "'s cp.async, which has not executed fence.proxy.async since");
     return addr;
   });
 }
@@ -325,6 +335,7 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
   std::fill(cta.smem.begin(), cta.smem.end(), 0xff);
   std::fill(cta.pending.begin(), cta.pending.end(), 0);
   std::fill(cta.written.begin(), cta.written.end(), 0);
+  std::fill(cta.generic_writer.begin(), cta.generic_writer.end(), -1);
   cta.error.clear();
   cta.fibers = &fibers;
 
@@ -337,6 +348,8 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
     f.waiting = nullptr;
     f.open_copies.clear();
     f.copy_groups.clear();
+    f.unfenced.clear();
+    f.wgmma_fenced = false;
     make_context(&f.ctx, f.stack, kStackBytes, fiber_entry);
   }
   size_t cursor = n - 1;
@@ -373,6 +386,7 @@ std::string launch(const LaunchConfig& config, const std::function<void()>& thre
   cta.smem.assign(smem_bytes, 0xff);
   cta.pending.assign(smem_bytes / 16 + 1, 0);
   cta.written.assign(smem_bytes / 16 + 1, 0);
+  cta.generic_writer.assign(smem_bytes / 16 + 1, -1);
   std::vector<Fiber> fibers(threads);
   for (size_t i = 0; i < fibers.size(); ++i) fibers[i].stack = fiber_stack(i);
   g_body = &thread_body;
@@ -524,9 +538,13 @@ void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool tra
     op.n_cols = wg.n_cols[0];
     op.desc = wg.desc[0];
     op.trans_b = wg.trans_b[0];
+    const size_t first = static_cast<size_t>(linear_tid() / 128 * 128);
     for (int i = 0; i < 128; ++i) {
       if (wg.n_cols[i] != op.n_cols || wg.desc[i] != op.desc || wg.trans_b[i] != op.trans_b)
         fail(where() + "wgmma: the threads of a warpgroup pass different shapes or descriptors");
+      if (!(*g_cta->fibers)[first + static_cast<size_t>(i)].wgmma_fenced)
+        fail(where() + "wgmma.mma_async without a wgmma.fence since the warpgroup's last wgmma.wait_group "
+                       "(or before its first MMA): its registers may have been touched");
       op.d[i] = wg.d[i];
       op.a[i] = wg.a[i];
     }
@@ -545,8 +563,20 @@ void wgmma_commit() {
   });
 }
 
+void wgmma_fence() {
+  my_warpgroup("wgmma.fence");
+  g_cur->wgmma_fenced = true;
+}
+
+void fence_proxy_async() {
+  for (uint32_t c : g_cur->unfenced)
+    if (g_cta->generic_writer[c] == linear_tid()) g_cta->generic_writer[c] = -1;
+  g_cur->unfenced.clear();
+}
+
 void wgmma_wait(int newest_left) {
   Warpgroup& wg = my_warpgroup("wgmma.wait_group");
+  g_cur->wgmma_fenced = false;
   meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], "wgmma.wait_group", [&] {
     while (wg.committed.size() > static_cast<size_t>(newest_left)) {
       for (const WgmmaOp& op : wg.committed.front()) run_wgmma(op);

@@ -32,7 +32,12 @@
 //     when a wgmma.wait_group retires its group, reading the A registers and
 //     accumulators then, so code that touches them before the wait computes
 //     a wrong answer; no wgmma or cp.async is left in flight at exit.
-// Not modelled: timing, memory-proxy fences, bank conflicts, register limits.
+//   - fences: a wgmma that reads shared memory a cp.async wrote before the
+//     writing thread's fence.proxy.async (wgmma reads through the async
+//     proxy); a wgmma.mma_async with no wgmma.fence since the warpgroup's
+//     last wgmma.wait_group (stricter than the PTX ISA, which asks for one
+//     only where the registers were touched in between).
+// Not modelled: timing, bank conflicts, register limits.
 #pragma once
 
 // the CUDA headers the kernels use, before the built-ins below are defined
@@ -97,8 +102,10 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);
 void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 // n_cols 64 or 128: d holds the thread's n_cols / 2 accumulators
 void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b);
+void wgmma_fence();
 void wgmma_commit();
 void wgmma_wait(int newest_left);
+void fence_proxy_async();
 
 // fails the launch from kernel code; does not return
 [[noreturn]] void fail(const std::string& message);

@@ -1,7 +1,7 @@
 // The host emulator's cuda/wgmma.cuh (simt_runtime.h): the same functions as
 // the project's wgmma wrappers, run by the emulator, which executes a
-// warpgroup's MMAs when a wgmma.wait_group retires them. The fences have
-// nothing to order on the host.
+// warpgroup's MMAs when a wgmma.wait_group retires them, and checks the
+// two fences' rules; the register fences have nothing to order on the host.
 #pragma once
 
 #include <cstdint>
@@ -10,13 +10,13 @@
 
 namespace wm::cuda {
 
-inline void wgmma_fence() {}
+inline void wgmma_fence() { simt::wgmma_fence(); }
 inline void wgmma_commit() { simt::wgmma_commit(); }
 template <int N>
 inline void wgmma_wait() {
   simt::wgmma_wait(N);
 }
-inline void fence_proxy_async_smem() {}
+inline void fence_proxy_async_smem() { simt::fence_proxy_async(); }
 template <int R, int C>
 inline void fence_regs(float (&)[R][C]) {}
 template <int R, int C>
