@@ -691,6 +691,52 @@ TEST(CudaBackendLifetime, ASecondBackendWorksAndTearsDownCleanly) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// the KV page pool runs out cleanly: caches are refused with
+// RESOURCE_EXHAUSTED once their worst cases no longer fit, the ones open keep
+// working, and closing one lets the next in; reserved bytes come back to 0
+TEST(CudaKvCache, PoolRunsOutCleanlyAndRecovers) {
+  WM_REQUIRE_CUDA();
+  PluginBackendOptions o;
+  o.path = backends().cuda->plugin().path();
+  o.kv_pool_bytes = int64_t{8} << 20;
+  o.abort_on_error = false;
+  auto made = make_plugin_backend(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<PluginBackend> pb = std::move(*made);
+  Backend& b = *pb;
+  AttnSpec a;
+  const KvGeometry g = geometry_of(a);
+  const int64_t each = b.kv_reservation_bytes("fp16", g, {});
+  ASSERT_GT(each, 0);
+  const int64_t fits = (int64_t{8} << 20) / each;
+  ASSERT_GE(fits, 2) << "the case needs room for at least two caches";
+  std::vector<std::unique_ptr<KvCache>> open;
+  for (int64_t i = 0; i < fits; ++i) {
+    auto c = b.make_kv_cache("fp16", g, {});
+    ASSERT_TRUE(c.ok()) << "cache " << i << " of " << fits << ": " << c.status();
+    open.push_back(std::move(*c));
+  }
+  EXPECT_EQ(b.memory().kv_pool_reserved, fits * each);
+  auto refused = b.make_kv_cache("fp16", g, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  {
+    // the open caches still work at the limit
+    Buffers buf(b);
+    const size_t frame = static_cast<size_t>(g.tokens_per_frame) * g.heads * g.head_dim;
+    float *k = buf.put(randn(frame, 31)), *v = buf.put(randn(frame, 32));
+    for (int layer = 0; layer < g.layers; ++layer) EXPECT_TRUE(open.back()->append(layer, k, v, 0, 1).ok());
+    ASSERT_TRUE(pb->synchronize().ok());
+  }
+  open.erase(open.begin());
+  auto again = b.make_kv_cache("fp16", g, {});
+  EXPECT_TRUE(again.ok()) << again.status();
+  again->reset();
+  open.clear();
+  EXPECT_EQ(b.memory().kv_pool_reserved, 0);
+  EXPECT_EQ(b.memory().kv_pool_used, 0);
+  EXPECT_TRUE(pb->status().ok()) << pb->status();
+}
+
 // LN -> three linears on its output, GELU -> linear: the bf16 copy of an
 // activation made by one op and reused by the next GEMM, against the CPU
 TEST(CudaShadow, ActivationCopiesFeedTheNextGemmsOnly) {
