@@ -20,7 +20,8 @@ mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWM_BUILD_CUDA=ON > "$build/configure.log" 2>&1 ||
   { tail -30 "$build/configure.log"; exit 1; }
 targets=(wm_cuda backend_ops_tests wm_attention_bench wm_mg2_bench wmserve wmbench wmhealth
-         wm_fake_plugin_noentry wm_fake_plugin_badabi wm_fake_plugin_badsize wm_fake_plugin_nodevice)
+         wm_fake_plugin_noentry wm_fake_plugin_badabi wm_fake_plugin_badsize wm_fake_plugin_nodevice
+         simt_attention_tests backend_ops_simt_tests)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 plugin="$build/cuda/libwm_cuda.so"
 [ -f "$plugin" ] || { echo "the CUDA plugin was not built: is nvcc at /usr/local/cuda/bin?"; exit 1; }
@@ -29,6 +30,13 @@ echo "== host-side tests (the CUDA ones skip here without a GPU)"
 "$build/tests/engine/backend_ops_tests" --gtest_brief=1 > "$build/host-tests.log" 2>&1 ||
   { tail -40 "$build/host-tests.log"; echo "host tests failed: fix before spending device time"; exit 1; }
 grep -E "^\[  (PASSED|SKIPPED|FAILED) " "$build/host-tests.log" || true
+
+echo "== the plugin on the kernel emulator (docs/CUDA.md): the whole parity suite, no GPU (about 3 minutes)"
+for t in simt_attention_tests backend_ops_simt_tests; do
+  OMP_WAIT_POLICY=passive "$build/tests/engine/$t" --gtest_brief=1 > "$build/$t.log" 2>&1 ||
+    { tail -40 "$build/$t.log"; echo "$t failed on the emulator: fix before spending device time"; exit 1; }
+  grep -E "^\[  (PASSED|SKIPPED|FAILED) " "$build/$t.log" || true
+done
 
 echo "== bundle into .gpu/"
 bash "$shared/tools/gpu-bundle.sh" .gpu "$plugin" "$build/tests/engine/backend_ops_tests" \
