@@ -649,18 +649,23 @@ TEST(CudaKvCache, ErrorsAreValues) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// one more backend on the same plugin and device, with its own KV pool
+absl::StatusOr<std::unique_ptr<PluginBackend>> another_cuda_backend(int64_t kv_pool_bytes) {
+  PluginBackendOptions o;
+  o.path = backends().cuda->plugin().path();
+  o.kv_pool_bytes = kv_pool_bytes;
+  o.abort_on_error = false;
+  return make_plugin_backend(o);
+}
+
 // a second backend in the same process does real work (GEMMs with and
 // without bias, a KV cache, attention) and is torn down: its plans,
 // descriptors, caches and memory released once each, the first backend
 // unharmed
 TEST(CudaBackendLifetime, ASecondBackendWorksAndTearsDownCleanly) {
   WM_REQUIRE_CUDA();
-  PluginBackendOptions o;
-  o.path = backends().cuda->plugin().path();
-  o.kv_pool_bytes = int64_t{64} << 20;
-  o.abort_on_error = false;
   for (int round = 0; round < 2; ++round) {
-    auto made = make_plugin_backend(o);
+    auto made = another_cuda_backend(int64_t{64} << 20);
     ASSERT_TRUE(made.ok()) << made.status();
     std::unique_ptr<PluginBackend> pb = std::move(*made);
     Backend& b = *pb;
@@ -696,11 +701,7 @@ TEST(CudaBackendLifetime, ASecondBackendWorksAndTearsDownCleanly) {
 // working, and closing one lets the next in; reserved bytes come back to 0
 TEST(CudaKvCache, PoolRunsOutCleanlyAndRecovers) {
   WM_REQUIRE_CUDA();
-  PluginBackendOptions o;
-  o.path = backends().cuda->plugin().path();
-  o.kv_pool_bytes = int64_t{8} << 20;
-  o.abort_on_error = false;
-  auto made = make_plugin_backend(o);
+  auto made = another_cuda_backend(int64_t{8} << 20);
   ASSERT_TRUE(made.ok()) << made.status();
   std::unique_ptr<PluginBackend> pb = std::move(*made);
   Backend& b = *pb;
