@@ -3,6 +3,11 @@
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define WM_SIMT_ASAN 1
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -166,7 +171,36 @@ std::string where() {
   return s.str();
 }
 
-void yield_to_scheduler() { switch_context(&g_cur->ctx, &g_scheduler); }
+// AddressSanitizer (a build with -fsanitize=address checks every kernel's
+// global memory accesses) must be told whenever the stack changes
+#if WM_SIMT_ASAN
+const void* g_scheduler_stack = nullptr;
+size_t g_scheduler_stack_bytes = 0;
+#endif
+
+// scheduler -> fiber f
+void enter_fiber(Fiber* f) {
+#if WM_SIMT_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f->stack, kStackBytes);
+#endif
+  switch_context(&g_scheduler, &f->ctx);
+#if WM_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+// the running fiber -> scheduler; a finished fiber never comes back
+void yield_to_scheduler() {
+#if WM_SIMT_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(g_cur->done ? nullptr : &fake, g_scheduler_stack, g_scheduler_stack_bytes);
+#endif
+  switch_context(&g_cur->ctx, &g_scheduler);
+#if WM_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(fake, &g_scheduler_stack, &g_scheduler_stack_bytes);
+#endif
+}
 
 // fiber stacks, kept across launches (allocating and faulting in 256 KiB per
 // thread per launch cost more than the kernels)
@@ -265,6 +299,9 @@ void run_wgmma(const WgmmaOp& op) {
 }
 
 [[noreturn]] void fiber_entry() {
+#if WM_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_stack, &g_scheduler_stack_bytes);
+#endif
   (*g_body)();
   if (!g_cur->open_copies.empty()) fail(where() + "cp.async copies never committed");
   for (const auto& group : g_cur->copy_groups)
@@ -350,6 +387,10 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
     f.copy_groups.clear();
     f.unfenced.clear();
     f.wgmma_fenced = false;
+#if WM_SIMT_ASAN
+    // the last fiber on this stack never returned: its frames' red zones are still marked
+    __asan_unpoison_memory_region(f.stack, kStackBytes);
+#endif
     make_context(&f.ctx, f.stack, kStackBytes, fiber_entry);
   }
   size_t cursor = n - 1;
@@ -363,7 +404,7 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
       break;
     }
     g_cur = next;
-    switch_context(&g_scheduler, &next->ctx);
+    enter_fiber(next);
     g_cur = nullptr;
     if (!cta.error.empty()) return cta.error;
   }
