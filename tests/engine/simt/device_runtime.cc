@@ -44,6 +44,12 @@ bool inside_allocation(const void* p, size_t bytes) {
   return b >= it->first && b + bytes <= it->first + it->second;
 }
 
+// the dynamic shared memory a kernel may ask for (its attribute, else the default); under d.mu
+size_t smem_allowed(const Device& d, const void* kernel) {
+  const auto limit = d.smem_limits.find(kernel);
+  return limit == d.smem_limits.end() ? kDefaultSharedPerBlock : limit->second;
+}
+
 struct Event {
   std::chrono::steady_clock::time_point at;
   bool recorded = false;
@@ -60,9 +66,7 @@ cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t s
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || threads == 0 ||
       threads > kMaxThreadsPerBlock || block.z > 64)
     return fail_with(cudaErrorInvalidConfiguration);
-  const auto limit = d.smem_limits.find(kernel);
-  const size_t allowed = limit == d.smem_limits.end() ? kDefaultSharedPerBlock : limit->second;
-  if (smem > allowed) return fail_with(cudaErrorInvalidValue);
+  if (smem > smem_allowed(d, kernel)) return fail_with(cudaErrorInvalidValue);
   LaunchConfig cfg;
   cfg.grid = grid;
   cfg.block = block;
@@ -92,9 +96,7 @@ cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes) {
 int resident_blocks(const void* kernel, int threads, size_t smem) {
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
-  const auto limit = d.smem_limits.find(kernel);
-  const size_t allowed = limit == d.smem_limits.end() ? kDefaultSharedPerBlock : limit->second;
-  if (threads <= 0 || threads > static_cast<int>(kMaxThreadsPerBlock) || smem > allowed) return 0;
+  if (threads <= 0 || threads > static_cast<int>(kMaxThreadsPerBlock) || smem > smem_allowed(d, kernel)) return 0;
   const int by_threads = static_cast<int>(kMaxThreadsPerSm) / threads;
   const int by_smem = smem == 0 ? 32 : static_cast<int>(kSharedPerSm / (smem + 1024));  // 1 KiB reserved per CTA
   return std::min(32, std::min(by_threads, by_smem));
