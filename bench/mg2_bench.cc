@@ -148,6 +148,7 @@ int run(int argc, char** argv) {
         return v.ok() ? *v : -1;
       };
       const int64_t plans0 = count("attention.plans"), fallback0 = count("gemm.fallback_calls");
+      const int64_t ffn0 = count("ffn.fused_calls");
       t0 = now_s();
       for (int r = 0; r < block_reps; ++r) {
         b.upload(pixels, host_noise.data(), host_noise.size() * sizeof(float));
@@ -187,6 +188,21 @@ int run(int argc, char** argv) {
         // once per block is the design (docs/CUDA.md); fallback GEMMs would be a slow path
         j["attention_plans_per_block"] = static_cast<double>(count("attention.plans") - plans0) / block_reps;
         j["gemm_fallback_calls"] = count("gemm.fallback_calls") - fallback0;
+        // feed-forward blocks with the GELU in the GEMM epilogue (every layer of every forward but
+        // the write pass's last), and the forward without that fusion
+        j["ffn_fused_per_block"] = static_cast<double>(count("ffn.fused_calls") - ffn0) / block_reps;
+        if (dev.plugin->set_tuning("ffn.fused", 0).ok()) {
+          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+          dev.sync();
+          const double u0 = now_s();
+          for (int r = 0; r < reps; ++r)
+            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+          dev.sync();
+          const double unfused_s = (now_s() - u0) / reps;
+          if (!dev.plugin->set_tuning("ffn.fused", 1).ok()) return 1;
+          j["forward_ms_ffn_unfused"] = std::round(unfused_s * 1e5) / 100;
+          j["ffn_fusion_speedup"] = std::round(unfused_s / forward_s * 1000) / 1000;
+        }
         j["device_used_bytes"] = m.device_total - m.device_free;
         j["kv_pool_used_bytes"] = m.kv_pool_used;
         // where a forward's time goes: every layer's attention alone, same sessions, caches and kernel

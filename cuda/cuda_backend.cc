@@ -206,6 +206,8 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     gemm_->set_force_fallback(value != 0);
   } else if (key == "shadow") {
     use_shadow_ = value != 0;
+  } else if (key == "ffn.fused") {
+    fused_ffn_ = value != 0;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown tuning key '", key, "'"));
   }
@@ -223,6 +225,8 @@ int32_t CudaBackend::kernel_for(int32_t head_dim) const {
 absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.cublaslt_calls") return gemm_ != nullptr ? gemm_->cublaslt_calls() : 0;
   if (name == "gemm.fallback_calls") return gemm_ != nullptr ? gemm_->fallback_calls() : 0;
+  if (name == "gemm.gelu_epilogue_calls") return gemm_ != nullptr ? gemm_->gelu_epilogue_calls() : 0;
+  if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "attention.plans") return plans_made_;
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
@@ -331,26 +335,72 @@ absl::Status CudaBackend::linear(const DeviceWeight* w, const float* bias, int32
   if (s.ok()) s = need(y, "linear output");
   if (!s.ok()) return s;
   const int32_t ld = w->ld;
-  const uint16_t* xb = nullptr;
-  if (use_shadow_ && shadow_.valid && shadow_.src == x) {
-    const bool rows_match = shadow_.ld == ld && shadow_.rows == n && shadow_.cols == in;
-    const bool flat_match = shadow_.ld == 0 && in == ld && shadow_.cols == static_cast<int64_t>(n) * in;
-    if (rows_match || flat_match) xb = shadow_memory_.as<uint16_t>();
-  }
-  if (xb == nullptr) {
-    invalidate_shadow();
-    s = shadow_memory_.reserve(static_cast<size_t>(n) * ld * sizeof(uint16_t));
-    if (!s.ok()) return s;
-    WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(x, n, in, ld, shadow_memory_.as<uint16_t>(), stream_));
-    xb = shadow_memory_.as<uint16_t>();
-    // the next linear on the same input (q, k, v of one LN output) reuses it
-    shadow_ = Shadow{use_shadow_, x, n, in, ld};
-  }
-  s = gemm_->run(w->data, ld, xb, ld, bias, n, in, out, y);
+  auto xb = bf16_operand(x, n, in, ld);
+  if (!xb.ok()) return xb.status();
+  s = gemm_->run(w->data, ld, *xb, ld, bias, n, in, out, y);
   if (!s.ok()) return s;
   if (overlaps(y, static_cast<size_t>(n) * out * sizeof(float), x, static_cast<size_t>(n) * in * sizeof(float)))
     invalidate_shadow();
   return absl::OkStatus();
+}
+
+absl::StatusOr<const uint16_t*> CudaBackend::bf16_operand(const float* x, int32_t n, int32_t in, int32_t ld) {
+  if (use_shadow_ && shadow_.valid && shadow_.src == x) {
+    const bool rows_match = shadow_.ld == ld && shadow_.rows == n && shadow_.cols == in;
+    const bool flat_match = shadow_.ld == 0 && in == ld && shadow_.cols == static_cast<int64_t>(n) * in;
+    if (rows_match || flat_match) return shadow_memory_.as<uint16_t>();
+  }
+  invalidate_shadow();
+  absl::Status s = shadow_memory_.reserve(static_cast<size_t>(n) * ld * sizeof(uint16_t));
+  if (!s.ok()) return s;
+  WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(x, n, in, ld, shadow_memory_.as<uint16_t>(), stream_));
+  // the next linear on the same input (q, k, v of one LN output) reuses it
+  shadow_ = Shadow{use_shadow_, x, n, in, ld};
+  return shadow_memory_.as<uint16_t>();
+}
+
+absl::Status CudaBackend::ffn(const DeviceWeight* w0, const float* b0, const DeviceWeight* w2, const float* b2,
+                              int32_t in, int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden,
+                              float* y) {
+  absl::Status s = need(w0, "ffn first weight");
+  if (s.ok()) s = need(w2, "ffn second weight");
+  if (!s.ok()) return s;
+  if (w0->out != hidden_dim || w0->in != in || w2->out != out || w2->in != hidden_dim)
+    return absl::InvalidArgumentError(absl::StrCat("ffn: weights are ", w0->out, "x", w0->in, " and ", w2->out, "x",
+                                                   w2->in, ", call says ", hidden_dim, "x", in, " and ", out, "x",
+                                                   hidden_dim));
+  if (n < 0) return absl::InvalidArgumentError("ffn: negative rows");
+  if (n == 0) return absl::OkStatus();
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(hidden), static_cast<const void*>(y)}) {
+    s = need(p, "ffn argument");
+    if (!s.ok()) return s;
+  }
+  if (fused_ffn_) {
+    // the hidden layer never exists in fp32: bf16(GELU(x W0^T + b0)) straight
+    // from the first GEMM's epilogue is the second GEMM's operand (the bytes
+    // the unfused path's GELU writes as its bf16 copy)
+    auto xb = bf16_operand(x, n, in, w0->ld);
+    if (!xb.ok()) return xb.status();
+    const int32_t ld_h = w2->ld;
+    s = ffn_hidden_.reserve(static_cast<size_t>(n) * ld_h * sizeof(uint16_t));
+    if (!s.ok()) return s;
+    auto fused = gemm_->run_gelu_bf16(w0->data, w0->ld, *xb, w0->ld, b0, n, in, hidden_dim,
+                                      ffn_hidden_.as<uint16_t>(), ld_h);
+    if (!fused.ok()) return fused.status();
+    if (*fused) {
+      ++ffn_fused_calls_;
+      s = gemm_->run(w2->data, ld_h, ffn_hidden_.as<uint16_t>(), ld_h, b2, n, hidden_dim, out, y);
+      if (!s.ok()) return s;
+      if (overlaps(y, static_cast<size_t>(n) * out * sizeof(float), x, static_cast<size_t>(n) * in * sizeof(float)))
+        invalidate_shadow();
+      return absl::OkStatus();
+    }
+  }
+  // unfused: the engine's default sequence
+  s = linear(w0, b0, hidden_dim, in, x, n, hidden);
+  if (s.ok()) s = gelu(hidden, static_cast<int64_t>(n) * hidden_dim);
+  if (s.ok()) s = linear(w2, b2, out, hidden_dim, hidden, n, y);
+  return s;
 }
 
 absl::Status CudaBackend::layer_norm_modulate(const float* x, int32_t n, int32_t d, const float* shift,

@@ -86,6 +86,9 @@ class CudaBackend {
   absl::Status rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
                              const float* norm_w, const int32_t* pos, const WmRopeParams& rope, float eps);
   absl::Status gelu(float* x, int64_t count);
+  // y = GELU_tanh(x W0^T + b0) W2^T + b2; hidden [n, hidden_dim] is scratch
+  absl::Status ffn(const DeviceWeight* w0, const float* b0, const DeviceWeight* w2, const float* b2, int32_t in,
+                   int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden, float* y);
   absl::Status gated_residual(float* h, const float* y, const float* gate, int32_t mod_stride, int32_t n, int32_t d,
                               int32_t tokens_per_frame);
   absl::Status patchify(const float* frames, int32_t frames_count, const WmFrameShape& s, float* tokens);
@@ -128,6 +131,9 @@ class CudaBackend {
   CudaBackend() = default;
   absl::Status init(const WmPluginOptions& options);
   PagedGeometry paged_geometry(const WmKvGeometry& g) const;
+  // x [n, in] fp32 as a GEMM operand: bf16 rows of ld, the valid copy when
+  // there is one, else converted now (and kept as the copy)
+  absl::StatusOr<const uint16_t*> bf16_operand(const float* x, int32_t n, int32_t in, int32_t ld);
   absl::StatusOr<const RopeFreqTable*> rope_table(const WmRopeParams& rope, int32_t head_dim);
   bool plan_fits(int32_t layer, std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows) const;
   absl::Status make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
@@ -148,6 +154,9 @@ class CudaBackend {
   DeviceBuffer weight_staging_;
   DeviceBuffer shadow_memory_;
   Shadow shadow_;
+  DeviceBuffer ffn_hidden_;  // the feed-forward block's hidden layer, bf16 [n][w2->ld]
+  bool fused_ffn_ = true;    // tuning "ffn.fused"
+  int64_t ffn_fused_calls_ = 0;
   std::map<std::tuple<uint32_t, int32_t, int32_t, int32_t, int32_t>, std::unique_ptr<RopeFreqTable>> rope_tables_;
 
   // attention

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cuda/bias_add.cuh"
+#include "cuda/convert.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/linear_fallback.cuh"
 
@@ -31,25 +32,26 @@ void Gemm::destroy(Plan& p) {
   p = Plan{};
 }
 
-absl::Status Gemm::describe(Plan& p, int32_t n, int32_t in, int32_t out, int32_t ld_w, int32_t ld_x,
-                           bool bias_epilogue) {
+absl::Status Gemm::describe(Plan& p, const Shape& s, Output output, bool bias_epilogue, cudaDataType_t bias_type) {
   WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (bias_epilogue) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = CUDA_R_32F;
+  const bool gelu = output == Output::kBf16Gelu;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu) epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  else if (bias_epilogue) epi = CUBLASLT_EPILOGUE_BIAS;
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT)
     WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (bias_epilogue)
     WM_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-  }
   // A = W stored column-major [in x out] (ld_w), used transposed: out x in
-  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, in, out, ld_w));
+  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, s.in, s.out, s.ld_w));
   // B = x stored column-major [in x n] (ld_x)
-  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, in, n, ld_x));
-  // C = D = y stored column-major [out x n] (ld out)
-  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, out, n, out));
+  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, s.in, s.n, s.ld_x));
+  // C = D = y stored column-major [out x n] (ld_y)
+  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, gelu ? CUDA_R_16BF : CUDA_R_32F, s.out, s.n, s.ld_y));
   cublasLtMatmulPreference_t pref = nullptr;
   WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = workspace_.size();
@@ -63,35 +65,48 @@ absl::Status Gemm::describe(Plan& p, int32_t n, int32_t in, int32_t out, int32_t
   // no algorithm is not an error: the caller tries the next way
   p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   p.bias_in_epilogue = bias_epilogue;
+  p.bias_bf16 = bias_epilogue && bias_type == CUDA_R_16BF;
   if (p.usable) p.algo = result.algo;
   return absl::OkStatus();
+}
+
+absl::Status Gemm::try_describe(Plan& p, const Shape& s, Output output, bool bias_epilogue,
+                                cudaDataType_t bias_type) {
+  destroy(p);
+  absl::Status st = describe(p, s, output, bias_epilogue, bias_type);
+  if (!st.ok() || !p.usable) destroy(p);  // whatever descriptors it made; usable stays false
+  return st;
 }
 
 absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return &it->second;
-  const auto [n, in, out, ld_w, ld_x, has_bias] = key;
-  // best: bias in the epilogue; else a plain GEMM and a bias kernel; else the CUDA-core kernel
+  const auto [n, in, out, ld_w, ld_x, ld_y, has_bias, output] = key;
+  const Shape shape{n, in, out, ld_w, ld_x, ld_y};
   Plan p;
-  absl::Status s = describe(p, n, in, out, ld_w, ld_x, has_bias);
-  if (!s.ok()) {
-    destroy(p);  // whatever descriptors it made before failing
-    return s;
-  }
-  if (!p.usable && has_bias) {
-    destroy(p);
-    s = describe(p, n, in, out, ld_w, ld_x, false);
-    if (!s.ok()) {
-      destroy(p);
-      return s;
+  absl::Status s;
+  if (output == Output::kF32) {
+    // best: bias in the epilogue; else a plain GEMM and a bias kernel; else the CUDA-core kernel
+    s = try_describe(p, shape, output, has_bias, CUDA_R_32F);
+    if (s.ok() && !p.usable && has_bias) {
+      s = try_describe(p, shape, output, false, CUDA_R_32F);
+      if (s.ok() && p.usable)
+        std::fprintf(stderr, "wm_cuda: cuBLASLt has no bias epilogue for n=%d in=%d out=%d: GEMM + bias kernel\n", n,
+                     in, out);
     }
-    if (p.usable)
-      std::fprintf(stderr, "wm_cuda: cuBLASLt has no bias epilogue for n=%d in=%d out=%d: GEMM + bias kernel\n", n,
+    if (s.ok() && !p.usable)
+      std::fprintf(stderr, "wm_cuda: cuBLASLt has no algorithm for n=%d in=%d out=%d: CUDA-core fallback GEMM\n", n,
                    in, out);
+  } else {
+    // the bias as fp32 (what the other GEMMs add), else as bf16 (cuBLASLt's
+    // documented default: the output's type); else the caller runs unfused ops
+    s = try_describe(p, shape, output, has_bias, CUDA_R_32F);
+    if (s.ok() && !p.usable && has_bias) s = try_describe(p, shape, output, true, CUDA_R_16BF);
+    if (s.ok() && !p.usable)
+      std::fprintf(stderr, "wm_cuda: cuBLASLt has no GELU epilogue with a bf16 output for n=%d in=%d out=%d: "
+                   "GEMM, GELU kernel\n", n, in, out);
   }
-  if (!p.usable)
-    std::fprintf(stderr, "wm_cuda: cuBLASLt has no algorithm for n=%d in=%d out=%d: CUDA-core fallback GEMM\n", n,
-                 in, out);
+  if (!s.ok()) return s;
   return &plans_.emplace(key, p).first->second;
 }
 
@@ -99,7 +114,7 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
                        int32_t n, int32_t in, int32_t out, float* y) {
   if (n <= 0 || out <= 0) return absl::OkStatus();
   if (!force_fallback_) {
-    absl::StatusOr<Plan*> p = plan(Key{n, in, out, ld_w, ld_x, bias != nullptr});
+    absl::StatusOr<Plan*> p = plan(Key{n, in, out, ld_w, ld_x, out, bias != nullptr, Output::kF32});
     if (!p.ok()) return p.status();
     Plan& pl = **p;
     if (pl.usable) {
@@ -124,6 +139,40 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
   ++fallback_calls_;
   WM_CUDA_RETURN_IF_ERROR(launch_linear_fallback(w, ld_w, x, ld_x, bias, n, in, out, y, stream_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Gemm::run_gelu_bf16(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32_t ld_x,
+                                         const float* bias, int32_t n, int32_t in, int32_t out, uint16_t* y,
+                                         int32_t ld_y) {
+  if (n <= 0 || out <= 0) return true;
+  if (force_fallback_) return false;
+  absl::StatusOr<Plan*> p = plan(Key{n, in, out, ld_w, ld_x, ld_y, bias != nullptr, Output::kBf16Gelu});
+  if (!p.ok()) return p.status();
+  Plan& pl = **p;
+  if (!pl.usable) return false;
+  const void* epilogue_bias = bias;
+  if (pl.bias_bf16) {
+    absl::Status s = bias_bf16_.reserve(static_cast<size_t>(out) * sizeof(uint16_t));
+    if (!s.ok()) return s;
+    WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(bias, 1, out, out, bias_bf16_.as<uint16_t>(), stream_));
+    epilogue_bias = bias_bf16_.get();
+  }
+  if (pl.bias_in_epilogue)
+    WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                             &epilogue_bias, sizeof(epilogue_bias)));
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c, &pl.algo,
+                                           workspace_.get(), workspace_.size(), stream_);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    // nothing was written: retire the plan, the caller runs the unfused ops
+    std::fprintf(stderr, "wm_cuda: cublasLtMatmul refused the GELU epilogue for n=%d in=%d out=%d (status %d)\n", n,
+                 in, out, static_cast<int>(st));
+    pl.usable = false;
+    return false;
+  }
+  ++cublaslt_calls_;
+  ++gelu_epilogue_calls_;
+  return true;
 }
 
 }  // namespace wm::cuda

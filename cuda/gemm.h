@@ -28,33 +28,53 @@ class Gemm {
   // bias: [out] fp32 or null, y: [n, out] fp32; every pointer device memory
   absl::Status run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32_t ld_x, const float* bias, int32_t n,
                    int32_t in, int32_t out, float* y);
+  // y_bf16[n, ld_y] = bf16(GELU_tanh(x W^T + b)) with the GELU (and the
+  // bias) in cuBLASLt's epilogue, for the feed-forward block's hidden layer;
+  // false when cuBLASLt offers no such algorithm here (or the fallback is
+  // forced): the caller runs the unfused ops instead
+  absl::StatusOr<bool> run_gelu_bf16(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32_t ld_x,
+                                     const float* bias, int32_t n, int32_t in, int32_t out, uint16_t* y,
+                                     int32_t ld_y);
   void set_force_fallback(bool on) { force_fallback_ = on; }
   // GEMMs that ran on the fallback kernel so far (tests check the path they meant)
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t cublaslt_calls() const { return cublaslt_calls_; }
+  // of those, GEMMs with the GELU epilogue and a bf16 output
+  int64_t gelu_epilogue_calls() const { return gelu_epilogue_calls_; }
 
  private:
+  // what a GEMM writes: fp32 (+ bias), or bf16 GELU(+ bias)
+  enum class Output : int32_t { kF32 = 0, kBf16Gelu = 1 };
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool usable = false;
     bool bias_in_epilogue = false;  // else a bias kernel runs after the GEMM
+    bool bias_bf16 = false;         // the epilogue reads a bf16 copy of the bias
   };
-  using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, bool>;  // n, in, out, ld_w, ld_x, bias
+  // n, in, out, ld_w, ld_x, ld_y, bias, output
+  using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, Output>;
+  struct Shape {
+    int32_t n, in, out, ld_w, ld_x, ld_y;
+  };
   Gemm(cudaStream_t stream) : stream_(stream) {}
   absl::StatusOr<Plan*> plan(const Key& key);
-  // a descriptor and the heuristic's best algorithm, with or without the bias epilogue
-  absl::Status describe(Plan& p, int32_t n, int32_t in, int32_t out, int32_t ld_w, int32_t ld_x, bool bias_epilogue);
+  // a descriptor and the heuristic's best algorithm for one epilogue
+  absl::Status describe(Plan& p, const Shape& s, Output output, bool bias_epilogue, cudaDataType_t bias_type);
+  // describe() that leaves nothing behind when it fails
+  absl::Status try_describe(Plan& p, const Shape& s, Output output, bool bias_epilogue, cudaDataType_t bias_type);
   static void destroy(Plan& p);
 
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer workspace_;
+  DeviceBuffer bias_bf16_;  // the bias of a GELU GEMM whose epilogue wants it in bf16
   std::map<Key, Plan> plans_;
   bool force_fallback_ = false;
   int64_t fallback_calls_ = 0;
   int64_t cublaslt_calls_ = 0;
+  int64_t gelu_epilogue_calls_ = 0;
 };
 
 }  // namespace wm::cuda

@@ -223,6 +223,15 @@ int32_t api_gelu(WmPluginBackend* b, float* x, int64_t count) {
   return guarded(b, false, [&](CudaBackend& c) { return c.gelu(x, count); });
 }
 
+int32_t api_ffn(WmPluginBackend* b, const void* w0, const float* b0, const void* w2, const float* b2, int32_t in,
+                int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden, float* y) {
+  // keeps the bf16 copy: x is usually the LayerNorm output that wrote it
+  return guarded(b, true, [&](CudaBackend& c) {
+    return c.ffn(static_cast<const wm::cuda::DeviceWeight*>(w0), b0, static_cast<const wm::cuda::DeviceWeight*>(w2),
+                 b2, in, hidden_dim, out, x, n, hidden, y);
+  });
+}
+
 int32_t api_gated_residual(WmPluginBackend* b, float* h, const float* y, const float* gate, int32_t mod_stride,
                            int32_t n, int32_t d, int32_t tokens_per_frame) {
   return guarded(b, false,
@@ -386,6 +395,7 @@ const WmPluginApi* build_api() {
   api.kv_frames = api_kv_frames;
   api.kv_reconstruct = api_kv_reconstruct;
   api.attention = api_attention;
+  api.ffn = api_ffn;
   return &api;
 }
 

@@ -96,6 +96,15 @@ class Backend {
                              const int32_t* pos, const RopeParams& rope, float eps) = 0;
   // x = GELU_tanh(x), count values
   virtual void gelu(float* x, int64_t count) = 0;
+  // the feed-forward block: y[n, w2.out] = GELU_tanh(x W0^T + b0) W2^T + b2.
+  // hidden [n, w0.out] is scratch: its contents afterwards are unspecified (a
+  // device may keep the hidden layer in its own form and never write it).
+  // The default is linear, gelu, linear through hidden.
+  virtual void ffn(const LinearWeight& w0, const LinearWeight& w2, const float* x, int n, float* hidden, float* y) {
+    linear(w0, x, n, hidden);
+    gelu(hidden, static_cast<int64_t>(n) * w0.out);
+    linear(w2, hidden, n, y);
+  }
   // h[n, d] += gate_f * y[n, d], gate rows of frame f at gate + f * mod_stride
   virtual void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
                               int tokens_per_frame) = 0;

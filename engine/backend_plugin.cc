@@ -140,6 +140,11 @@ class PluginBackendImpl final : public PluginBackend {
     check(api_.rms_norm_rope(b_, x, n, heads, head_dim, row_stride, norm_w, pos, &r, eps), "rms_norm_rope");
   }
   void gelu(float* x, int64_t count) override { check(api_.gelu(b_, x, count), "gelu"); }
+  void ffn(const LinearWeight& w0, const LinearWeight& w2, const float* x, int n, float* hidden,
+           float* y) override {
+    // the plugin checks both weights against these shapes
+    check(api_.ffn(b_, w0.w, w0.b, w2.w, w2.b, w0.in, w0.out, w2.out, x, n, hidden, y), "ffn");
+  }
   void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
                       int tokens_per_frame) override {
     check(api_.gated_residual(b_, h, y, gate, mod_stride, n, d, tokens_per_frame), "gated_residual");

@@ -179,13 +179,7 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
     backend_.layer_norm_modulate(h, N, D, m + 3 * D, m + 4 * D, stride6, T, c.norm_eps, u);
     tm.other += seconds_since(t0);
     t0 = Clock::now();
-    backend_.linear(lw.ffn0, u, N, ff);
-    tm.gemm += seconds_since(t0);
-    t0 = Clock::now();
-    backend_.gelu(ff, static_cast<int64_t>(N) * c.ffn);
-    tm.other += seconds_since(t0);
-    t0 = Clock::now();
-    backend_.linear(lw.ffn2, ff, N, y);
+    backend_.ffn(lw.ffn0, lw.ffn2, u, N, ff, y);
     tm.gemm += seconds_since(t0);
     t0 = Clock::now();
     backend_.gated_residual(h, y, m + 5 * D, stride6, N, D, T);

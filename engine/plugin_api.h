@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define WM_PLUGIN_ABI_VERSION 2u
+#define WM_PLUGIN_ABI_VERSION 3u
 #define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
 
 /* absl::StatusCode numbering */
@@ -173,6 +173,12 @@ typedef struct WmPluginApi {
    * q, k, v, out device [rows, heads, head_dim] */
   int32_t (*attention)(WmPluginBackend* b, int32_t layer, const WmSessionRows* sessions, int32_t count,
                        const float* q, const float* k, const float* v, float* out);
+
+  /* the feed-forward block (version 3): y = GELU_tanh(x W0^T + b0) W2^T + b2,
+   * W0 [hidden_dim, in], W2 [out, hidden_dim]; hidden device [n, hidden_dim] is
+   * scratch whose contents afterwards are unspecified */
+  int32_t (*ffn)(WmPluginBackend* b, const void* w0, const float* b0, const void* w2, const float* b2, int32_t in,
+                 int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden, float* y);
 } WmPluginApi;
 
 typedef const WmPluginApi* (*WmPluginEntryFn)(void);

@@ -90,7 +90,8 @@ def compare(results):
         t = torch_runs.get((r["sessions_batched"], r["window_latent_frames"]))
         row = {"sessions": r["sessions_batched"], "window": r["window_latent_frames"], "ours_forward_ms": r["forward_ms"],
                "ours_block_ms": r["block_ms"], "ours_fps": r["fps_aggregate"]}
-        for k in ("attention_ms_per_forward", "attention_share_of_forward", "attention_TFLOPs", "attention_kernel"):
+        for k in ("attention_ms_per_forward", "attention_share_of_forward", "attention_TFLOPs", "attention_kernel",
+                  "ffn_fused_per_block", "forward_ms_ffn_unfused", "ffn_fusion_speedup"):
             if k in r:
                 row[k] = r[k]
         if t:

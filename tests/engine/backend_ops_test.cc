@@ -110,7 +110,7 @@ class Tuning {
   ~Tuning() {
     if (pb_ == nullptr) return;
     for (const std::string& k : reset_) {
-      const int64_t def = k == "attention.split" ? -1 : k == "shadow" ? 1 : k == "attention.min_tiles_per_split" ? 4 : 0;
+      const int64_t def = k == "attention.split" ? -1 : k == "shadow" || k == "ffn.fused" ? 1 : k == "attention.min_tiles_per_split" ? 4 : 0;
       EXPECT_TRUE(pb_->set_tuning(k, def).ok()) << k;
     }
   }
@@ -289,6 +289,31 @@ OpCase gelu_case(int64_t count) {
   return c;
 }
 
+// the feed-forward block: GELU between two GEMMs; on CUDA fused (the GELU in
+// the first GEMM's epilogue, the hidden layer in bf16 only) or, with
+// "ffn.fused" 0, the unfused ops
+OpCase ffn_case(int n, int in, int hidden, int out, bool bias0, bool bias2, bool fused = true) {
+  OpCase c;
+  c.name = "ffn_n" + std::to_string(n) + "_in" + std::to_string(in) + "_hidden" + std::to_string(hidden) + "_out" +
+           std::to_string(out) + (bias0 ? "_bias0" : "") + (bias2 ? "_bias2" : "") + (fused ? "" : "_unfused");
+  c.tol = {1e-5, 3e-2, 1e-2};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Tuning t(b, {{"ffn.fused", fused ? 1 : 0}});
+    Buffers buf(b);
+    const auto x = randn(static_cast<size_t>(n) * in, seed);
+    const auto w0 = randn(static_cast<size_t>(hidden) * in, seed + 1, 1.5f / std::sqrt(static_cast<float>(in)));
+    const auto w2 = randn(static_cast<size_t>(out) * hidden, seed + 2, 1.0f / std::sqrt(static_cast<float>(hidden)));
+    const auto b0 = randn(static_cast<size_t>(hidden), seed + 3, 0.5f), b2 = randn(static_cast<size_t>(out), seed + 4);
+    LinearWeight l0{b.upload_weight(w0.data(), hidden, in), bias0 ? buf.put(b0) : nullptr, hidden, in};
+    LinearWeight l2{b.upload_weight(w2.data(), out, hidden), bias2 ? buf.put(b2) : nullptr, out, hidden};
+    float* h = buf.zeros(static_cast<size_t>(n) * hidden);
+    float* y = buf.zeros(static_cast<size_t>(n) * out);
+    b.ffn(l0, l2, buf.put(x), n, h, y);
+    return buf.get(y, static_cast<size_t>(n) * out);
+  };
+  return c;
+}
+
 OpCase gated_residual_case(int n, int d, int tokens_per_frame) {
   OpCase c;
   c.name = "gated_residual_n" + std::to_string(n) + "_d" + std::to_string(d) + "_T" + std::to_string(tokens_per_frame);
@@ -459,6 +484,14 @@ std::vector<OpCase> all_cases() {
   }
   cases.push_back(rms_norm_rope_case(100, 12, 128, 0, 123));
   for (int64_t n : {1, 7, 1000, 65539}) cases.push_back(gelu_case(n));
+  // ffn: odd widths (a hidden layer of 13 pads its bf16 rows to 16), no first bias (the plain GELU
+  // epilogue), the default model's 256 -> 1024 -> 256 and Matrix-Game-2's 1536 -> 8960 -> 1536
+  for (bool fused : {true, false}) {
+    cases.push_back(ffn_case(5, 7, 13, 3, false, true, fused));
+    cases.push_back(ffn_case(37, 96, 200, 96, true, false, fused));
+    cases.push_back(ffn_case(64, 256, 1024, 256, true, true, fused));
+  }
+  cases.push_back(ffn_case(97, 1536, 8960, 1536, true, true));
   for (auto [n, d, T] : std::vector<std::tuple<int, int, int>>{{1, 5, 1}, {70, 256, 64}, {9, 33, 4}})
     cases.push_back(gated_residual_case(n, d, T));
   for (bool inv : {false, true}) {
@@ -649,6 +682,23 @@ TEST(CudaKvCache, ErrorsAreValues) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+TEST(CudaFfn, MismatchedWeightsAreAnErrorAndHarmNothing) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  Buffers buf(b);
+  const auto w0 = randn(16 * 8, 1), w2 = randn(4 * 12, 2), w2ok = randn(4 * 16, 3), x = randn(3 * 8, 4);
+  LinearWeight l0{b.upload_weight(w0.data(), 16, 8), nullptr, 16, 8};
+  LinearWeight bad{b.upload_weight(w2.data(), 4, 12), nullptr, 4, 12};
+  LinearWeight good{b.upload_weight(w2ok.data(), 4, 16), nullptr, 4, 16};
+  float *xd = buf.put(x), *h = buf.zeros(3 * 16), *y = buf.zeros(3 * 4);
+  b.ffn(l0, bad, xd, 3, h, y);
+  const absl::Status s = backends().cuda->take_status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("ffn: weights are 16x8 and 4x12"), absl::string_view::npos) << s;
+  b.ffn(l0, good, xd, 3, h, y);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // one more backend on the same plugin and device, with its own KV pool
 absl::StatusOr<std::unique_ptr<PluginBackend>> another_cuda_backend(int64_t kv_pool_bytes) {
   PluginBackendOptions o;
@@ -826,6 +876,52 @@ TEST(CudaCounters, ModelShapedGemmsRunOnCublasLt) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// the feed-forward block runs as two cuBLASLt GEMMs, the GELU in the first
+// one's epilogue; "ffn.fused" 0 and the forced fallback run the unfused ops
+TEST(CudaCounters, FeedForwardRunsFusedOnCublasLt) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  struct Shape {
+    int n, in, hidden, out;
+    bool bias0;
+  };
+  for (const Shape& sh : {Shape{64, 256, 1024, 256, true}, Shape{97, 1536, 8960, 1536, true},
+                          Shape{5, 7, 13, 3, false}}) {
+    Buffers buf(b);
+    const auto w0 = randn(static_cast<size_t>(sh.hidden) * sh.in, 21, 0.05f);
+    const auto w2 = randn(static_cast<size_t>(sh.out) * sh.hidden, 22, 0.05f);
+    const auto x = randn(static_cast<size_t>(sh.n) * sh.in, 23), b0 = randn(static_cast<size_t>(sh.hidden), 24);
+    LinearWeight l0{b.upload_weight(w0.data(), sh.hidden, sh.in), sh.bias0 ? buf.put(b0) : nullptr, sh.hidden, sh.in};
+    LinearWeight l2{b.upload_weight(w2.data(), sh.out, sh.hidden), nullptr, sh.out, sh.hidden};
+    float *xd = buf.put(x), *h = buf.zeros(static_cast<size_t>(sh.n) * sh.hidden),
+          *y = buf.zeros(static_cast<size_t>(sh.n) * sh.out);
+    const std::string what = std::to_string(sh.n) + "x" + std::to_string(sh.in) + "->" + std::to_string(sh.hidden);
+    const int64_t lt0 = counter("gemm.cublaslt_calls"), fb0 = counter("gemm.fallback_calls");
+    const int64_t ge0 = counter("gemm.gelu_epilogue_calls"), fu0 = counter("ffn.fused_calls");
+    b.ffn(l0, l2, xd, sh.n, h, y);
+    ASSERT_TRUE(backends().cuda->synchronize().ok());
+    EXPECT_EQ(counter("gemm.gelu_epilogue_calls") - ge0, 1)
+        << "cuBLASLt has no GELU epilogue with a bf16 output for " << what << ": the FFN runs unfused";
+    EXPECT_EQ(counter("ffn.fused_calls") - fu0, 1) << what;
+    EXPECT_EQ(counter("gemm.cublaslt_calls") - lt0, 2) << what;
+    EXPECT_EQ(counter("gemm.fallback_calls") - fb0, 0) << what;
+    {
+      Tuning t(b, {{"ffn.fused", 0}});
+      b.ffn(l0, l2, xd, sh.n, h, y);
+      EXPECT_EQ(counter("ffn.fused_calls") - fu0, 1) << what;
+      EXPECT_EQ(counter("gemm.gelu_epilogue_calls") - ge0, 1) << what;
+      EXPECT_EQ(counter("gemm.cublaslt_calls") - lt0, 4) << what;
+    }
+    {
+      Tuning t(b, {{"linear.fallback", 1}});
+      b.ffn(l0, l2, xd, sh.n, h, y);
+      EXPECT_EQ(counter("ffn.fused_calls") - fu0, 1) << what;
+      EXPECT_EQ(counter("gemm.fallback_calls") - fb0, 2) << what;
+    }
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // STYLE.md 6: attention is planned once per step and every layer of every
 // pass (3 denoising forwards + the write pass) runs from that plan
 TEST(CudaCounters, AttentionIsPlannedOncePerStep) {
@@ -919,6 +1015,7 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
   WM_REQUIRE_CUDA();
   std::vector<OpCase> small = {linear_case(5, 64, 96, true), linear_case(5, 7, 3, true, true),
                                layer_norm_case(7, 100, 3), rms_norm_rope_case(9, 3, 64, 16, 5000), gelu_case(1003),
+                               ffn_case(5, 7, 13, 3, false, true), ffn_case(9, 64, 96, 64, true, true),
                                gated_residual_case(9, 33, 4), patchify_case({8, 12, 3, 4}, 2, false),
                                patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true)};
   // head_dim 128 runs the mma.sync kernel split, the plain wgmma kernel with one warpgroup and the default

@@ -81,6 +81,11 @@ int32_t attention(WmPluginBackend*, int32_t, const WmSessionRows*, int32_t, cons
   return WM_UNIMPLEMENTED;
 }
 
+int32_t ffn(WmPluginBackend*, const void*, const float*, const void*, const float*, int32_t, int32_t, int32_t,
+            const float*, int32_t, float*, float*) {
+  return WM_UNIMPLEMENTED;
+}
+
 WmPluginApi make_api() {
   WmPluginApi a{};
   a.abi_version = WM_FAKE_ABI;
@@ -120,6 +125,7 @@ WmPluginApi make_api() {
   a.kv_frames = kv_frames;
   a.kv_reconstruct = kv_reconstruct;
   a.attention = attention;
+  a.ffn = ffn;
   return a;
 }
 

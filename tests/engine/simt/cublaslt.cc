@@ -3,17 +3,21 @@
 // semantics rather than from how gemm.cc uses it:
 //
 //   D = alpha op(A) op(B) + beta C  (+ bias[i] on row i with the BIAS epilogue)
+//   D = GELU(alpha op(A) op(B) + beta C (+ bias[i]))  with GELU / GELU_BIAS
 //
 // every matrix column-major with its layout's rows, cols and leading
-// dimension; op(X) = X or X^T per TRANSA/TRANSB; A, B bf16, C, D fp32,
-// compute and scale fp32. Anything else (other types, orders, epilogues,
-// attributes) is CUBLAS_STATUS_NOT_SUPPORTED, shapes that do not chain are
+// dimension; op(X) = X or X^T per TRANSA/TRANSB; A, B bf16; C and D of one
+// type, fp32 or bf16 (rounded to nearest even from the fp32 result); the
+// bias fp32 or bf16 (by default the type of D, as documented); GELU is the
+// tanh form; compute and scale fp32. Anything else (other types, orders,
+// epilogues, attributes) is CUBLAS_STATUS_NOT_SUPPORTED, shapes that do not chain are
 // CUBLAS_STATUS_INVALID_VALUE, and descriptors are tracked: using or
 // destroying one that is not alive aborts with a message (on a GPU it is
 // undefined behaviour).
 #include <cblas.h>
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +36,7 @@ struct Desc {
   cudaDataType_t scale = CUDA_R_32F;
   cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  bool bias_type_set = false;  // else the bias has D's type
   cudaDataType_t bias_type = CUDA_R_32F;
   const void* bias = nullptr;
 };
@@ -98,6 +103,17 @@ float bf16(uint16_t b) {
   return f;
 }
 
+// round to nearest even (what the GPU's cvt.rn.bf16.f32 does; NaN stays NaN)
+uint16_t to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float gelu_tanh(float v) { return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v))); }
+
 // op(X) as a dense row-major [r][k] float matrix, X a bf16 column-major layout
 std::vector<float> op_rows(const uint16_t* x, const Layout& l, bool trans, uint64_t* r, uint64_t* k) {
   *r = trans ? l.cols : l.rows;
@@ -147,11 +163,18 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
       break;
     case CUBLASLT_MATMUL_DESC_EPILOGUE:
       ok = get(buf, size, &p->epilogue) &&
-           (p->epilogue == CUBLASLT_EPILOGUE_DEFAULT || p->epilogue == CUBLASLT_EPILOGUE_BIAS);
+           (p->epilogue == CUBLASLT_EPILOGUE_DEFAULT || p->epilogue == CUBLASLT_EPILOGUE_BIAS ||
+            p->epilogue == CUBLASLT_EPILOGUE_GELU || p->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS);
       break;
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
-      ok = get(buf, size, &p->bias_type) && p->bias_type == CUDA_R_32F;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
+      int32_t t = -1;
+      ok = get(buf, size, &t) && (t == -1 || t == CUDA_R_32F || t == CUDA_R_16BF);
+      if (ok) {
+        p->bias_type_set = t != -1;
+        if (t != -1) p->bias_type = static_cast<cudaDataType_t>(t);
+      }
       break;
+    }
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
       ok = get(buf, size, &p->bias);
       break;
@@ -206,7 +229,8 @@ namespace {
 
 // the shapes chain: op(A) m x k, op(B) k x n, C and D m x n; the types are the supported ones
 cublasStatus_t check_problem(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl) {
-  if (a.type != CUDA_R_16BF || b.type != CUDA_R_16BF || c.type != CUDA_R_32F || dl.type != CUDA_R_32F)
+  if (a.type != CUDA_R_16BF || b.type != CUDA_R_16BF || c.type != dl.type ||
+      (dl.type != CUDA_R_32F && dl.type != CUDA_R_16BF))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const uint64_t m = d.transa == CUBLAS_OP_T ? a.cols : a.rows, ka = d.transa == CUBLAS_OP_T ? a.rows : a.cols;
   const uint64_t kb = d.transb == CUBLAS_OP_T ? b.cols : b.rows, n = d.transb == CUBLAS_OP_T ? b.rows : b.cols;
@@ -253,7 +277,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                &c = *reinterpret_cast<Layout*>(cdesc), &dl = *reinterpret_cast<Layout*>(ddesc);
   const cublasStatus_t st = check_problem(d, a, b, c, dl);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
-  if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && d.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool has_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  if (has_bias && d.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const cudaDataType_t bias_type = d.bias_type_set ? d.bias_type : dl.type;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   uint64_t m = 0, ka = 0, n = 0, kb = 0;
   // op(A) as rows of k; op(B)^T as rows of k, so every dot product reads both contiguously
@@ -264,15 +291,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(ka),
               1.0f, opa.data(), static_cast<int>(ka), opbt.data(), static_cast<int>(ka), 0.0f, r.data(),
               static_cast<int>(n));
-  const auto* cm = static_cast<const float*>(C);
-  auto* dm = static_cast<float*>(D);
-  const auto* bias = static_cast<const float*>(d.bias);
+  const bool half = dl.type == CUDA_R_16BF;
+  auto bias_at = [&](uint64_t i) {
+    return bias_type == CUDA_R_16BF ? bf16(static_cast<const uint16_t*>(d.bias)[i])
+                                    : static_cast<const float*>(d.bias)[i];
+  };
   for (uint64_t j = 0; j < n; ++j)
     for (uint64_t i = 0; i < m; ++i) {
       float v = al * r[i * n + j];
-      if (be != 0.0f) v += be * cm[i + j * static_cast<uint64_t>(c.ld)];
-      if (d.epilogue == CUBLASLT_EPILOGUE_BIAS) v += bias[i];
-      dm[i + j * static_cast<uint64_t>(dl.ld)] = v;
+      const uint64_t ci = i + j * static_cast<uint64_t>(c.ld), di = i + j * static_cast<uint64_t>(dl.ld);
+      if (be != 0.0f) v += be * (half ? bf16(static_cast<const uint16_t*>(C)[ci]) : static_cast<const float*>(C)[ci]);
+      if (has_bias) v += bias_at(i);
+      if (gelu) v = gelu_tanh(v);
+      if (half)
+        static_cast<uint16_t*>(D)[di] = to_bf16(v);
+      else
+        static_cast<float*>(D)[di] = v;
     }
   return CUBLAS_STATUS_SUCCESS;
 }
