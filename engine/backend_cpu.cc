@@ -1,7 +1,6 @@
-// The CPU backend: OpenBLAS for the GEMMs, OpenMP loops for everything else.
+// The CPU backend: OpenBLAS (engine/blas.h) for the GEMMs, OpenMP loops for everything else.
 // It implements every op and is the oracle the other backends are tested against.
 #include <Eigen/Dense>
-#include <cblas.h>
 #include <omp.h>
 
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/blas.h"
 #include "engine/rope.h"
 
 namespace wm {
@@ -20,7 +20,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads) {
     if (threads > 0) {
       omp_set_num_threads(threads);
-      openblas_set_num_threads(threads);
+      blas::set_threads(threads);
     }
   }
   ~CpuBackend() override {
@@ -48,8 +48,8 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static)
       for (int i = 0; i < n; ++i) std::memcpy(y + static_cast<size_t>(i) * w.out, w.b, sizeof(float) * w.out);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.out, w.in, 1.0f, x, w.in,
-                static_cast<const float*>(w.w), w.in, w.b != nullptr ? 1.0f : 0.0f, y, w.out);
+    blas::sgemm_nt(n, w.out, w.in, 1.0f, x, w.in, static_cast<const float*>(w.w), w.in, w.b != nullptr ? 1.0f : 0.0f,
+                   y, w.out);
   }
 
   void layer_norm_modulate(const float* x, int n, int d, const float* shift, const float* scale, int mod_stride,

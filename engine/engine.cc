@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/blas.h"
 #include "engine/noise.h"
 #include "engine/plugin_loader.h"
 #include "engine/safetensors.h"
@@ -29,6 +30,7 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
                                                       std::string* device, std::string* note) {
   if (o.device == "cpu") {
     *device = "cpu";
+    WM_RETURN_IF_ERROR(blas::load());
     return make_cpu_backend(o.threads);
   }
   if (o.device != "cuda" && o.device != "auto")
@@ -57,6 +59,7 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
   if (o.device == "cuda") return b.status();
   *device = "cpu";
   *note = absl::StrCat("device auto: no CUDA backend (", b.status().message(), "); running on the CPU");
+  WM_RETURN_IF_ERROR(blas::load());
   return make_cpu_backend(o.threads);
 }
 

@@ -1,12 +1,12 @@
 #include "engine/model.h"
 
-#include <cblas.h>
 
 #include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/blas.h"
 
 namespace wm {
 namespace {
@@ -21,7 +21,7 @@ double seconds_since(Clock::time_point t0) {
 void host_linear(const std::vector<float>& w, const std::vector<float>& b, const float* x, int rows, int out, int in,
                  float* y) {
   for (int r = 0; r < rows; ++r) std::copy(b.begin(), b.end(), y + static_cast<size_t>(r) * out);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w.data(), in, 1.0f, y, out);
+  blas::sgemm_nt(rows, out, in, 1.0f, x, in, w.data(), in, 1.0f, y, out);
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }

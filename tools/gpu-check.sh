@@ -39,9 +39,13 @@ for t in simt_attention_tests backend_ops_simt_tests; do
 done
 
 echo "== bundle into .gpu/"
+# the engine dlopens OpenBLAS (engine/blas.h), so no binary names it: bundle it by name
+openblas=$(ldconfig -p | awk '/libopenblas\.so\.0 /{print $NF; exit}')
+[ -n "$openblas" ] || { echo "libopenblas.so.0 not found (tools/install-deps.sh)"; exit 1; }
 bash "$shared/tools/gpu-bundle.sh" .gpu "$plugin" "$build/tests/engine/backend_ops_tests" \
   "$build/bench/wm_attention_bench" "$build/bench/wm_mg2_bench" "$build"/tests/engine/libwm_fake_plugin_*.so \
-  "$build/server/wmserve" "$build/clients/wmbench" "$build/clients/wmhealth"
+  "$build/server/wmserve" "$build/clients/wmbench" "$build/clients/wmhealth" "$openblas"
+mv .gpu/bin/libopenblas.so.0 .gpu/lib/
 # debug info is most of the size and useless there (the plugin keeps -lineinfo for the sanitizer)
 strip --strip-debug .gpu/bin/* .gpu/lib/* 2>/dev/null || true
 # the checkout travels too (the trained checkpoint alone is 28 MB): big libraries

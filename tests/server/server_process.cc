@@ -153,6 +153,10 @@ int run_program(const std::vector<std::string>& argv, std::string* log) {
 }
 
 std::string http_get(int port, const std::string& path, int* http_status) {
+  return http_request(port, "GET", path, http_status);
+}
+
+std::string http_request(int port, const std::string& method, const std::string& path, int* http_status) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
@@ -161,7 +165,7 @@ std::string http_get(int port, const std::string& path, int* http_status) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    const std::string req = method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n";
     if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[65536];
       ssize_t n;

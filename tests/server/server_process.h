@@ -47,6 +47,8 @@ int run_program(const std::vector<std::string>& argv, std::string* log);
 
 // GET path over a plain TCP socket; returns the body (empty on failure)
 std::string http_get(int port, const std::string& path, int* http_status = nullptr);
+// any method (HTTP/1.0, empty body); the status is 0 when no response came
+std::string http_request(int port, const std::string& method, const std::string& path, int* http_status = nullptr);
 
 // Prometheus text format: "name{labels}" -> value, for every sample line
 std::map<std::string, double> parse_prometheus(const std::string& text);
