@@ -24,6 +24,20 @@ void on_jpeg_error(j_common_ptr cinfo) {
   longjmp(err->jump, 1);
 }
 
+// libjpeg's warnings (level -1) are corrupt data it would decode anyway (a
+// truncated file comes out grey at the bottom) and print to stderr, where a
+// client could flood the server's log: here they are errors. Trace messages
+// (level >= 0) are dropped.
+void on_jpeg_message(j_common_ptr cinfo, int level) {
+  if (level < 0) on_jpeg_error(cinfo);
+}
+
+void install(JpegError& err, j_common_ptr cinfo) {
+  cinfo->err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = on_jpeg_error;
+  err.mgr.emit_message = on_jpeg_message;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> jpeg_encode(const uint8_t* rgb, int width, int height, int quality) {
@@ -31,8 +45,7 @@ absl::StatusOr<std::string> jpeg_encode(const uint8_t* rgb, int width, int heigh
     return absl::InvalidArgumentError("jpeg_encode: bad size or quality");
   jpeg_compress_struct cinfo;
   JpegError err;
-  cinfo.err = jpeg_std_error(&err.mgr);
-  err.mgr.error_exit = on_jpeg_error;
+  install(err, reinterpret_cast<j_common_ptr>(&cinfo));
   unsigned char* buf = nullptr;
   unsigned long size = 0;
   if (setjmp(err.jump)) {
@@ -64,8 +77,7 @@ absl::StatusOr<Rgb8Image> jpeg_decode(const void* data, size_t size, int64_t max
   if (size == 0) return absl::InvalidArgumentError("jpeg decode: empty input");
   jpeg_decompress_struct cinfo;
   JpegError err;
-  cinfo.err = jpeg_std_error(&err.mgr);
-  err.mgr.error_exit = on_jpeg_error;
+  install(err, reinterpret_cast<j_common_ptr>(&cinfo));
   Rgb8Image img;
   if (setjmp(err.jump)) {
     jpeg_destroy_decompress(&cinfo);

@@ -42,7 +42,7 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
       .Set(1);
   auto& compression = pm::BuildGauge()
                           .Name("wm_kv_cache_compression_ratio")
-                          .Help("fp16 bytes / this format's bytes for a full cache window, all metadata counted")
+                          .Help("fp16 reservation / this format's reservation per session (the worst case admission sets aside, all metadata counted)")
                           .Register(r);
   auto& session_bytes = pm::BuildGauge()
                             .Name("wm_kv_cache_session_reserved_bytes")

@@ -29,9 +29,9 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
       break;
     case v1::PACING_FIXED_RATE:
       p.pacing = PacingMode::kFixedRate;
-      if (!std::isfinite(start.fps()) || start.fps() <= 0 || start.fps() > limits.max_fps)
-        return absl::InvalidArgumentError(
-            absl::StrCat("fps ", start.fps(), " is outside (0, ", limits.max_fps, "] for PACING_FIXED_RATE"));
+      if (!(start.fps() >= kMinFixedRateFps && start.fps() <= limits.max_fps))
+        return absl::InvalidArgumentError(absl::StrCat("fps ", start.fps(), " is outside [", kMinFixedRateFps, ", ",
+                                                       limits.max_fps, "] for PACING_FIXED_RATE"));
       p.fps = start.fps();
       break;
     default:

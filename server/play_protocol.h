@@ -17,9 +17,15 @@
 
 namespace wm::server {
 
+// fixed-rate pacing: the slowest rate a session may ask for (a frame every
+// 1000 s), and the highest --max_fps may allow (a tick every millisecond);
+// beyond either the tick period does not fit the clock's nanoseconds
+inline constexpr double kMinFixedRateFps = 1e-3;
+inline constexpr double kMaxFixedRateFps = 1000;
+
 struct ProtocolLimits {
   int default_jpeg_quality = 90;
-  double max_fps = 240;
+  double max_fps = 240;  // kMinFixedRateFps..kMaxFixedRateFps
   int max_prompt_frames = 16;
 };
 

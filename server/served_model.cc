@@ -32,6 +32,10 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
     return absl::InvalidArgumentError(absl::StrCat("--cache_format '", default_format,
                                                    "' is not available for this model; it has ",
                                                    absl::StrJoin(m.cache_formats, ", ")));
+  if (m.reservation_bytes[default_format] > m.kv_capacity_bytes)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the KV budget of ", m.kv_capacity_bytes, " bytes (--kv_budget_bytes) holds no '", default_format,
+        "' session: one reserves ", m.reservation_bytes[default_format], " bytes"));
   m.default_format = default_format;
   m.audit_supported = engine.audit_supported();
   if (m.audit_supported)

@@ -149,14 +149,22 @@ int main(int argc, char** argv) {
     return fail("--audit_fraction must be in [0, 1]");
   if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
+  if (o.worker.engine.threads < 0 || o.worker.engine.threads > 1024)
+    return fail("--threads must be 0..1024 (0: all cores)");
   if (o.worker.action_queue < 1) return fail("--action_queue must be at least 1");
   if (o.sessions.max_sessions < 0 || o.sessions.max_sessions_per_client < 0)
     return fail("--max_sessions and --max_sessions_per_client must be >= 0");
-  if (absl::GetFlag(FLAGS_idle_ttl_s) < 0) return fail("--idle_ttl_s must be >= 0");
-  if (!(absl::GetFlag(FLAGS_park_ttl_s) >= 0)) return fail("--park_ttl_s must be >= 0");
+  // durations become int64 nanoseconds: 30 days is far inside, NaN and 1e300 are not
+  constexpr double kMaxTtlS = 30 * 86400.0;
+  if (!(absl::GetFlag(FLAGS_idle_ttl_s) >= 0 && absl::GetFlag(FLAGS_idle_ttl_s) <= kMaxTtlS))
+    return fail("--idle_ttl_s must be 0..2592000 (30 days)");
+  if (!(absl::GetFlag(FLAGS_park_ttl_s) >= 0 && absl::GetFlag(FLAGS_park_ttl_s) <= kMaxTtlS))
+    return fail("--park_ttl_s must be 0..2592000 (30 days)");
   if (o.service.limits.default_jpeg_quality < 1 || o.service.limits.default_jpeg_quality > 100)
     return fail("--jpeg_quality must be 1..100");
-  if (!(o.service.limits.max_fps > 0)) return fail("--max_fps must be positive");
+  if (!(o.service.limits.max_fps >= wm::server::kMinFixedRateFps &&
+        o.service.limits.max_fps <= wm::server::kMaxFixedRateFps))
+    return fail("--max_fps must be 0.001..1000");
   if (o.service.limits.max_prompt_frames < 0) return fail("--max_prompt_frames must be >= 0");
   if (!(absl::GetFlag(FLAGS_start_timeout_s) >= 0 && absl::GetFlag(FLAGS_start_timeout_s) <= 86400))
     return fail("--start_timeout_s must be 0..86400");
@@ -165,7 +173,7 @@ int main(int argc, char** argv) {
   if (o.keepalive.time_s < 1 || o.keepalive.timeout_s < 1 || o.keepalive.min_client_ping_interval_s < 1)
     return fail("keepalive settings must be at least 1 s");
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_s);
-  if (grace < 0) return fail("--shutdown_grace_s must be >= 0");
+  if (!(grace >= 0 && grace <= 3600)) return fail("--shutdown_grace_s must be 0..3600");
 
   auto server = wm::server::Server::start(o);
   if (!server.ok()) return fail(std::string(server.status().message()));

@@ -856,6 +856,47 @@ TEST(ServerIntegration, MetricsAreScrapedOverHttp) {
   EXPECT_EQ(server->wait_exit(5), std::optional<int>(0)) << server->log();
 }
 
+// a flag value the server cannot honour stops it at start-up with a message
+// naming the flag (values that used to be accepted and then overflowed a
+// clock, aborted the process on the first session, or admitted nothing)
+TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
+  for (const auto& [flag, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--max_fps=1e12", "--max_fps"}, {"--max_fps=inf", "--max_fps"}, {"--park_ttl_s=1e300", "--park_ttl_s"},
+           {"--idle_ttl_s=nan", "--idle_ttl_s"}, {"--shutdown_grace_s=nan", "--shutdown_grace_s"},
+           {"--threads=-1", "--threads"}, {"--kv_budget_bytes=100", "--kv_budget_bytes"}}) {
+    std::string log;
+    const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
+                                         "--metrics_port=-1", flag},
+                                        &log);
+    EXPECT_EQ(rc, 1) << flag << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, says)) << flag << ":\n" << log;
+  }
+}
+
+// what a browser or a scanner sends to the metrics port gets an HTTP error
+// and nothing else: the server, its metrics and its sessions go on (an error
+// page used to overflow the HTTP server's worker stack and kill the process)
+TEST(ServerIntegration, TheMetricsPortAnswersStrayRequestsAndStaysUp) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+           {"GET", "/"}, {"GET", "/favicon.ico"}, {"POST", "/metrics"}, {"HEAD", "/metrics"},
+           {"GET", "/../../etc/passwd"}, {"DELETE", "/metrics"}}) {
+    int code = 0;
+    testing::http_request(server->metrics_port(), method, path, &code);
+    EXPECT_GE(code, 400) << method << " " << path;
+    EXPECT_LT(code, 500) << method << " " << path;
+    ASSERT_FALSE(server->wait_exit(0.2).has_value()) << method << " " << path << " killed the server:\n"
+                                                   << server->log();
+  }
+  const PlayResult r = client::play(channel(*server), per_action(1, script_actions()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  int code = 0;
+  const auto m = testing::parse_prometheus(testing::http_get(server->metrics_port(), "/metrics", &code));
+  EXPECT_EQ(code, 200);
+  EXPECT_EQ(m.at("wm_frames_sent_total"), static_cast<double>(r.frames.size()));
+}
+
 TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
   auto server = ServerProcess::start(tiny_model(), {"--shutdown_grace_s=1.5"});
   ASSERT_NE(server, nullptr);

@@ -83,7 +83,13 @@ TEST(PlayProtocol, BadStartsGetTheirStatus) {
          s->set_pacing(v1::PACING_FIXED_RATE);
          s->set_fps(1000);
        },
-       absl::StatusCode::kInvalidArgument, "(0, 240]"},
+       absl::StatusCode::kInvalidArgument, "[0.001, 240]"},
+      {"fps too low (its period would overflow the clock)",
+       [](v1::Start* s) {
+         s->set_pacing(v1::PACING_FIXED_RATE);
+         s->set_fps(1e-10);
+       },
+       absl::StatusCode::kInvalidArgument, "[0.001, 240]"},
       {"fps not a number",
        [](v1::Start* s) {
          s->set_pacing(v1::PACING_FIXED_RATE);
@@ -98,6 +104,12 @@ TEST(PlayProtocol, BadStartsGetTheirStatus) {
       {"negative quality", [](v1::Start* s) { s->set_jpeg_quality(-1); }, absl::StatusCode::kInvalidArgument,
        "1..100"},
       {"prompt not a jpeg", [](v1::Start* s) { s->add_prompt_jpeg("not a jpeg"); },
+       absl::StatusCode::kInvalidArgument, "prompt_jpeg[0]"},
+      {"prompt cut short (libjpeg would decode it with a warning)",
+       [](v1::Start* s) {
+         const std::string j = jpeg(16, 8, 1);
+         s->add_prompt_jpeg(j.substr(0, j.size() / 2));
+       },
        absl::StatusCode::kInvalidArgument, "prompt_jpeg[0]"},
       {"prompt of the wrong size", [](v1::Start* s) { s->add_prompt_jpeg(jpeg(8, 16, 1)); },
        absl::StatusCode::kInvalidArgument, "prompt_jpeg[0]"},
