@@ -3,5 +3,5 @@ WORKDIR /src
 COPY . /src
 RUN bash tools/install-deps.sh && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DWM_BUILD_CUDA=OFF \
     && cmake --build build -j"$(nproc)"
-EXPOSE 50051 9090
+EXPOSE 50051 9464
 CMD ["bash", "tools/demo.sh"]
