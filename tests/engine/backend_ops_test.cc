@@ -38,6 +38,7 @@
 #include <random>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -706,6 +707,30 @@ absl::StatusOr<std::unique_ptr<PluginBackend>> another_cuda_backend(int64_t kv_p
   o.kv_pool_bytes = kv_pool_bytes;
   o.abort_on_error = false;
   return make_plugin_backend(o);
+}
+
+// where cuBLASLt offers no GELU epilogue with a bf16 output (or only with a
+// bf16 bias) the feed-forward block still runs and matches the CPU: the
+// emulated cuBLASLt refuses those epilogues on request
+TEST(CudaFfn, FallsBackWhereCublasLtHasNoGeluEpilogue) {
+  WM_REQUIRE_CUDA();
+  if (!absl::StrContains(backends().cuda->device_info().name, "simt emulator"))
+    GTEST_SKIP() << "needs the emulated cuBLASLt (a real one cannot be told to refuse)";
+  const OpCase c = ffn_case(37, 96, 200, 96, true, true);
+  const std::vector<float> cpu = c.run(*backends().cpu, 5);
+  for (const auto& [refuse, fused] : std::vector<std::pair<std::string, int64_t>>{{"gelu", 0}, {"gelu_f32_bias", 1}}) {
+    SCOPED_TRACE(refuse);
+    setenv("WM_SIMT_CUBLASLT_REFUSE", refuse.c_str(), 1);
+    auto b = another_cuda_backend(int64_t{16} << 20);  // a fresh backend: GEMM plans are made per backend
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::vector<float> cuda = c.run(**b, 5);
+    EXPECT_TRUE(close(cpu, cuda, c.tol));
+    EXPECT_EQ(*(*b)->counter("ffn.fused_calls"), fused);
+    EXPECT_EQ(*(*b)->counter("gemm.gelu_epilogue_calls"), fused);
+    EXPECT_EQ(*(*b)->counter("gemm.fallback_calls"), 0);
+    EXPECT_TRUE((*b)->status().ok()) << (*b)->status();
+    unsetenv("WM_SIMT_CUBLASLT_REFUSE");
+  }
 }
 
 // a second backend in the same process does real work (GEMMs with and

@@ -238,6 +238,21 @@ cublasStatus_t check_problem(const Desc& d, const Layout& a, const Layout& b, co
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// what a real cuBLASLt may not offer, refused on request so that tests reach
+// the plugin's other paths: WM_SIMT_CUBLASLT_REFUSE=gelu (every GELU
+// epilogue) or gelu_f32_bias (a GELU epilogue with an fp32 bias and a bf16
+// output, which cuBLASLt documents the bias type of as the output's)
+bool refused(const Desc& d, const Layout& dl) {
+  const char* what = std::getenv("WM_SIMT_CUBLASLT_REFUSE");
+  if (what == nullptr) return false;
+  const bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  if (std::strcmp(what, "gelu") == 0) return gelu;
+  if (std::strcmp(what, "gelu_f32_bias") == 0)
+    return d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS && dl.type == CUDA_R_16BF &&
+           (d.bias_type_set ? d.bias_type : dl.type) == CUDA_R_32F;
+  return false;
+}
+
 }  // namespace
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
@@ -255,6 +270,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
       check_problem(*reinterpret_cast<Desc*>(op), *reinterpret_cast<Layout*>(a), *reinterpret_cast<Layout*>(b),
                     *reinterpret_cast<Layout*>(c), *reinterpret_cast<Layout*>(d));
   if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (refused(*reinterpret_cast<Desc*>(op), *reinterpret_cast<Layout*>(d))) return CUBLAS_STATUS_NOT_SUPPORTED;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].workspaceSize = 0;
