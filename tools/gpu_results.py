@@ -182,7 +182,9 @@ def summary(path):
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
                                         if "torch_fps" in m else "") +
               (" [attention %(attention_ms_per_forward)s ms/forward, %(attention_TFLOPs)s TF/s, %(attention_kernel)s]" % m
-               if "attention_ms_per_forward" in m else ""))
+               if "attention_ms_per_forward" in m else "") +
+              (" [ffn unfused %(forward_ms_ffn_unfused)s ms/forward: fusion x%(ffn_fusion_speedup)s]" % m
+               if "ffn_fusion_speedup" in m else ""))
     sv = r.get("serving") or {}
     for run in sv.get("runs", []):
         print("serving %(sessions)s sessions at %(fps)s fps: holds=%(holds)s, slowest %(session_fps_min)s fps, "
