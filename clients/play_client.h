@@ -46,6 +46,7 @@ class PlayStream {
   bool read(wmserve::v1::PlayResponse* response);
   void writes_done();
   grpc::Status finish();
+  bool finished() const { return finished_; }
   void cancel() { context_.TryCancel(); }
   grpc::ClientContext& context() { return context_; }
 

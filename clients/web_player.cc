@@ -15,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <condition_variable>
 #include <thread>
 #include <vector>
 
@@ -48,8 +49,12 @@ void reply(mg_connection* conn, int code, const char* type, const std::string& b
   mg_write(conn, body.data(), body.size());
 }
 
+// JSON text; bytes that are not UTF-8 (from a URL, a body or the server)
+// become U+FFFD instead of an exception in an HTTP thread
+std::string json_text(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 void reply_error(mg_connection* conn, int code, const std::string& message) {
-  reply(conn, code, "application/json", nlohmann::json{{"error", message}}.dump());
+  reply(conn, code, "application/json", json_text(nlohmann::json{{"error", message}}));
 }
 
 // a query-string parameter ("" when absent); the body stays unread
@@ -107,12 +112,35 @@ struct Player {
     if (f.deadline_missed()) ++deadline_missed;
   }
 
-  // ends the session: the sender stops, the stream is cancelled
+  // ends the session: the sender stops, then the stream is half-closed, so
+  // that wmserve ends the session (a cancel alone reads as a dropped
+  // connection: the session would stay parked for a resume, holding its KV
+  // budget and one of this address's sessions); whatever is still in flight
+  // is read and dropped, and a server that does not end the stream within
+  // 2 s is cancelled. Called by the reader once it stopped, or at destruction.
   void end() {
-    done = true;
-    stream->cancel();
     std::lock_guard<std::mutex> lk(end_mu);
+    done = true;
     if (sender.joinable() && sender.get_id() != std::this_thread::get_id()) sender.join();
+    if (stream->finished()) return;
+    stream->writes_done();
+    std::mutex m;
+    std::condition_variable cv;
+    bool drained = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> l(m);
+      if (!cv.wait_for(l, std::chrono::seconds(2), [&] { return drained; })) stream->cancel();
+    });
+    v1::PlayResponse r;
+    while (stream->read(&r)) {
+    }
+    {
+      std::lock_guard<std::mutex> l(m);
+      drained = true;
+    }
+    cv.notify_one();
+    watchdog.join();
+    stream->finish();
   }
   ~Player() { end(); }
 };
@@ -194,11 +222,21 @@ class WebPlayer {
     } else if (!absl::SimpleAtoi(s, &seed)) {
       return reply_error(conn, 400, "seed '" + s + "' is not a non-negative integer");
     }
+    // a slot is taken before the (slow) Start and given back if it fails, so
+    // that concurrent requests cannot start more players than --max_players
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (static_cast<int>(players_.size()) >= o_.max_players)
+      if (static_cast<int>(players_.size()) + starting_ >= o_.max_players)
         return reply_error(conn, 503, absl::StrCat("all ", o_.max_players, " player slots are taken (--max_players)"));
+      ++starting_;
     }
+    struct Starting {
+      WebPlayer& w;
+      ~Starting() {
+        std::lock_guard<std::mutex> lk(w.mu_);
+        --w.starting_;
+      }
+    } starting{*this};
     auto p = std::make_shared<Player>();
     p->id = new_id();
     p->created = SteadyClock::now();
@@ -212,7 +250,6 @@ class WebPlayer {
     start.set_jpeg_quality(o_.quality);
     const grpc::Status st = p->stream->start(start);
     if (!st.ok()) {
-      p->stream->cancel();
       return reply_error(conn, 502, absl::StrCat("wmserve at ", o_.server, ": ", status_code_name(st.error_code()),
                                                  ": ", st.error_message()));
     }
@@ -237,7 +274,7 @@ class WebPlayer {
       std::lock_guard<std::mutex> lk(mu_);
       players_[p->id] = p;
     }
-    reply(conn, 200, "application/json", j.dump());
+    reply(conn, 200, "application/json", json_text(j));
   }
 
   // one action per tick: the keys held now and the mouse moved since the last tick
@@ -344,25 +381,35 @@ class WebPlayer {
            {"frames_dropped", p->frames_dropped},
            {"deadline_missed", p->deadline_missed}};
     }
-    reply(conn, 200, "application/json", j.dump());
+    reply(conn, 200, "application/json", json_text(j));
   }
 
   const WebPlayerOptions o_;
   const std::shared_ptr<grpc::Channel> channel_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Player>> players_;
+  int starting_ = 0;  // players between their slot check and joining players_
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
 class Handler final : public CivetHandler {
  public:
   explicit Handler(WebPlayer& w) : w_(w) {}
-  bool handleGet(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
-  bool handlePost(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
-  bool handlePut(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
-  bool handleDelete(CivetServer*, mg_connection* c) override { return (w_.handle(c), true); }
+  bool handleGet(CivetServer*, mg_connection* c) override { return handle(c); }
+  bool handlePost(CivetServer*, mg_connection* c) override { return handle(c); }
+  bool handlePut(CivetServer*, mg_connection* c) override { return handle(c); }
+  bool handleDelete(CivetServer*, mg_connection* c) override { return handle(c); }
 
  private:
+  // an exception must not leave civetweb's thread (it would end the process)
+  bool handle(mg_connection* c) {
+    try {
+      w_.handle(c);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "wmplay: request failed: %s\n", e.what());
+    }
+    return true;
+  }
   WebPlayer& w_;
 };
 
@@ -373,8 +420,8 @@ int run_web_player(const WebPlayerOptions& o) {
     std::fprintf(stderr, "wmplay: --fps must be in (0, 240] with --web\n");
     return 2;
   }
-  if (o.max_players < 1) {
-    std::fprintf(stderr, "wmplay: --max_players must be positive\n");
+  if (o.max_players < 1 || o.max_players > 1000) {
+    std::fprintf(stderr, "wmplay: --max_players must be 1..1000\n");
     return 2;
   }
   // SIGINT/SIGTERM go to the main thread's sigtimedwait, never to a server thread

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -39,10 +40,12 @@ class WebPlayerTest(unittest.TestCase):
         with open(os.path.join(SRC, "configs/tiny-test.json")) as f:
             cls.config = json.load(f)
         cls.server = subprocess.Popen([WMSERVE, "--model", model, "--host", "127.0.0.1", "--port", "0",
-                                       "--metrics_port", "-1", "--threads", "1",
+                                       "--metrics_port", "0", "--threads", "1",
                                        "--port_file", os.path.join(cls.dir, "server.json")],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         server_port = wait_port(os.path.join(cls.dir, "server.json"), cls.server, "wmserve")
+        with open(os.path.join(cls.dir, "server.json")) as f:
+            cls.metrics_port = json.load(f)["metrics_port"]
         cls.web = subprocess.Popen([WMPLAY, "--web", "127.0.0.1:0", "--server", "127.0.0.1:%d" % server_port,
                                     "--fps", "20", "--max_players", "2",
                                     "--port_file", os.path.join(cls.dir, "web.json")],
@@ -64,6 +67,16 @@ class WebPlayerTest(unittest.TestCase):
         data = r.read()
         c.close()
         return r.status, r.getheader("Content-Type", ""), data
+
+    def server_metric(self, name):
+        c = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=20)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return None
 
     def new_player(self, seed=5):
         status, _, data = self.request("POST", "/players?seed=%d" % seed)
@@ -143,6 +156,14 @@ class WebPlayerTest(unittest.TestCase):
                 break
             time.sleep(0.05)
         self.assertEqual(status, 404)
+        # and on wmserve the session ended as closed by its client, not parked for a resume
+        # (parked sessions of one address would soon hit the server's per-client cap)
+        for _ in range(100):
+            if self.server_metric('wm_sessions_ended_total{reason="client_closed"}') == 1:
+                break
+            time.sleep(0.05)
+        self.assertEqual(self.server_metric('wm_sessions_ended_total{reason="client_closed"}'), 1)
+        self.assertEqual(self.server_metric("wm_sessions_parked"), 0)
 
     def test_3_bad_requests(self):
         p = self.new_player()
@@ -157,6 +178,11 @@ class WebPlayerTest(unittest.TestCase):
             ("POST", "/players?seed=minus-one", None, 400),
             ("GET", "/players", None, 405),
             ("GET", "/nope", None, 404),
+            # bytes that are not UTF-8, echoed in the error, must not take the process down
+            ("GET", "/%ff", None, 404),
+            ("GET", "/stats?id=%ff", None, 404),
+            ("POST", "/players?seed=%ff", None, 400),
+            ("POST", "/input?id=" + p["id"], b"\xff 1 2", 400),
         ]
         for method, path, body, want in cases:
             status, ctype, data = self.request(method, path, body)
@@ -167,8 +193,18 @@ class WebPlayerTest(unittest.TestCase):
         self.assertEqual(status, 200)
 
     def test_4_the_player_cap_and_a_refusing_server(self):
-        # test 3 left one unattached player; the cap is 2
-        self.new_player()
+        # test 3 left one unattached player; the cap is 2: of 6 requests at once, one gets the last slot
+        statuses = []
+
+        def create():
+            statuses.append(self.request("POST", "/players")[0])
+
+        threads = [threading.Thread(target=create) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(sorted(statuses), [200, 503, 503, 503, 503, 503], statuses)
         status, _, data = self.request("POST", "/players")
         self.assertEqual(status, 503, data)
         self.assertIn(b"player slots", data)
