@@ -107,8 +107,8 @@ int64_t Engine::session_reservation(absl::string_view format, bool audit) const 
 
 bool Engine::audit_supported() const { return device_ == "cpu"; }
 
-void Engine::reserve_buffers(int frames) {
-  if (frames <= buffer_frames_) return;
+absl::Status Engine::reserve_buffers(int frames) {
+  if (frames <= buffer_frames_) return absl::OkStatus();
   for (float* p : {x_, v_, pixels_, dt_})
     if (p != nullptr) backend_->free(p);
   const ModelConfig& c = config();
@@ -117,7 +117,18 @@ void Engine::reserve_buffers(int frames) {
   v_ = static_cast<float*>(backend_->alloc(values * sizeof(float)));
   pixels_ = static_cast<float*>(backend_->alloc(values * sizeof(float)));
   dt_ = static_cast<float*>(backend_->alloc(static_cast<size_t>(frames) * sizeof(float)));
-  buffer_frames_ = frames;
+  if (x_ != nullptr && v_ != nullptr && pixels_ != nullptr && dt_ != nullptr) {
+    buffer_frames_ = frames;
+    return absl::OkStatus();
+  }
+  for (float** p : {&x_, &v_, &pixels_, &dt_}) {
+    if (*p != nullptr) backend_->free(*p);
+    *p = nullptr;
+  }
+  buffer_frames_ = 0;
+  return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", (3 * values + frames) * sizeof(float),
+                                                   " bytes of frame buffers for ", frames, " frames on ",
+                                                   backend_->name()));
 }
 
 absl::Status Engine::reserve_batch(int sessions) {
@@ -125,8 +136,8 @@ absl::Status Engine::reserve_batch(int sessions) {
     return absl::InvalidArgumentError(absl::StrCat("a batch of ", sessions, " sessions: expected 1..65536"));
   const ModelConfig& c = config();
   const int frames = sessions * c.frames_per_block;
-  reserve_buffers(frames);
-  model_->reserve(frames * c.tokens_per_frame(), frames);
+  WM_RETURN_IF_ERROR(reserve_buffers(frames));
+  WM_RETURN_IF_ERROR(model_->reserve(frames * c.tokens_per_frame(), frames));
   if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
   return absl::OkStatus();
 }
@@ -221,7 +232,6 @@ absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
   for (const Session* s : pending) frames += static_cast<int>(s->pending->actions.size());
   const ModelConfig& c = config();
   const int64_t fv = c.frame_values();
-  reserve_buffers(frames);
   std::vector<float> host;
   host.reserve(static_cast<size_t>(frames) * fv);
   ForwardInput in;
@@ -240,6 +250,7 @@ absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
   }
   // written or not, these frames are done: a failed write fails the step, and the server ends the sessions
   for (Session* s : pending) s->pending.reset();
+  WM_RETURN_IF_ERROR(reserve_buffers(frames));
   backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
   const FrameShape shape{c.height, c.width, c.channels, c.patch};
   backend_->patchify(pixels_, frames, shape, x_);
@@ -279,7 +290,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   // the previous blocks' K/V first (defer_writes): this block attends to them
   OpTimes ops;
   WM_RETURN_IF_ERROR(flush_writes(&ops));
-  reserve_buffers(frames);
+  WM_RETURN_IF_ERROR(reserve_buffers(frames));
   const int64_t fv = c.frame_values();
   const FrameShape shape{c.height, c.width, c.channels, c.patch};
 

@@ -189,7 +189,7 @@ class Engine {
   float* pixels_ = nullptr;         // backend [frames, H, W, C]
   float* dt_ = nullptr;             // backend [frames]
   int buffer_frames_ = 0;
-  void reserve_buffers(int frames);
+  absl::Status reserve_buffers(int frames);
 };
 
 }  // namespace wm

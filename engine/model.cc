@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -39,8 +40,8 @@ Model::~Model() {
   if (pos_ != nullptr) backend_.free(pos_);
 }
 
-void Model::reserve(int tokens, int frames) {
-  if (tokens <= capacity_tokens_ && frames <= capacity_frames_) return;
+absl::Status Model::reserve(int tokens, int frames) {
+  if (tokens <= capacity_tokens_ && frames <= capacity_frames_) return absl::OkStatus();
   for (float* b : bufs_) backend_.free(b);
   if (mods_ != nullptr) backend_.free(mods_);
   if (pos_ != nullptr) backend_.free(pos_);
@@ -54,6 +55,21 @@ void Model::reserve(int tokens, int frames) {
   const size_t mod_floats = (static_cast<size_t>(config_.layers) * 6 + 2) * D * capacity_frames_;
   mods_ = static_cast<float*>(backend_.alloc(mod_floats * sizeof(float)));
   pos_ = static_cast<int32_t*>(backend_.alloc(n * 3 * sizeof(int32_t)));
+  const bool failed = mods_ == nullptr || pos_ == nullptr ||
+                      std::any_of(bufs_.begin(), bufs_.end(), [](const float* b) { return b == nullptr; });
+  if (!failed) return absl::OkStatus();
+  for (float* b : bufs_)
+    if (b != nullptr) backend_.free(b);
+  if (mods_ != nullptr) backend_.free(mods_);
+  if (pos_ != nullptr) backend_.free(pos_);
+  bufs_.clear();
+  mods_ = nullptr;
+  pos_ = nullptr;
+  capacity_tokens_ = capacity_frames_ = 0;
+  size_t bytes = (mod_floats + n * 3) * sizeof(float);
+  for (size_t w : widths) bytes += n * w * sizeof(float);
+  return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of activations for ", tokens,
+                                                   " tokens (", frames, " frames) on ", backend_.name()));
 }
 
 void Model::conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c,
@@ -93,7 +109,7 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
   const int L = c.layers, P = c.patch_dim();
   if (in.actions.size() != static_cast<size_t>(frames) || in.frame_index.size() != static_cast<size_t>(frames))
     return absl::InvalidArgumentError("forward: sigma, actions and frame_index differ in length");
-  reserve(N, frames);
+  WM_RETURN_IF_ERROR(reserve(N, frames));
   OpTimes local;
   OpTimes& tm = times != nullptr ? *times : local;
   auto t0 = Clock::now();

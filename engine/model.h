@@ -60,7 +60,8 @@ class Model {
   void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e) const;
 
   // the activation buffers of a batch this large, now (they grow otherwise)
-  void reserve(int tokens, int frames);
+  // RESOURCE_EXHAUSTED (and nothing held) when the backend cannot allocate them
+  absl::Status reserve(int tokens, int frames);
 
  private:
   float* buf(size_t i) { return bufs_[i]; }

@@ -149,7 +149,7 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
     if (!(c.sigmas[i] > 0.0f && c.sigmas[i] <= 1.0f)) return r.error("sampling.sigmas", "values must be in (0, 1]");
     if (i > 0 && !(c.sigmas[i] < c.sigmas[i - 1])) return r.error("sampling.sigmas", "must be strictly decreasing");
   }
-  WM_RETURN_IF_ERROR(r.get_int("cache.window_frames", 1, 100000, &c.window_frames));
+  WM_RETURN_IF_ERROR(r.get_int("cache.window_frames", 1, 1024, &c.window_frames));
   WM_RETURN_IF_ERROR(r.get_int("cache.sink_frames", 0, 1000, &c.sink_frames));
   if (c.window_frames < c.frames_per_block) return r.error("cache.window_frames", "must be >= sampling.frames_per_block");
   return c;

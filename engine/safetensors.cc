@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/half.h"
+#include "common/status_macros.h"
 
 namespace wm {
 namespace {
@@ -239,6 +240,13 @@ void convert_to_f32(DType d, const void* src, int64_t count, float* out) {
 
 absl::Status SafetensorsFile::read_f32(absl::string_view name, const std::vector<int64_t>& expected_shape,
                                        float* out) const {
+  WM_RETURN_IF_ERROR(check_f32(name, expected_shape));
+  const TensorView* t = find(name);
+  convert_to_f32(t->dtype, t->data, t->numel(), out);
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsFile::check_f32(absl::string_view name, const std::vector<int64_t>& expected_shape) const {
   const TensorView* t = find(name);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat(source_, ": tensor '", name, "' is missing"));
   if (t->shape != expected_shape)
@@ -247,7 +255,6 @@ absl::Status SafetensorsFile::read_f32(absl::string_view name, const std::vector
   if (t->dtype != DType::f32 && t->dtype != DType::f16 && t->dtype != DType::bf16)
     return absl::InvalidArgumentError(
         absl::StrCat(source_, ": tensor '", name, "' has dtype ", dtype_name(t->dtype), ", need F32, F16 or BF16"));
-  convert_to_f32(t->dtype, t->data, t->numel(), out);
   return absl::OkStatus();
 }
 

@@ -46,6 +46,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const TensorView* find(absl::string_view name) const;
 
+  // the checks read_f32 makes, without reading: present, this shape, a float dtype
+  absl::Status check_f32(absl::string_view name, const std::vector<int64_t>& expected_shape) const;
   // copies a tensor into fp32 after checking its shape; errors name file and tensor
   absl::Status read_f32(absl::string_view name, const std::vector<int64_t>& expected_shape, float* out) const;
 

@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "engine/noise.h"
 
@@ -288,6 +294,85 @@ TEST(Engine, DeferredWritesGiveTheSameFramesAndCaches) {
   EXPECT_TRUE(later->writes_pending());
   ASSERT_TRUE(later->close_session(extra).ok());
   EXPECT_FALSE(later->writes_pending());
+}
+
+}  // namespace
+}  // namespace wm
+
+namespace wm {
+namespace {
+
+// activations the backend cannot allocate are RESOURCE_EXHAUSTED, not a null
+// pointer written to later; the engine stays usable for batches that fit.
+// Runs in a child process whose address space is capped 1 GiB above what it
+// holds now, so the failure does not depend on the machine's memory.
+// Returns the child's exit code: 0 when all of that holds.
+int oversized_batch_in_capped_memory() {
+  auto e = make_engine(int64_t{1} << 30, "default");
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  int64_t vm_kb = 0;
+  while (std::getline(status, line))
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::atoll(line.c_str() + 7);
+  const rlim_t cap = static_cast<rlim_t>(vm_kb + (1 << 20)) * 1024;
+  rlimit lim;
+  lim.rlim_cur = lim.rlim_max = cap;
+  if (vm_kb <= 0 || setrlimit(RLIMIT_AS, &lim) != 0) return 2;
+  const absl::Status big = e->reserve_batch(4096);  // about 3 GB of activations
+  if (big.code() != absl::StatusCode::kResourceExhausted) return 3;
+  if (big.message().find("cannot allocate") == absl::string_view::npos) return 4;
+  if (!e->reserve_batch(2).ok()) return 5;
+  SessionOptions so;
+  so.seed = 1;
+  auto id = e->open_session(so);
+  if (!id.ok()) return 6;
+  std::vector<StepRequest> req(1);
+  req[0].session = *id;
+  req[0].actions.push_back(act(1, 0));
+  if (!e->step(req).ok()) return 7;
+  return 0;
+}
+
+// a config whose sizes do not match its weights file is refused before the
+// config's sizes are allocated (dim 16384 would want ~26 GB): the child's
+// address space is capped 1 GiB above what it holds
+int mismatched_config_in_capped_memory(const std::string& dir) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  int64_t vm_kb = 0;
+  while (std::getline(status, line))
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::atoll(line.c_str() + 7);
+  const rlim_t cap = static_cast<rlim_t>(vm_kb + (1 << 20)) * 1024;
+  rlimit lim;
+  lim.rlim_cur = lim.rlim_max = cap;
+  if (vm_kb <= 0 || setrlimit(RLIMIT_AS, &lim) != 0) return 2;
+  EngineOptions o;
+  o.model_dir = dir;
+  o.threads = 1;
+  auto e = Engine::create(o);
+  if (e.ok()) return 3;
+  if (e.status().message().find("has shape") == absl::string_view::npos) return 4;
+  return 0;
+}
+
+TEST(EngineMemory, WeightsAreCheckedAgainstTheConfigBeforeAllocating) {
+  const std::string src = std::string(WM_SOURCE_DIR) + "/models/default";
+  const std::string dir = ::testing::TempDir() + "/wm_big_config";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ifstream in(src + "/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = config.find("\"dim\"");
+  ASSERT_NE(at, std::string::npos);
+  const size_t colon = config.find(':', at), end = config.find_first_of(",}", colon);
+  config.replace(colon + 1, end - colon - 1, " 16384");
+  std::ofstream(dir + "/config.json") << config;
+  EXPECT_EXIT(std::exit(mismatched_config_in_capped_memory(dir)), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(EngineMemory, ABatchThatCannotBeAllocatedIsAnError) {
+  EXPECT_EXIT(std::exit(oversized_batch_in_capped_memory()), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
