@@ -302,13 +302,9 @@ TEST(Engine, DeferredWritesGiveTheSameFramesAndCaches) {
 namespace wm {
 namespace {
 
-// activations the backend cannot allocate are RESOURCE_EXHAUSTED, not a null
-// pointer written to later; the engine stays usable for batches that fit.
-// Runs in a child process whose address space is capped 1 GiB above what it
-// holds now, so the failure does not depend on the machine's memory.
-// Returns the child's exit code: 0 when all of that holds.
-int oversized_batch_in_capped_memory() {
-  auto e = make_engine(int64_t{1} << 30, "default");
+// caps this process's address space 1 GiB above what it holds now (for a
+// child process: memory limits make allocation failures testable anywhere)
+bool cap_address_space_1gib_above_now() {
   std::ifstream status("/proc/self/status");
   std::string line;
   int64_t vm_kb = 0;
@@ -317,7 +313,17 @@ int oversized_batch_in_capped_memory() {
   const rlim_t cap = static_cast<rlim_t>(vm_kb + (1 << 20)) * 1024;
   rlimit lim;
   lim.rlim_cur = lim.rlim_max = cap;
-  if (vm_kb <= 0 || setrlimit(RLIMIT_AS, &lim) != 0) return 2;
+  return vm_kb > 0 && setrlimit(RLIMIT_AS, &lim) == 0;
+}
+
+// activations the backend cannot allocate are RESOURCE_EXHAUSTED, not a null
+// pointer written to later; the engine stays usable for batches that fit.
+// Runs in a child process whose address space is capped 1 GiB above what it
+// holds now, so the failure does not depend on the machine's memory.
+// Returns the child's exit code: 0 when all of that holds.
+int oversized_batch_in_capped_memory() {
+  auto e = make_engine(int64_t{1} << 30, "default");
+  if (!cap_address_space_1gib_above_now()) return 2;
   const absl::Status big = e->reserve_batch(4096);  // about 3 GB of activations
   if (big.code() != absl::StatusCode::kResourceExhausted) return 3;
   if (big.message().find("cannot allocate") == absl::string_view::npos) return 4;
@@ -337,15 +343,7 @@ int oversized_batch_in_capped_memory() {
 // config's sizes are allocated (dim 16384 would want ~26 GB): the child's
 // address space is capped 1 GiB above what it holds
 int mismatched_config_in_capped_memory(const std::string& dir) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  int64_t vm_kb = 0;
-  while (std::getline(status, line))
-    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::atoll(line.c_str() + 7);
-  const rlim_t cap = static_cast<rlim_t>(vm_kb + (1 << 20)) * 1024;
-  rlimit lim;
-  lim.rlim_cur = lim.rlim_max = cap;
-  if (vm_kb <= 0 || setrlimit(RLIMIT_AS, &lim) != 0) return 2;
+  if (!cap_address_space_1gib_above_now()) return 2;
   EngineOptions o;
   o.model_dir = dir;
   o.threads = 1;
