@@ -102,8 +102,8 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
   if (c.name.empty() || c.name.size() > 64) return r.error("name", "must have 1..64 characters");
   WM_RETURN_IF_ERROR(r.get_int("frame.channels", 1, 64, &c.channels));
   WM_RETURN_IF_ERROR(r.get_int("frame.patch", 1, 32, &c.patch));
-  WM_RETURN_IF_ERROR(r.get_int("frame.height", 1, 4096, &c.height));
-  WM_RETURN_IF_ERROR(r.get_int("frame.width", 1, 4096, &c.width));
+  WM_RETURN_IF_ERROR(r.get_int("frame.height", 1, 2048, &c.height));
+  WM_RETURN_IF_ERROR(r.get_int("frame.width", 1, 2048, &c.width));
   if (c.height % c.patch != 0) return r.error("frame.height", "must be a multiple of frame.patch");
   if (c.width % c.patch != 0) return r.error("frame.width", "must be a multiple of frame.patch");
   WM_RETURN_IF_ERROR(r.get_string("frame.decoder", &c.decoder));

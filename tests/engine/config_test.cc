@@ -47,6 +47,7 @@ TEST(ModelConfig, RejectsBadFieldsNamingThem) {
       {"/sampling/sigmas", nlohmann::json::array({0.5, 0.2}), "sampling.sigmas"},
       {"/sampling/sigmas", nlohmann::json::array({1.0, 0.5, 0.7}), "sampling.sigmas"},
       {"/cache/window_frames", 0, "cache.window_frames"},
+      {"/frame/height", 4096, "frame.height"},  // past 2048 its JPEG could outgrow a 16 MiB message
       {"/cache/window_frames", 100000, "cache.window_frames"},  // past 1024: start-up would replay it per format
       {"/dim", "wide", "dim"},
       {"/layers", -1, "layers"},

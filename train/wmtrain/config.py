@@ -114,8 +114,8 @@ def parse_config(doc: Any) -> ModelConfig:
     fr = _obj(doc, "frame")
     channels = _int(fr, "channels", "frame", 1, 64)
     patch = _int(fr, "patch", "frame", 1, 32)
-    height = _int(fr, "height", "frame", 1, 4096)
-    width = _int(fr, "width", "frame", 1, 4096)
+    height = _int(fr, "height", "frame", 1, 2048)
+    width = _int(fr, "width", "frame", 1, 2048)
     _need(height % patch == 0 and width % patch == 0, "frame.height and frame.width must be multiples of patch")
     decoder = fr.get("decoder")
     _need(decoder in DECODERS, f"frame.decoder must be one of {DECODERS}, got {decoder!r}")
@@ -167,7 +167,7 @@ def parse_config(doc: Any) -> ModelConfig:
     _need(all(a > b for a, b in zip(sigmas, sigmas[1:])), "sampling.sigmas must be strictly decreasing")
 
     cache = _obj(doc, "cache")
-    window = _int(cache, "window_frames", "cache", fpb)
+    window = _int(cache, "window_frames", "cache", fpb, 1024)
     sink = _int(cache, "sink_frames", "cache", 0)
 
     return ModelConfig(
