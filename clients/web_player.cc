@@ -57,13 +57,14 @@ void reply_error(mg_connection* conn, int code, const std::string& message) {
   reply(conn, code, "application/json", json_text(nlohmann::json{{"error", message}}));
 }
 
-// a query-string parameter ("" when absent); the body stays unread
-// (CivetServer::getParam would consume it)
-std::string param(mg_connection* conn, const char* name) {
+// a query-string parameter ("" when absent; *too_long when it does not fit
+// 127 bytes); the body stays unread (CivetServer::getParam would consume it)
+std::string param(mg_connection* conn, const char* name, bool* too_long = nullptr) {
   const mg_request_info* ri = mg_get_request_info(conn);
   if (ri->query_string == nullptr) return "";
   char buf[128];
   const int n = mg_get_var(ri->query_string, std::strlen(ri->query_string), name, buf, sizeof(buf));
+  if (too_long != nullptr) *too_long = n == -2;
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
@@ -215,7 +216,9 @@ class WebPlayer {
 
   void create(mg_connection* conn) {
     uint64_t seed = 0;
-    const std::string s = param(conn, "seed");
+    bool too_long = false;
+    const std::string s = param(conn, "seed", &too_long);
+    if (too_long) return reply_error(conn, 400, "seed is longer than a 64-bit number");
     if (s.empty()) {
       std::lock_guard<std::mutex> lk(mu_);
       seed = rng_() % 1000000;
@@ -330,9 +333,10 @@ class WebPlayer {
     const std::string id = param(conn, "id");
     std::shared_ptr<Player> p = find(id);
     if (p == nullptr) return reply_error(conn, 404, "no player '" + id + "'");
-    char buf[256];
+    char buf[257];
     const int n = mg_read(conn, buf, sizeof(buf) - 1);
     if (n <= 0) return reply_error(conn, 400, "empty input: expected \"KEYS DX DY\"");
+    if (n > 255) return reply_error(conn, 400, "input longer than 255 bytes: expected \"KEYS DX DY\"");
     buf[n] = '\0';
     const std::vector<std::string> f = absl::StrSplit(std::string(buf, static_cast<size_t>(n)), ' ', absl::SkipEmpty());
     uint32_t keys = 0;

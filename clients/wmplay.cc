@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
   pc.start.set_audit(absl::GetFlag(FLAGS_audit));
   pc.start.set_resume_token(absl::GetFlag(FLAGS_resume_token));
   const double fps = absl::GetFlag(FLAGS_fps);
+  if (!(fps >= 0 && fps <= 240)) return fail("--fps must be 0 (per-action pacing) or in (0, 240]");
+  if (absl::GetFlag(FLAGS_window) < 1) return fail("--window must be at least 1");
   if (fps > 0) {
     pc.start.set_pacing(v1::PACING_FIXED_RATE);
     pc.start.set_fps(fps);

@@ -1,6 +1,7 @@
 #include "engine/action.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -107,6 +108,9 @@ absl::StatusOr<std::vector<Action>> load_action_script(const std::string& path, 
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open action script ", path));
   std::stringstream ss;
   ss << in.rdbuf();
+  // a directory opens, and reads as nothing
+  if (in.bad() || (ss.str().empty() && !std::filesystem::is_regular_file(path)))
+    return absl::InvalidArgumentError(absl::StrCat("action script ", path, " is not a readable file"));
   auto r = parse_action_script(ss.str(), space);
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat(path, ": ", r.status().message()));
   return r;

@@ -131,8 +131,12 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
   if (c.t_pairs + c.h_pairs + c.w_pairs != c.head_dim / 2)
     return r.error("rope", absl::StrCat("pairs sum to ", c.t_pairs + c.h_pairs + c.w_pairs, ", need head_dim / 2 = ", c.head_dim / 2));
   WM_RETURN_IF_ERROR(r.get_strings("actions.keys", 1, 32, &c.actions.keys));
-  for (const auto& k : c.actions.keys)
-    if (k.size() != 1) return r.error("actions.keys", "names must be single characters");
+  for (size_t i = 0; i < c.actions.keys.size(); ++i) {
+    if (c.actions.keys[i].size() != 1) return r.error("actions.keys", "names must be single characters");
+    for (size_t j = 0; j < i; ++j)
+      if (c.actions.keys[j] == c.actions.keys[i])
+        return r.error("actions.keys", absl::StrCat("'", c.actions.keys[i], "' is named twice"));
+  }
   WM_RETURN_IF_ERROR(r.get_strings("actions.mouse", 0, kMaxMouseAxes, &c.actions.mouse));
   WM_RETURN_IF_ERROR(r.get_float("actions.mouse_scale", 1e-6, 1e6, &c.actions.mouse_scale));
   WM_RETURN_IF_ERROR(r.get_float("actions.mouse_limit", 1e-6, 1e6, &c.actions.mouse_limit));

@@ -32,6 +32,14 @@ TEST(ActionScript, RejectsBadLinesWithLineNumber) {
   }
 }
 
+// a directory opens like a file and reads as nothing: not an empty script
+TEST(ActionScript, ADirectoryIsNotAScript) {
+  auto a = load_action_script(::testing::TempDir(), default_action_space());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
+  EXPECT_EQ(load_action_script("/no/such/script.txt", default_action_space()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST(ActionSpace, ValidatesAndEmbeds) {
   const ActionSpace s = default_action_space();
   Action a;

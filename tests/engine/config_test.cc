@@ -53,6 +53,7 @@ TEST(ModelConfig, RejectsBadFieldsNamingThem) {
       {"/layers", -1, "layers"},
       {"/frame/decoder", "vae", "frame.decoder"},
       {"/actions/keys", nlohmann::json::array({"WW"}), "actions.keys"},
+      {"/actions/keys", nlohmann::json::array({"W", "A", "W"}), "named twice"},
   };
   for (const auto& c : cases) {
     nlohmann::json j = nlohmann::json::parse(base_text());

@@ -183,6 +183,8 @@ class WebPlayerTest(unittest.TestCase):
             ("GET", "/stats?id=%ff", None, 404),
             ("POST", "/players?seed=%ff", None, 400),
             ("POST", "/input?id=" + p["id"], b"\xff 1 2", 400),
+            ("POST", "/players?seed=" + "9" * 200, None, 400),
+            ("POST", "/input?id=" + p["id"], "1 0 " + "0" * 300, 400),
         ]
         for method, path, body, want in cases:
             status, ctype, data = self.request(method, path, body)
