@@ -227,6 +227,10 @@ int run(int argc, char** argv) {
           j["attention_share_of_forward"] = std::round(ms / (forward_s * 1e3) * 1000) / 1000;
           j["attention_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
           j["attention_kernel"] = kernel;
+          if (kernel == "overlap") {
+            j["attention_stages"] = count("attention.stages");
+            j["attention_pingpong"] = count("attention.pingpong");
+          }
         }
       }
       std::printf("%s\n", j.dump().c_str());

@@ -27,6 +27,9 @@ struct AttentionArgs {
   const CombineGroup* groups = nullptr;
   int32_t rows_total = 0, heads = 0, layer = 0, block_q = 64;
   float scale_log2 = 0;               // log2(e) / sqrt(head_dim)
+  // the overlapped kernel with two warpgroups: warpgroup 1 issues each
+  // tile's MMAs after warpgroup 0 has issued its own ("attention.pingpong")
+  int32_t pingpong = 0;
 };
 
 // dynamic shared memory of one CTA
@@ -43,13 +46,16 @@ cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, 
 
 // The Hopper kernels (attention_sm90.cu, built for sm_90a only, so they run
 // on compute capability 9.0 and nothing else): same arguments, plan and
-// results, wgmma instead of mma.sync; head_dim 64 or 128. overlap: the
-// variant that overlaps each tile's softmax with the tensor cores.
-bool attention_sm90_supports(int32_t head_dim);
-size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, bool overlap);
+// results, wgmma instead of mma.sync. stages 0: the plain kernel
+// (head_dim 128); 3..5: the variant that overlaps each tile's softmax with
+// the tensor cores, with that many K/V stages in shared memory (head_dim 64
+// or 128).
+bool attention_sm90_supports(int32_t head_dim, int32_t stages);
+bool attention_sm90_stages_valid(int32_t stages);
+size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t attention_sm90_prepare();
-int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, bool overlap);
+int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
-                                  bool overlap, cudaStream_t stream);
+                                  int32_t stages, cudaStream_t stream);
 
 }  // namespace wm::cuda

@@ -6,30 +6,54 @@
 namespace wm::cuda {
 namespace {
 
-using Kernels = AttentionKernels<PlainAttention<WgMma>, 64, 128>;
-using OverlapKernels = AttentionKernels<OverlapAttention, 64, 128>;
+using Kernels = AttentionKernels<PlainAttention<WgMma>, 128>;
+template <int S>
+using OverlapKernels = AttentionKernels<OverlapAttention<S>, 64, 128>;
+
+// f(OverlapKernels<S>) for the S of `stages` (3..5)
+template <class F>
+auto with_stages(int32_t stages, F&& f) {
+  switch (stages) {
+    case 4:
+      return f(OverlapKernels<4>{});
+    case 5:
+      return f(OverlapKernels<5>{});
+    default:
+      return f(OverlapKernels<3>{});
+  }
+}
 
 }  // namespace
 
-bool attention_sm90_supports(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+// the plain kernel computes wrong results at head_dim 64 on the H200 (it
+// passes the emulator; docs/CUDA.md): it is built for head_dim 128 only
+bool attention_sm90_supports(int32_t head_dim, int32_t stages) {
+  return head_dim == 128 || (head_dim == 64 && stages != 0);
+}
 
-size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, bool overlap) {
-  return overlap ? OverlapAttention::smem(head_dim, block_q) : attention_kernel_smem<WgMma>(head_dim, block_q);
+bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
+
+size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, int32_t stages) {
+  return stages != 0 ? overlap_smem(head_dim, block_q, stages) : attention_kernel_smem<WgMma>(head_dim, block_q);
 }
 
 cudaError_t attention_sm90_prepare() {
-  const cudaError_t e = Kernels::prepare();
-  return e != cudaSuccess ? e : OverlapKernels::prepare();
+  cudaError_t e = Kernels::prepare();
+  for (int32_t s = 3; s <= 5 && e == cudaSuccess; ++s) e = with_stages(s, [](auto k) { return k.prepare(); });
+  return e;
 }
 
-int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, bool overlap) {
-  return overlap ? OverlapKernels::ctas_per_sm(head_dim, block_q) : Kernels::ctas_per_sm(head_dim, block_q);
+int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages) {
+  if (stages == 0) return Kernels::ctas_per_sm(head_dim, block_q);
+  return with_stages(stages, [&](auto k) { return k.ctas_per_sm(head_dim, block_q); });
 }
 
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
-                                  bool overlap, cudaStream_t stream) {
-  return overlap ? OverlapKernels::launch(a, kv, head_dim, items, stream)
-                 : Kernels::launch(a, kv, head_dim, items, stream);
+                                  int32_t stages, cudaStream_t stream) {
+  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_stages_valid(stages))
+    return cudaErrorInvalidValue;
+  if (stages == 0) return Kernels::launch(a, kv, head_dim, items, stream);
+  return with_stages(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
 }
 
 }  // namespace wm::cuda

@@ -80,29 +80,33 @@ struct WgMma {
 // S for key tile t and O += P V for tile t - 1, the warpgroup waits only for
 // S, runs tile t's softmax on the CUDA cores, then waits for P V and rescales
 // O. O is touched only after its MMA completes: rescaling afterwards is the
-// same arithmetic, (O + P V) * corr. Three stages of K/V: tile t + 2 is
-// loaded into the stage tile t - 1 used, once its P V has completed, so that
-// every load has a whole iteration to land.
-constexpr int kOverlapStages = 3;
+// same arithmetic, (O + P V) * corr. STAGES (3..5) stages of K/V: tile
+// t + STAGES - 1 is loaded into the stage tile t - 1 used, once its P V has
+// completed, so that STAGES - 1 tiles are in flight while one is computed.
+// More stages hide more memory latency when an SM holds one CTA; fewer leave
+// room for two (kernel_attrs.cuh measures it).
+constexpr int kOverlapStages = 3;  // the default (attention.stages 0)
 
-constexpr size_t overlap_smem(int32_t hd, int32_t bq) {
-  return WgMma::kAlign + static_cast<size_t>(2 * kOverlapStages * kTileKeys + bq) * hd * 2;
+constexpr size_t overlap_smem(int32_t hd, int32_t bq, int32_t stages = kOverlapStages) {
+  return WgMma::kAlign + static_cast<size_t>(2 * stages * kTileKeys + bq) * hd * 2;
 }
 
 // at head_dim 64 two 256-thread CTAs fit an SM if the registers allow (<= 128 each, no spills)
-template <class Fmt, int HD, int BQ>
+template <class Fmt, int HD, int BQ, int STAGES = kOverlapStages>
 __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
     attention_overlap_kernel(const AttentionArgs a, const typename Fmt::View kv) {
+  static_assert(STAGES >= 3 && STAGES <= 5, "3 to 5 stages of K/V");
   constexpr int BK = kTileKeys, NT = BQ * 2;
   constexpr uint32_t kTileBytes = BK * HD * 2;
   static_assert(kTileBytes % WgMma::kAlign == 0, "every stage starts on a swizzle boundary");
   const uint32_t stages = (dynamic_smem_addr() + WgMma::kAlign - 1) & ~(WgMma::kAlign - 1);
-  const uint32_t sq = stages + 2 * kOverlapStages * kTileBytes;
-  auto key_tile = [&](int t) { return stages + static_cast<uint32_t>(t % kOverlapStages) * 2 * kTileBytes; };
+  const uint32_t sq = stages + 2 * STAGES * kTileBytes;
+  auto key_tile = [&](int t) { return stages + static_cast<uint32_t>(t % STAGES) * 2 * kTileBytes; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const ItemContext c = item_context(a, kv, BQ);
   const int n = c.w.tile_end - c.w.tile_begin;
+  const bool pingpong = BQ == 128 && a.pingpong != 0;
   // t: the item's t-th key tile; one cp.async group per tile, possibly empty
   auto issue = [&](int t) {
     if (t < n)
@@ -111,12 +115,11 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
   };
   auto valid = [&](int t) { return tile_ref(c.s, c.cached, c.w.tile_begin + t).valid; };
 
-  // prologue: Q with tile 0, then tiles 1 and 2; S and softmax of tile 0
+  // prologue: Q with tile 0, then tiles 1 .. STAGES - 1; S and softmax of tile 0
   load_query_tile<HD, BQ, NT>(a, c, sq, tid);
-  issue(0);
-  issue(1);
-  issue(2);
-  cp_async_wait<2>();
+#pragma unroll
+  for (int t = 0; t < STAGES; ++t) issue(t);
+  cp_async_wait<STAGES - 1>();
   fence_proxy_async_smem();
   __syncthreads();
 
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
   }
 
   for (int t = 1; t < n; ++t) {
-    cp_async_wait<1>();  // tile t (the newer group is tile t + 1)
+    cp_async_wait<STAGES - 2>();  // tile t (the newer groups are tiles t + 1 .. t + STAGES - 2)
     fence_proxy_async_smem();
     __syncthreads();
     const uint32_t sk = key_tile(t), sv_prev = key_tile(t - 1) + kTileBytes;
@@ -143,6 +146,9 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
     float sc[BK / 8][4];
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    // ping-pong: the second warpgroup queues its MMAs behind the first's, so
+    // that the first's softmax runs while the tensor cores work for the second
+    if (pingpong && warp >= 4) named_barrier_sync(1, NT);
     fence_regs(sc);
     fence_regs(o);
     fence_regs(pa);
@@ -153,6 +159,7 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv_prev, kk));
     wgmma_commit();
+    if (pingpong && warp < 4) named_barrier_arrive(1, NT);
 
     wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run
     fence_regs(sc);
@@ -167,20 +174,22 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
     for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
 
     __syncthreads();  // every warpgroup is done with tile t - 1's stage
-    issue(t + 2);
+    issue(t + STAGES - 1);
   }
 
   if (n > 0) WgMma::pv_packed<HD, BK>(o, pa, key_tile(n - 1) + kTileBytes);  // P V of the last tile
+  // the cp.async groups committed past the last tile are empty: nothing is in flight here
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 
+template <int STAGES = kOverlapStages>
 struct OverlapAttention {
   template <int HD, int BQ>
   static constexpr auto kernel() {
-    return attention_overlap_kernel<Fp16PageFormat, HD, BQ>;
+    return attention_overlap_kernel<Fp16PageFormat, HD, BQ, STAGES>;
   }
   static constexpr int threads(int bq) { return bq * 2; }
-  static constexpr size_t smem(int32_t hd, int32_t bq) { return overlap_smem(hd, bq); }
+  static constexpr size_t smem(int32_t hd, int32_t bq) { return overlap_smem(hd, bq, STAGES); }
 };
 
 }  // namespace wm::cuda

@@ -148,17 +148,41 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     if (!s.ok()) return s;
     default_attention_kernel_ = attention_kernel_;
   }
+  if (const char* e = std::getenv("WM_CUDA_ATTENTION_STAGES"); e != nullptr && *e != '\0') {
+    int32_t stages = 0;
+    if (!absl::SimpleAtoi(e, &stages) || (stages != 0 && !attention_sm90_stages_valid(stages)))
+      return absl::InvalidArgumentError(
+          absl::StrCat("WM_CUDA_ATTENTION_STAGES='", e, "': use 0 (the default), 3, 4 or 5"));
+    default_attention_stages_ = stages;
+  }
+  if (const char* e = std::getenv("WM_CUDA_ATTENTION_PINGPONG"); e != nullptr && *e != '\0') {
+    const absl::string_view v(e);
+    if (v != "0" && v != "1")
+      return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_ATTENTION_PINGPONG='", v, "': use 0 or 1"));
+    attention_pingpong_ = v == "1" ? 1 : 0;
+  }
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
+  measure_ctas_per_sm();
+  return absl::OkStatus();
+}
+
+int32_t CudaBackend::overlap_stages() const {
+  const int32_t s = attention_stages_ != 0 ? attention_stages_ : default_attention_stages_;
+  return s != 0 ? s : kDefaultStages;
+}
+
+// what the occupancy calculator says of each kernel at this device, for the planner
+void CudaBackend::measure_ctas_per_sm() {
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     for (int32_t j = 0; j < 2; ++j) {
       const int32_t hd = kHeadDims[i], bq = j == 0 ? 64 : 128, fallback = j == 0 ? 2 : 1;
-      const bool sm90 = sm90_ready_ && attention_sm90_supports(hd);
-      const std::array<int32_t, 3> n = {attention_ctas_per_sm(hd, bq),
-                                        sm90 ? attention_sm90_ctas_per_sm(hd, bq, false) : 0,
-                                        sm90 ? attention_sm90_ctas_per_sm(hd, bq, true) : 0};
+      const int32_t stages = overlap_stages();
+      const std::array<int32_t, 3> n = {
+          attention_ctas_per_sm(hd, bq),
+          sm90_ready_ && attention_sm90_supports(hd, 0) ? attention_sm90_ctas_per_sm(hd, bq, 0) : 0,
+          sm90_ready_ && attention_sm90_supports(hd, stages) ? attention_sm90_ctas_per_sm(hd, bq, stages) : 0};
       for (size_t k = 0; k < n.size(); ++k) ctas_per_sm_[k][i][static_cast<size_t>(j)] = n[k] > 0 ? n[k] : fallback;
     }
-  return absl::OkStatus();
 }
 
 CudaBackend::~CudaBackend() {
@@ -202,6 +226,14 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
                                                         "capability 9.0 only; this GPU is ",
                                                         info_.sm_major, ".", info_.sm_minor));
     attention_kernel_ = static_cast<int32_t>(value);
+  } else if (key == "attention.stages") {
+    if (value != 0 && !attention_sm90_stages_valid(static_cast<int32_t>(value)))
+      return absl::InvalidArgumentError("attention.stages: 0 (default), 3, 4 or 5");
+    attention_stages_ = static_cast<int32_t>(value);
+    measure_ctas_per_sm();
+  } else if (key == "attention.pingpong") {
+    if (value != 0 && value != 1) return absl::InvalidArgumentError("attention.pingpong: 0 or 1");
+    attention_pingpong_ = static_cast<int32_t>(value);
   } else if (key == "linear.fallback") {
     gemm_->set_force_fallback(value != 0);
   } else if (key == "shadow") {
@@ -217,8 +249,9 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
 
 int32_t CudaBackend::kernel_for(int32_t head_dim) const {
   if (head_dim != 32 && head_dim != 64 && head_dim != 128) return 0;
-  if (!sm90_ready_ || !attention_sm90_supports(head_dim)) return kMma;
+  if (!sm90_ready_ || !attention_sm90_supports(head_dim, kDefaultStages)) return kMma;
   const int32_t k = attention_kernel_ != 0 ? attention_kernel_ : default_attention_kernel_;
+  if (k == kWgmma && !attention_sm90_supports(head_dim, 0)) return kOverlap;
   return k != 0 ? k : kOverlap;
 }
 
@@ -231,6 +264,9 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
   if (name == "attention.overlap_launches") return overlap_launches_;
+  // not a count: the K/V stages of the overlapped kernel now
+  if (name == "attention.stages") return int64_t{overlap_stages()};
+  if (name == "attention.pingpong") return int64_t{attention_pingpong_};
   // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped), 0 if none
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
     int32_t hd = 0;
@@ -772,6 +808,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.layer = layer;
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
+  a.pingpong = attention_pingpong_;
   PagedKvFp16View view;
   view.pool = pool_memory_.as<uint16_t>();
   view.page_table = reinterpret_cast<const int32_t*>(base + plan_layout_.page_tables);
@@ -782,7 +819,8 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWgmma || kernel == kOverlap) {
     ++sm90_launches_;
     if (kernel == kOverlap) ++overlap_launches_;
-    WM_CUDA_RETURN_IF_ERROR(launch_attention_sm90(a, view, p.head_dim, items, kernel == kOverlap, stream_));
+    WM_CUDA_RETURN_IF_ERROR(
+        launch_attention_sm90(a, view, p.head_dim, items, kernel == kOverlap ? overlap_stages() : 0, stream_));
   } else {
     WM_CUDA_RETURN_IF_ERROR(launch_attention(a, view, p.head_dim, items, stream_));
   }

@@ -172,11 +172,20 @@ class CudaBackend {
   // tuning (set_tuning): see docs/CUDA.md
   PlanTuning plan_tuning_;
   // attention kernels: 1 mma.sync, 2 wgmma, 3 wgmma with the softmax
-  // overlapped (2 and 3: head_dim 64/128 on compute capability 9.0);
-  // tuning "attention.kernel" 0 means the default: WM_CUDA_ATTENTION's
-  // choice at start-up, else 3 where it runs, else 1
+  // overlapped (on compute capability 9.0; 2: head_dim 128, where 64 runs
+  // 3; 3: head_dim 64/128); tuning "attention.kernel" 0 means the default:
+  // WM_CUDA_ATTENTION's choice at start-up, else 3 where it runs, else 1
   static constexpr int32_t kMma = 1, kWgmma = 2, kOverlap = 3;
   int32_t attention_kernel_ = 0, default_attention_kernel_ = 0;
+  // K/V stages of kernel 3 (3..5); "attention.stages" 0: the default,
+  // WM_CUDA_ATTENTION_STAGES at start-up, else kDefaultStages
+  static constexpr int32_t kDefaultStages = 4;  // docs/PERFORMANCE.md: 3, 4 and 5 on the H200
+  int32_t attention_stages_ = 0, default_attention_stages_ = 0;
+  // kernel 3 with two warpgroups: ping-pong their MMAs ("attention.pingpong")
+  static constexpr int32_t kDefaultPingpong = 0;
+  int32_t attention_pingpong_ = kDefaultPingpong;
+  int32_t overlap_stages() const;
+  void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
   // the kernel that attends head_dim now (0: none)
   int32_t kernel_for(int32_t head_dim) const;

@@ -31,6 +31,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads:
+// bar.sync waits until that many have reached it, bar.arrive counts this
+// warp in and goes on
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // pin registers in place around an asynchronous MMA: the compiler may not
 // move their reads or writes across this point
 template <int R, int C>

@@ -16,8 +16,12 @@
 #   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once)
 #   racecheck   compute-sanitizer racecheck on the same
 #   attention   wm_attention_bench (JSON lines)
+#   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
+#   ncu         Nsight Compute's counters for one overlapped-kernel launch at
+#               2640 queries over 16k cached tokens
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
+#   mg2_stages  the same with the fastest of those, where it is not the default
 #   torch_mg2   ../shared/research/torch_mg2_step.py
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
 #               model, how many players hold 20 frames/s with p99 < 100 ms
@@ -35,10 +39,17 @@ start=$(date +%s)
 echo "stage,rc,seconds,limit" > "$raw/stages.csv"
 export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+# the CPU backend's OpenMP workers must sleep between loops: spinning, they
+# starve OpenBLAS's threads and the CUDA host thread (docs/PERFORMANCE.md)
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 # the PyTorch scripts get the machine's own libraries, not the bundle's
 py_ld=$(printf '%s' "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v '/\.gpu/' | paste -sd: -)
 
+ncu=""
+for c in "$(command -v ncu 2>/dev/null)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+  if [ -n "$c" ] && [ -x "$c" ]; then ncu=$c; break; fi
+done
 sanitizer=""
 for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
          /usr/local/cuda/compute-sanitizer/compute-sanitizer /opt/nvidia/compute-sanitizer/compute-sanitizer; do
@@ -110,7 +121,7 @@ attention_kernels=all
 [ "${WM_CUDA_ATTENTION:-}" = mma ] && attention_kernels=mma
 # two stages, so that a hang or a crash in one still leaves the other's report
 stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter='-CudaEndToEnd.*:*kernel2*:*kernel3*' --gtest_output=json:"$OUT/parity.json"
-stage e2e 45 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$OUT/parity_e2e.json"
+stage e2e 120 env OMP_NUM_THREADS=8 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$OUT/parity_e2e.json"
 if [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
     stage "$tool" 45 "$sanitizer" --tool "$tool" --error-exitcode 7 --print-limit 30 \
@@ -120,8 +131,25 @@ else
   echo "=== memcheck, racecheck: no compute-sanitizer found" | tee -a "$log"
 fi
 stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
+# the overlapped kernel with 3, 4 and 5 K/V stages ("attention.stages"), its warpgroups in ping-pong or not
+[ "$attention_kernels" = all ] &&
+  stage attention_stages 50 .gpu/bin/wm_attention_bench --kernel=overlap --stages=3,4,5 --pingpong=0,1
+# where the overlapped kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware counters)
+if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
+  stage ncu 60 "$ncu" --clock-control none -k regex:attention_overlap --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    .gpu/bin/wm_attention_bench --kernel=overlap --cached=16384 --queries=2640 --reps=1
+fi
 stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
 stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
+# the forward again with the stage count and ping-pong setting that timed fastest at 2640 queries,
+# where that is not the default (4 stages, no ping-pong)
+best=$(python3 tools/gpu_results.py --best-stages "$raw/attention_stages.out" 2>/dev/null || true)
+if [ -n "$best" ] && [ "$best" != "4 0" ]; then
+  stage mg2_stages 80 env WM_CUDA_ATTENTION_STAGES="${best% *}" WM_CUDA_ATTENTION_PINGPONG="${best#* }" \
+    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+fi
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
 stage serving 75 env BUDGET_S=55 SECONDS_PER_RUN=3 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
   bash tools/serving_capacity.sh .gpu/bin --device cuda --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4

@@ -4,6 +4,9 @@ results.json, with our numbers beside PyTorch's from the same call.
 
   gpu_results.py RAW_DIR RESULTS_JSON BUILD_INFO   (after every stage)
   gpu_results.py --summary RESULTS_JSON            (a short table for the log)
+  gpu_results.py --best-stages ATTENTION_OUT       (the overlapped kernel's fastest
+                                                    K/V stage count and ping-pong setting at
+                                                    2640 queries: "STAGES PINGPONG")
 """
 import csv
 import json
@@ -107,16 +110,24 @@ def compare(results):
             continue
         by_kernel = {}
         for r in same_q:
-            by_kernel.setdefault(r.get("kernel"), []).append(r)
-        for rows in by_kernel.values():
+            by_kernel.setdefault(kernel_label(r), []).append(r)
+        for label, rows in by_kernel.items():
             r = min(rows, key=lambda r: abs(r["cached_tokens"] - t["cached_tokens"]))
             cmp["attention"].append({"cached_tokens": t["cached_tokens"], "ours_cached_tokens": r["cached_tokens"],
-                                     "query_tokens": t["query_tokens"], "kernel": r.get("kernel"),
+                                     "query_tokens": t["query_tokens"], "kernel": label,
                                      "torch_us": t["bf16_sdpa_us"], "ours_us": r["us"],
                                      "speedup": round(t["bf16_sdpa_us"] / max(1e-9, r["us"]), 2),
                                      "ours_GBps": r["GBps"], "ours_TFLOPs": r["TFLOPs"],
                                      "torch_GBps": t.get("bf16_GBps"), "torch_TFLOPs": t.get("bf16_TFLOPs")})
     return cmp
+
+
+def kernel_label(r):
+    """the attention kernel of a bench row, with the overlapped kernel's K/V stages"""
+    k = r.get("kernel")
+    if r.get("stages"):
+        k = "%s/%d" % (k, r["stages"])
+    return k + "/pingpong" if r.get("pingpong") else k
 
 
 def collect(raw, out_path, build_info):
@@ -134,9 +145,12 @@ def collect(raw, out_path, build_info):
     results["parity"] = parity(raw, out_dir)
     results["memcheck"] = sanitizer(raw, "memcheck")
     results["racecheck"] = sanitizer(raw, "racecheck")
-    results["attention"] = json_lines(os.path.join(raw, "attention.out"))
+    results["attention"] = (json_lines(os.path.join(raw, "attention.out")) +
+                            json_lines(os.path.join(raw, "attention_stages.out")))
+    results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
+    results["mg2_stages"] = json_lines(os.path.join(raw, "mg2_stages.out"))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
     serving = json_lines(os.path.join(raw, "serving.out"))
@@ -176,7 +190,7 @@ def summary(path):
     for a in r.get("attention", []):
         if a.get("bench") == "attention" and a.get("query_tokens") == 64:
             print("attention q=64 N=%s split=%s %s: %s us, %s GB/s (%s%% of HBM)" % (
-                a["cached_tokens"], a["split"], a.get("kernel"), a["us"], a["GBps"], a["pct_hbm_4800"]))
+                a["cached_tokens"], a["split"], kernel_label(a), a["us"], a["GBps"], a["pct_hbm_4800"]))
     for m in r.get("comparison", {}).get("mg2", []):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
@@ -185,6 +199,13 @@ def summary(path):
                if "attention_ms_per_forward" in m else "") +
               (" [ffn unfused %(forward_ms_ffn_unfused)s ms/forward: fusion x%(ffn_fusion_speedup)s]" % m
                if "ffn_fusion_speedup" in m else ""))
+    for m in r.get("mg2_stages", []):
+        if "fps_aggregate" in m:
+            print("mg2 B=%s W=%s with %s stages, ping-pong %s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (
+                m.get("sessions_batched"), m.get("window_latent_frames"), m.get("attention_stages", "?"),
+                m.get("attention_pingpong", "?"),
+                m.get("forward_ms"), m.get("fps_aggregate"), m.get("attention_ms_per_forward"),
+                m.get("attention_TFLOPs")))
     sv = r.get("serving") or {}
     for run in sv.get("runs", []):
         print("serving %(sessions)s sessions at %(fps)s fps: holds=%(holds)s, slowest %(session_fps_min)s fps, "
@@ -194,9 +215,26 @@ def summary(path):
               "(first failing: %(first_failing)s)" % sv["capacity"])
 
 
+def best_stages(path):
+    """the stage count whose 2640-query rows take the least time in all (cached lengths timed by every count)"""
+    rows = [r for r in json_lines(path) if r.get("query_tokens") == 2640 and r.get("stages")]
+    by = {}
+    for r in rows:
+        by.setdefault("%d %d" % (r["stages"], r.get("pingpong", 0)), {})[r["cached_tokens"]] = r["us"]
+    common = set.intersection(*(set(v) for v in by.values())) if by else set()
+    if not common:
+        return None
+    return min(by, key=lambda st: sum(by[st][c] for c in common))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--summary":
         summary(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--best-stages":
+        b = best_stages(sys.argv[2])
+        if b is None:
+            sys.exit(1)
+        print(b)
     elif len(sys.argv) == 4:
         collect(sys.argv[1], sys.argv[2], sys.argv[3])
     else:

@@ -52,6 +52,7 @@ namespace {
 
 constexpr double kAttentionAbs = 1e-2;
 constexpr double kMinPsnrDb = 35.0;
+constexpr int64_t kPingpongDefault = 0;  // the plugin's "attention.pingpong" default (cuda_backend.h)
 
 // ---- backends ---------------------------------------------------------------------
 
@@ -111,7 +112,11 @@ class Tuning {
   ~Tuning() {
     if (pb_ == nullptr) return;
     for (const std::string& k : reset_) {
-      const int64_t def = k == "attention.split" ? -1 : k == "shadow" || k == "ffn.fused" ? 1 : k == "attention.min_tiles_per_split" ? 4 : 0;
+      const int64_t def = k == "attention.split"                   ? -1
+                          : k == "shadow" || k == "ffn.fused"        ? 1
+                          : k == "attention.min_tiles_per_split"     ? 4
+                          : k == "attention.pingpong"                ? kPingpongDefault
+                                                                     : 0;
       EXPECT_TRUE(pb_->set_tuning(k, def).ok()) << k;
     }
   }
@@ -511,13 +516,26 @@ std::vector<OpCase> all_cases() {
       {{"attention.split", -1}}};
   // every attention case runs on the mma.sync kernel (kernel1) and, for head_dim 64 and 128, on the
   // wgmma kernels (kernel2 plain, kernel3 overlapped; skipped where the GPU is not compute capability 9.0)
+  // (kernel2 at head_dim 128 only: it is not built for 64), and kernel3 also with 3 and 5 K/V stages
+  // (4 is the default) and with its ping-pong setting flipped
   auto per_kernel = [&](AttnSpec a) {
     const auto base = a.tuning;
     for (int64_t kernel : {1, 2, 3}) {
       if (kernel >= 2 && a.head_dim == 32) continue;
-      a.tuning = base;
-      a.tuning.emplace_back("attention.kernel", kernel);
-      cases.push_back(attention_case(a));
+      if (kernel == 2 && a.head_dim != 128) continue;
+      for (int64_t stages : {0, 3, 5}) {
+        if (stages != 0 && kernel != 3) continue;
+        a.tuning = base;
+        a.tuning.emplace_back("attention.kernel", kernel);
+        if (stages != 0) a.tuning.emplace_back("attention.stages", stages);
+        cases.push_back(attention_case(a));
+      }
+      if (kernel == 3) {  // and with its two warpgroups in ping-pong (where block_q is 128)
+        a.tuning = base;
+        a.tuning.emplace_back("attention.kernel", kernel);
+        a.tuning.emplace_back("attention.pingpong", 1 - kPingpongDefault);
+        cases.push_back(attention_case(a));
+      }
     }
   };
   for (int hd : {32, 64, 128}) {
@@ -1010,7 +1028,8 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
       a.head_dim = hd;
       a.cached = {0, 3};
       a.tuning = {{"attention.kernel", kernel}};
-      const int64_t expect = !wgmma || hd == 32 ? 1 : kernel == 0 ? default_kernel : kernel;
+      int64_t expect = !wgmma || hd == 32 ? 1 : kernel == 0 ? default_kernel : kernel;
+      if (expect == 2 && hd == 64) expect = 3;  // the plain wgmma kernel is built for head_dim 128 only
       const int64_t sm90_0 = counter("attention.sm90_launches"), overlap0 = counter("attention.overlap_launches"),
                     all0 = counter("attention.launches");
       attention_case(a).run(b, 7);
@@ -1027,6 +1046,15 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   EXPECT_EQ(counter("attention.kernel.head_dim_48"), 0);
   auto* pb = backends().cuda.get();
   EXPECT_EQ(pb->set_tuning("attention.kernel", 4).code(), absl::StatusCode::kInvalidArgument);
+  for (int64_t bad : {-1, 1, 2, 6, 64})
+    EXPECT_EQ(pb->set_tuning("attention.stages", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  {
+    Tuning t(b, {{"attention.stages", 5}});
+    EXPECT_EQ(counter("attention.stages"), 5);
+  }
+  EXPECT_EQ(counter("attention.stages"), 4);
+  EXPECT_EQ(pb->set_tuning("attention.pingpong", 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(counter("attention.pingpong"), kPingpongDefault);
   if (!wgmma) {
     EXPECT_EQ(pb->set_tuning("attention.kernel", 2).code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(pb->set_tuning("attention.kernel", 3).code(), absl::StatusCode::kFailedPrecondition);

@@ -37,10 +37,23 @@ namespace {
 
 using simt::Schedule;
 
-enum class Kernel { kMma, kWgmma, kOverlap };
+// kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong)
+enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong };
 
 const char* name(Kernel k) {
-  return k == Kernel::kMma ? "mma" : (k == Kernel::kWgmma ? "wgmma" : "overlap");
+  switch (k) {
+    case Kernel::kMma:
+      return "mma";
+    case Kernel::kWgmma:
+      return "wgmma";
+    case Kernel::kOverlap:
+      return "overlap";
+    case Kernel::kOverlap5:
+      return "overlap5";
+    case Kernel::kOverlapPingPong:
+      return "overlap-pingpong";
+  }
+  return "?";
 }
 
 struct KernelLaunch {
@@ -55,8 +68,12 @@ void run_kernel(const AttentionArgs& a, const PagedKvFp16View& kv) {
     attention_kernel<SyncMma, Fp16PageFormat, HD, BQ>(a, kv);
   } else if constexpr (K == Kernel::kWgmma) {
     attention_kernel<WgMma, Fp16PageFormat, HD, BQ>(a, kv);
-  } else {
+  } else if constexpr (K == Kernel::kOverlap) {
     attention_overlap_kernel<Fp16PageFormat, HD, BQ>(a, kv);
+  } else if constexpr (K == Kernel::kOverlap5) {
+    attention_overlap_kernel<Fp16PageFormat, HD, BQ, 5>(a, kv);
+  } else {
+    attention_overlap_kernel<Fp16PageFormat, HD, BQ, 4>(a, kv);
   }
 }
 
@@ -70,9 +87,15 @@ KernelLaunch kernel_launch() {
   } else if constexpr (K == Kernel::kWgmma) {
     l.threads = WgMma::kThreads(BQ);
     l.smem = attention_kernel_smem<WgMma>(HD, BQ);
+  } else if constexpr (K == Kernel::kOverlap) {
+    l.threads = OverlapAttention<>::threads(BQ);
+    l.smem = OverlapAttention<>::smem(HD, BQ);
+  } else if constexpr (K == Kernel::kOverlap5) {
+    l.threads = OverlapAttention<5>::threads(BQ);
+    l.smem = OverlapAttention<5>::smem(HD, BQ);
   } else {
-    l.threads = OverlapAttention::threads(BQ);
-    l.smem = OverlapAttention::smem(HD, BQ);
+    l.threads = OverlapAttention<4>::threads(BQ);
+    l.smem = OverlapAttention<4>::smem(HD, BQ);
   }
   return l;
 }
@@ -96,6 +119,10 @@ KernelLaunch kernel_launch(Kernel k, int hd, int bq) {
       return kernel_launch<Kernel::kWgmma>(hd, bq);
     case Kernel::kOverlap:
       return kernel_launch<Kernel::kOverlap>(hd, bq);
+    case Kernel::kOverlap5:
+      return kernel_launch<Kernel::kOverlap5>(hd, bq);
+    case Kernel::kOverlapPingPong:
+      return kernel_launch<Kernel::kOverlapPingPong>(hd, bq);
   }
   return {};
 }
@@ -158,6 +185,7 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   a.layer = layer;
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
+  a.pingpong = k == Kernel::kOverlapPingPong ? 1 : 0;
   PagedKvFp16View kv;
   kv.pool = c.pool.data();
   kv.page_table = p.page_tables.data();
@@ -290,6 +318,17 @@ TEST(SimtAttention, OverlapKernelHeadDim64) { run_cases(Kernel::kOverlap, cases_
 TEST(SimtAttention, OverlapKernelHeadDim128) {
   run_cases(Kernel::kOverlap, cases_for(128), {Schedule::kWarpsInOrder}, {16});
 }
+TEST(SimtAttention, OverlapKernelFiveStagesHeadDim64) {
+  run_cases(Kernel::kOverlap5, cases_for(64), kAllSchedules, {0, 16});
+}
+TEST(SimtAttention, OverlapKernelFiveStagesHeadDim128) {
+  run_cases(Kernel::kOverlap5, cases_for(128), {Schedule::kWarpsReversed}, {0});
+}
+// the ping-pong changes only block_q 128 (two warpgroups): cases_for's last case
+TEST(SimtAttention, OverlapKernelPingPong) {
+  run_cases(Kernel::kOverlapPingPong, cases_for(64), kAllSchedules, {0, 16});
+  run_cases(Kernel::kOverlapPingPong, cases_for(128), kAllSchedules, {16});
+}
 
 // ---- the emulator's own checks fire ----
 
@@ -321,6 +360,33 @@ TEST(SimtChecks, ReadBeforeTheCopyLandsFails) {
     cp_async_wait<0>();
   });
   EXPECT_NE(e.find("has not landed"), std::string::npos) << e;
+}
+
+TEST(SimtChecks, NamedBarrierNobodyArrivesAtDeadlocks) {
+  const std::string e = run_one_cta(256, 256, Schedule::kRoundRobin, [] {
+    if (threadIdx.x >= 128) named_barrier_sync(1, 256);  // the first warpgroup never arrives
+  });
+  EXPECT_NE(e.find("named barrier 1"), std::string::npos) << e;
+}
+
+TEST(SimtChecks, NamedBarrierArrivalsLeftAtExitFail) {
+  const std::string e = run_one_cta(256, 256, Schedule::kRoundRobin, [] {
+    if (threadIdx.x < 128) named_barrier_arrive(1, 256);  // nobody syncs
+  });
+  EXPECT_NE(e.find("arrived when the CTA exited"), std::string::npos) << e;
+}
+
+TEST(SimtChecks, NamedBarrierArriveThenSyncPasses) {
+  for (Schedule sch : kAllSchedules) {
+    const std::string e = run_one_cta(256, 256, sch, [] {
+      for (int i = 0; i < 3; ++i) {
+        if (threadIdx.x < 128) named_barrier_arrive(1, 256);
+        else named_barrier_sync(1, 256);
+        __syncthreads();
+      }
+    });
+    EXPECT_EQ(e, "");
+  }
 }
 
 TEST(SimtChecks, MissingBarrierBetweenWarpsFails) {

@@ -9,6 +9,7 @@
 #define WM_SIMT_ASAN 1
 #endif
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -150,6 +151,7 @@ struct Cta {
   std::vector<Fiber>* fibers = nullptr;
   std::vector<Group> warps, warpgroups;
   Group cta;
+  std::array<Group, 16> named;  // bar.sync / bar.arrive 1..15 (0 is __syncthreads)
   std::vector<WarpSlots> warp_slots;
   std::vector<Warpgroup> wg;
   std::string error;
@@ -367,6 +369,10 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
   cta.cta = Group{};
   cta.cta.size = static_cast<int>(n);
   cta.cta.name = "the CTA";
+  for (size_t b = 0; b < cta.named.size(); ++b) {
+    cta.named[b] = Group{};
+    cta.named[b].name = "named barrier " + std::to_string(b);
+  }
   cta.warp_slots.assign(cta.warps.size(), WarpSlots{});
   cta.wg.assign(cta.warpgroups.size(), Warpgroup{});
   std::fill(cta.smem.begin(), cta.smem.end(), 0xff);
@@ -411,6 +417,10 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
   for (size_t w = 0; w < cta.wg.size(); ++w)
     if (!cta.wg[w].uncommitted.empty() || !cta.wg[w].committed.empty())
       return "warpgroup " + std::to_string(w) + " exits with a wgmma in flight";
+  for (const Group& g : cta.named)
+    if (g.arrived != 0)
+      return g.name + ": " + std::to_string(g.arrived) + " of " + std::to_string(g.size) +
+             " threads arrived when the CTA exited";
   return "";
 }
 
@@ -465,6 +475,34 @@ uint3 block_dim() { return uint3{g_cta->cfg.block.x, g_cta->cfg.block.y, g_cta->
 uint3 grid_dim() { return uint3{g_cta->cfg.grid.x, g_cta->cfg.grid.y, g_cta->cfg.grid.z}; }
 
 void sync_threads() { meet(g_cta->cta, "__syncthreads"); }
+
+// bar.sync (wait) / bar.arrive id, count: the barrier completes when count
+// threads have reached it, whichever of the two instructions they executed;
+// only bar.sync waits for that
+void named_barrier(int id, int count, bool wait) {
+  const int n = static_cast<int>(g_cta->cta.size);
+  if (id < 1 || id > 15) fail("bar: barrier " + std::to_string(id) + " (1..15; 0 is __syncthreads)");
+  if (count <= 0 || count % 32 != 0 || count > n)
+    fail("bar: " + std::to_string(count) + " threads (a multiple of 32, at most the CTA's)");
+  Group& g = g_cta->named[static_cast<size_t>(id)];
+  if (g.arrived == 0) {
+    g.size = count;
+    g.what = "bar.sync/bar.arrive";
+  } else if (g.size != count) {
+    fail(g.name + ": threads name different counts (" + std::to_string(g.size) + " and " + std::to_string(count) +
+         ")");
+  }
+  if (++g.arrived == g.size) {
+    g.arrived = 0;
+    ++g.gen;
+    return;
+  }
+  if (!wait) return;
+  g_cur->waiting = &g;
+  g_cur->wait_gen = g.gen;
+  yield_to_scheduler();
+  g_cur->waiting = nullptr;
+}
 
 float shfl_xor(unsigned mask, float value, int lane_mask) {
   WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];

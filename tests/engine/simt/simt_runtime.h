@@ -91,6 +91,7 @@ uint3 block_idx();
 uint3 block_dim();
 uint3 grid_dim();
 void sync_threads();
+void named_barrier(int id, int count, bool wait);
 float shfl_xor(unsigned mask, float value, int lane_mask);
 
 uint32_t shared_address(const void* p);

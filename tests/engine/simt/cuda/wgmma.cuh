@@ -17,6 +17,8 @@ inline void wgmma_wait() {
   simt::wgmma_wait(N);
 }
 inline void fence_proxy_async_smem() { simt::fence_proxy_async(); }
+inline void named_barrier_sync(int id, int threads) { simt::named_barrier(id, threads, true); }
+inline void named_barrier_arrive(int id, int threads) { simt::named_barrier(id, threads, false); }
 template <int R, int C>
 inline void fence_regs(float (&)[R][C]) {}
 template <int R, int C>
