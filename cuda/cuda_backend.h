@@ -182,7 +182,7 @@ class CudaBackend {
   static constexpr int32_t kDefaultStages = 4;  // docs/PERFORMANCE.md: 3, 4 and 5 on the H200
   int32_t attention_stages_ = 0, default_attention_stages_ = 0;
   // kernel 3 with two warpgroups: ping-pong their MMAs ("attention.pingpong")
-  static constexpr int32_t kDefaultPingpong = 0;
+  static constexpr int32_t kDefaultPingpong = 1;  // docs/PERFORMANCE.md: 7-12% at 2640 queries
   int32_t attention_pingpong_ = kDefaultPingpong;
   int32_t overlap_stages() const;
   void measure_ctas_per_sm();

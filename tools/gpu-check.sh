@@ -44,7 +44,7 @@ done
 
 echo "== bundle into .gpu/"
 # the engine dlopens OpenBLAS (engine/blas.h), so no binary names it: bundle it by name
-openblas=$(ldconfig -p | awk '/libopenblas\.so\.0 /{print $NF; exit}')
+openblas=$(ldconfig -p | awk '/libopenblas\.so\.0 / && !f {print $NF; f = 1}')  # reads it all: no SIGPIPE
 [ -n "$openblas" ] || { echo "libopenblas.so.0 not found (tools/install-deps.sh)"; exit 1; }
 bash "$shared/tools/gpu-bundle.sh" .gpu "$plugin" "$build/tests/engine/backend_ops_tests" \
   "$build/bench/wm_attention_bench" "$build/bench/wm_mg2_bench" "$build"/tests/engine/libwm_fake_plugin_*.so \

@@ -52,7 +52,7 @@ namespace {
 
 constexpr double kAttentionAbs = 1e-2;
 constexpr double kMinPsnrDb = 35.0;
-constexpr int64_t kPingpongDefault = 0;  // the plugin's "attention.pingpong" default (cuda_backend.h)
+constexpr int64_t kPingpongDefault = 1;  // the plugin's "attention.pingpong" default (cuda_backend.h)
 
 // ---- backends ---------------------------------------------------------------------
 
