@@ -8,7 +8,7 @@
 //
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
-//                   [--kernel=auto|mma|wgmma|overlap|all] [--stages=0,3,4,5] [--pingpong=0,1]
+//                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 #include <cmath>
@@ -53,14 +53,17 @@ int run(int argc, char** argv) {
       {"mma", {{"mma", 1}}},
       {"wgmma", {{"wgmma", 2}}},
       {"overlap", {{"overlap", 3}}},
-      {"all", {{"mma", 1}, {"wgmma", 2}, {"overlap", 3}}}};
+      {"ws", {{"ws", 4}}},
+      {"all", {{"mma", 1}, {"wgmma", 2}, {"overlap", 3}, {"ws", 4}}}};
   const auto kernels_it = kernel_sets.find(kernel_flag);
   if (kernels_it == kernel_sets.end()) {
-    std::fprintf(stderr, "--kernel=%s: use auto, mma, wgmma, overlap or all\n", kernel_flag.c_str());
+    std::fprintf(stderr, "--kernel=%s: use auto, mma, wgmma, overlap, ws or all\n", kernel_flag.c_str());
     return 2;
   }
-  const std::vector<int> stage_list = f.list("stages", "0");
-  const std::vector<int> pingpong_list = f.list("pingpong", "-1");
+  std::vector<int> stage_list = f.list("stages", "0");
+  std::vector<int> pingpong_list = f.list("pingpong", "-1");
+  if (stage_list.empty()) stage_list = {0};
+  if (pingpong_list.empty()) pingpong_list = {-1};
   struct Variant {
     std::string name;
     int64_t kernel = 0, stages = 0, pingpong = -1;
@@ -69,18 +72,20 @@ int run(int argc, char** argv) {
   for (const auto& [kernel_name, kernel] : kernels_it->second)
     for (int st : stage_list)
       for (int pp : pingpong_list) {
-        // stages and ping-pong are the overlapped kernel's (3, or the default 0 where it runs)
-        if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 0) continue;
+        // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4): the others run
+        // once; the warp-specialised one has 3 or 4 stages
+        if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
+        if (kernel == 4 && st == 5) continue;
         variants.push_back({kernel_name, kernel, st, pp});
       }
-  const int64_t pingpong_default = dev.plugin != nullptr ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
+
   for (const Variant& var : variants) {
     const int64_t kernel = var.kernel;
     if (dev.plugin == nullptr && &var != &variants.front()) break;  // the CPU has one kernel
     if (dev.plugin != nullptr) {
       absl::Status ks = dev.plugin->set_tuning("attention.kernel", kernel);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.stages", var.stages);
-      if (ks.ok()) ks = dev.plugin->set_tuning("attention.pingpong", var.pingpong < 0 ? pingpong_default : var.pingpong);
+      if (ks.ok()) ks = dev.plugin->set_tuning("attention.pingpong", var.pingpong);
       if (!ks.ok()) {
         std::fprintf(stderr, "kernel %s, stages %lld: %s\n", var.name.c_str(), static_cast<long long>(var.stages),
                      ks.ToString().c_str());
@@ -131,8 +136,9 @@ int run(int argc, char** argv) {
           for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
           dev.sync();
           const std::string ran = dev.plugin == nullptr ? "cpu" : dev.plugin->attention_kernel(hd);
-          const int64_t stages = ran == "overlap" ? dev.plugin->counter("attention.stages").value_or(0) : 0;
-          const int64_t pingpong = ran == "overlap" ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
+          const bool staged = ran == "overlap" || ran == "ws";
+          const int64_t stages = staged ? dev.plugin->counter("attention.stages").value_or(0) : 0;
+          const int64_t pingpong = staged ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {
@@ -176,7 +182,7 @@ int run(int argc, char** argv) {
   if (dev.plugin != nullptr) {
     dev.plugin->set_tuning("attention.kernel", 0).IgnoreError();
     dev.plugin->set_tuning("attention.stages", 0).IgnoreError();
-    dev.plugin->set_tuning("attention.pingpong", pingpong_default).IgnoreError();
+    dev.plugin->set_tuning("attention.pingpong", -1).IgnoreError();
   }
   return dev.exit_code();
 }

@@ -227,7 +227,7 @@ int run(int argc, char** argv) {
           j["attention_share_of_forward"] = std::round(ms / (forward_s * 1e3) * 1000) / 1000;
           j["attention_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
           j["attention_kernel"] = kernel;
-          if (kernel == "overlap") {
+          if (kernel == "overlap" || kernel == "ws") {
             j["attention_stages"] = count("attention.stages");
             j["attention_pingpong"] = count("attention.pingpong");
           }

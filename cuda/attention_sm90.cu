@@ -2,6 +2,7 @@
 // only: their instantiations and host entry points (attention.cuh).
 #include "cuda/attention_launch.cuh"
 #include "cuda/attention_sm90.cuh"
+#include "cuda/attention_ws.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -9,6 +10,8 @@ namespace {
 using Kernels = AttentionKernels<PlainAttention<WgMma>, 128>;
 template <int S>
 using OverlapKernels = AttentionKernels<OverlapAttention<S>, 64, 128>;
+template <int S>
+using WsKernels = AttentionKernels<WsAttention<S>, 64, 128>;
 
 // f(OverlapKernels<S>) for the S of `stages` (3..5)
 template <class F>
@@ -37,10 +40,27 @@ size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, int32_t stag
   return stages != 0 ? overlap_smem(head_dim, block_q, stages) : attention_kernel_smem<WgMma>(head_dim, block_q);
 }
 
+// the warp-specialised kernel's stage count: 3 or 4 (its named barriers)
+int32_t ws_stages(int32_t stages) { return stages == 3 ? 3 : 4; }
+
 cudaError_t attention_sm90_prepare() {
   cudaError_t e = Kernels::prepare();
   for (int32_t s = 3; s <= 5 && e == cudaSuccess; ++s) e = with_stages(s, [](auto k) { return k.prepare(); });
+  if (e == cudaSuccess) e = WsKernels<3>::prepare();
+  if (e == cudaSuccess) e = WsKernels<4>::prepare();
   return e;
+}
+
+int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages) {
+  return ws_stages(stages) == 3 ? WsKernels<3>::ctas_per_sm(head_dim, block_q)
+                                : WsKernels<4>::ctas_per_sm(head_dim, block_q);
+}
+
+cudaError_t launch_attention_sm90_ws(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim,
+                                     int32_t items, int32_t stages, cudaStream_t stream) {
+  if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
+  return ws_stages(stages) == 3 ? WsKernels<3>::launch(a, kv, head_dim, items, stream)
+                                : WsKernels<4>::launch(a, kv, head_dim, items, stream);
 }
 
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages) {

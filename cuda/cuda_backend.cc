@@ -140,10 +140,15 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
     const absl::string_view v(e);
-    const int64_t kind = v == "auto" ? 0 : v == "mma" ? kMma : v == "wgmma" ? kWgmma : v == "overlap" ? kOverlap : -1;
+    const int64_t kind = v == "auto"      ? 0
+                         : v == "mma"     ? kMma
+                         : v == "wgmma"   ? kWgmma
+                         : v == "overlap" ? kOverlap
+                         : v == "ws"      ? kWs
+                                          : -1;
     if (kind < 0)
       return absl::InvalidArgumentError(
-          absl::StrCat("WM_CUDA_ATTENTION='", v, "': use auto, mma, wgmma or overlap"));
+          absl::StrCat("WM_CUDA_ATTENTION='", v, "': use auto, mma, wgmma, overlap or ws"));
     s = set_tuning("attention.kernel", kind);
     if (!s.ok()) return s;
     default_attention_kernel_ = attention_kernel_;
@@ -159,7 +164,7 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     const absl::string_view v(e);
     if (v != "0" && v != "1")
       return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_ATTENTION_PINGPONG='", v, "': use 0 or 1"));
-    attention_pingpong_ = v == "1" ? 1 : 0;
+    default_attention_pingpong_ = v == "1" ? 1 : 0;
   }
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
   measure_ctas_per_sm();
@@ -177,10 +182,12 @@ void CudaBackend::measure_ctas_per_sm() {
     for (int32_t j = 0; j < 2; ++j) {
       const int32_t hd = kHeadDims[i], bq = j == 0 ? 64 : 128, fallback = j == 0 ? 2 : 1;
       const int32_t stages = overlap_stages();
-      const std::array<int32_t, 3> n = {
+      const bool sm90 = sm90_ready_ && attention_sm90_supports(hd, stages);
+      const std::array<int32_t, 4> n = {
           attention_ctas_per_sm(hd, bq),
           sm90_ready_ && attention_sm90_supports(hd, 0) ? attention_sm90_ctas_per_sm(hd, bq, 0) : 0,
-          sm90_ready_ && attention_sm90_supports(hd, stages) ? attention_sm90_ctas_per_sm(hd, bq, stages) : 0};
+          sm90 ? attention_sm90_ctas_per_sm(hd, bq, stages) : 0,
+          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, stages) : 0};
       for (size_t k = 0; k < n.size(); ++k) ctas_per_sm_[k][i][static_cast<size_t>(j)] = n[k] > 0 ? n[k] : fallback;
     }
 }
@@ -219,20 +226,21 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     if (value < 1 || value > 1 << 20) return absl::InvalidArgumentError("attention.min_tiles_per_split: >= 1");
     plan_tuning_.min_tiles_per_split = static_cast<int32_t>(value);
   } else if (key == "attention.kernel") {
-    if (value < 0 || value > kOverlap)
-      return absl::InvalidArgumentError("attention.kernel: 0 (default), 1 (mma), 2 (wgmma) or 3 (wgmma, overlapped)");
+    if (value < 0 || value > kWs)
+      return absl::InvalidArgumentError(
+          "attention.kernel: 0 (default), 1 (mma), 2 (wgmma), 3 (wgmma, overlapped) or 4 (warp-specialised)");
     if (value >= kWgmma && !sm90_ready_)
       return absl::FailedPreconditionError(absl::StrCat("attention.kernel: the wgmma kernels run on compute "
                                                         "capability 9.0 only; this GPU is ",
                                                         info_.sm_major, ".", info_.sm_minor));
     attention_kernel_ = static_cast<int32_t>(value);
   } else if (key == "attention.stages") {
-    if (value != 0 && !attention_sm90_stages_valid(static_cast<int32_t>(value)))
+    if (value != 0 && (value < 0 || value > 64 || !attention_sm90_stages_valid(static_cast<int32_t>(value))))
       return absl::InvalidArgumentError("attention.stages: 0 (default), 3, 4 or 5");
     attention_stages_ = static_cast<int32_t>(value);
     measure_ctas_per_sm();
   } else if (key == "attention.pingpong") {
-    if (value != 0 && value != 1) return absl::InvalidArgumentError("attention.pingpong: 0 or 1");
+    if (value < -1 || value > 1) return absl::InvalidArgumentError("attention.pingpong: -1 (default), 0 or 1");
     attention_pingpong_ = static_cast<int32_t>(value);
   } else if (key == "linear.fallback") {
     gemm_->set_force_fallback(value != 0);
@@ -264,9 +272,10 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
   if (name == "attention.overlap_launches") return overlap_launches_;
+  if (name == "attention.ws_launches") return ws_launches_;
   // not a count: the K/V stages of the overlapped kernel now
   if (name == "attention.stages") return int64_t{overlap_stages()};
-  if (name == "attention.pingpong") return int64_t{attention_pingpong_};
+  if (name == "attention.pingpong") return int64_t{pingpong()};
   // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped), 0 if none
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
     int32_t hd = 0;
@@ -808,7 +817,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.layer = layer;
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
-  a.pingpong = attention_pingpong_;
+  a.pingpong = pingpong();
   PagedKvFp16View view;
   view.pool = pool_memory_.as<uint16_t>();
   view.page_table = reinterpret_cast<const int32_t*>(base + plan_layout_.page_tables);
@@ -816,7 +825,11 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   view.page_tokens = p.page_tokens;
   view.head_dim = p.head_dim;
   const auto items = static_cast<int32_t>(p.items.size());
-  if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWgmma || kernel == kOverlap) {
+  if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWs) {
+    ++sm90_launches_;
+    ++ws_launches_;
+    WM_CUDA_RETURN_IF_ERROR(launch_attention_sm90_ws(a, view, p.head_dim, items, overlap_stages(), stream_));
+  } else if (kernel == kWgmma || kernel == kOverlap) {
     ++sm90_launches_;
     if (kernel == kOverlap) ++overlap_launches_;
     WM_CUDA_RETURN_IF_ERROR(

@@ -175,15 +175,20 @@ class CudaBackend {
   // overlapped (on compute capability 9.0; 2: head_dim 128, where 64 runs
   // 3; 3: head_dim 64/128); tuning "attention.kernel" 0 means the default:
   // WM_CUDA_ATTENTION's choice at start-up, else 3 where it runs, else 1
-  static constexpr int32_t kMma = 1, kWgmma = 2, kOverlap = 3;
+  // 4: the warp-specialised kernel (attention_ws.cuh: a producer warp,
+  // named barriers; head_dim 64/128 on compute capability 9.0)
+  static constexpr int32_t kMma = 1, kWgmma = 2, kOverlap = 3, kWs = 4;
   int32_t attention_kernel_ = 0, default_attention_kernel_ = 0;
   // K/V stages of kernel 3 (3..5); "attention.stages" 0: the default,
   // WM_CUDA_ATTENTION_STAGES at start-up, else kDefaultStages
   static constexpr int32_t kDefaultStages = 4;  // docs/PERFORMANCE.md: 3, 4 and 5 on the H200
   int32_t attention_stages_ = 0, default_attention_stages_ = 0;
-  // kernel 3 with two warpgroups: ping-pong their MMAs ("attention.pingpong")
-  static constexpr int32_t kDefaultPingpong = 1;  // docs/PERFORMANCE.md: 7-12% at 2640 queries
-  int32_t attention_pingpong_ = kDefaultPingpong;
+  // kernel 3 with two warpgroups: ping-pong their MMAs ("attention.pingpong"
+  // 0 or 1; -1: the default, WM_CUDA_ATTENTION_PINGPONG at start-up, else
+  // kDefaultPingpong)
+  static constexpr int32_t kDefaultPingpong = 1;  // docs/PERFORMANCE.md: 6-9% at 2640 queries, 4 stages
+  int32_t attention_pingpong_ = -1, default_attention_pingpong_ = kDefaultPingpong;
+  int32_t pingpong() const { return attention_pingpong_ >= 0 ? attention_pingpong_ : default_attention_pingpong_; }
   int32_t overlap_stages() const;
   void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
@@ -191,8 +196,8 @@ class CudaBackend {
   int32_t kernel_for(int32_t head_dim) const;
   // CTAs per SM, [kernel - 1][head_dim 32, 64, 128][block_q 64, 128]
   static constexpr std::array<int32_t, 3> kHeadDims = {32, 64, 128};
-  std::array<std::array<std::array<int32_t, 2>, 3>, 3> ctas_per_sm_{};
-  int64_t sm90_launches_ = 0, overlap_launches_ = 0;
+  std::array<std::array<std::array<int32_t, 2>, 3>, 4> ctas_per_sm_{};
+  int64_t sm90_launches_ = 0, overlap_launches_ = 0, ws_launches_ = 0;
   bool use_shadow_ = true;
   int64_t tuning_generation_ = 0;
 };

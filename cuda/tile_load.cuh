@@ -18,7 +18,10 @@ __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint16_t* sr
                                                 int tid) {
   constexpr int kChunks = HD / 8;
   static_assert((ROWS * kChunks) % NT == 0, "every thread copies the same number of chunks");
-#pragma unroll
+  // a lone producer warp (attention_ws.cuh) copies 32+ chunks per thread:
+  // unrolled fully, their addresses took registers the consumers needed
+  [[maybe_unused]] constexpr int kUnroll = NT <= 32 ? 2 : ROWS * kChunks / NT;
+#pragma unroll kUnroll
   for (int k = 0; k < ROWS * kChunks / NT; ++k) {
     const int i = tid + k * NT;
     const int r = i / kChunks, c = i % kChunks;

@@ -80,12 +80,12 @@ class PluginBackend : public Backend {
   virtual absl::Status timer_start() = 0;
   virtual absl::StatusOr<double> timer_stop_ms() = 0;
 
-  // the attention kernel that runs head_dim now: "mma", "wgmma", "overlap"
+  // the attention kernel that runs head_dim now: "mma", "wgmma", "overlap", "ws"
   // (the plugin's attention.kernel.head_dim_N), "" if none or unknown
   std::string attention_kernel(int head_dim) const {
     const absl::StatusOr<int64_t> k = counter("attention.kernel.head_dim_" + std::to_string(head_dim));
     if (!k.ok()) return "";
-    return *k == 1 ? "mma" : *k == 2 ? "wgmma" : *k == 3 ? "overlap" : "";
+    return *k == 1 ? "mma" : *k == 2 ? "wgmma" : *k == 3 ? "overlap" : *k == 4 ? "ws" : "";
   }
 };
 

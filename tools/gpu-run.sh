@@ -7,10 +7,12 @@
 #   info        nvidia-smi
 #   wgmma       backend_ops_tests: the plain wgmma attention kernel's parity
 #               cases alone (-> $OUT/parity_wgmma.json)
+#   ws          the same for the warp-specialised kernel (attention_ws.cuh; not the
+#               default, -> $OUT/parity_ws.json)
 #   overlap     the same for the overlapped wgmma kernel, the default on the
 #               H200 (-> $OUT/parity_overlap.json); if its cases fail or crash,
-#               every later stage runs with WM_CUDA_ATTENTION=wgmma, or =mma
-#               when the plain wgmma kernel failed too
+#               every later stage runs with WM_CUDA_ATTENTION=mma (the plain
+#               wgmma kernel serves head_dim 128 only)
 #   parity      backend_ops_tests: every op, CPU vs CUDA             -> $OUT/parity.json
 #   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR  -> $OUT/parity_e2e.json
 #   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once)
@@ -22,6 +24,7 @@
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
 #   mg2_stages  the same with the fastest of those, where it is not the default
+#   attention_ws, mg2_ws  the warp-specialised kernel's attention and forward
 #   torch_mg2   ../shared/research/torch_mg2_step.py
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
 #               model, how many players hold 20 frames/s with p99 < 100 ms
@@ -103,14 +106,18 @@ stage info 10 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,m
 # the newest kernels first and alone: a fault in one must not take the rest of the report with it
 stage wgmma 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel2*' --gtest_output=json:"$OUT/parity_wgmma.json"
 stage overlap 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel3*' --gtest_output=json:"$OUT/parity_overlap.json"
+stage ws 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel4*' --gtest_output=json:"$OUT/parity_ws.json"
 failed() {  # the stage ran and did not pass
   grep -q "^$1," "$raw/stages.csv" && ! grep -q "^$1,0," "$raw/stages.csv"
 }
+passed() { grep -q "^$1,0," "$raw/stages.csv"; }
 if [ -z "${WM_CUDA_ATTENTION:-}" ]; then
-  if failed overlap && failed wgmma; then
+  # the plain wgmma kernel is built for head_dim 128 only (64, the default model's, runs the
+  # overlapped one): when the overlapped kernel fails, only mma.sync is safe for every stage
+  if failed overlap; then
     export WM_CUDA_ATTENTION=mma
-  elif failed overlap; then
-    export WM_CUDA_ATTENTION=wgmma
+  elif failed wgmma; then
+    export WM_CUDA_ATTENTION=overlap
   fi
   if [ -n "${WM_CUDA_ATTENTION:-}" ]; then
     echo "=== a wgmma kernel failed its parity cases: later stages use WM_CUDA_ATTENTION=$WM_CUDA_ATTENTION" | tee -a "$log"
@@ -120,7 +127,7 @@ echo "attention_kernel=${WM_CUDA_ATTENTION:-auto}" > "$raw/attention_kernel.txt"
 attention_kernels=all
 [ "${WM_CUDA_ATTENTION:-}" = mma ] && attention_kernels=mma
 # two stages, so that a hang or a crash in one still leaves the other's report
-stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter='-CudaEndToEnd.*:*kernel2*:*kernel3*' --gtest_output=json:"$OUT/parity.json"
+stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter='-CudaEndToEnd.*:*kernel2*:*kernel3*:*kernel4*' --gtest_output=json:"$OUT/parity.json"
 stage e2e 120 env OMP_NUM_THREADS=8 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$OUT/parity_e2e.json"
 if [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
@@ -134,6 +141,9 @@ stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
 # the overlapped kernel with 3, 4 and 5 K/V stages ("attention.stages"), its warpgroups in ping-pong or not
 [ "$attention_kernels" = all ] &&
   stage attention_stages 50 .gpu/bin/wm_attention_bench --kernel=overlap --stages=3,4,5 --pingpong=0,1
+# the warp-specialised kernel (not the default: measured here first), where its parity cases passed
+[ "$attention_kernels" = all ] && passed ws &&
+  stage attention_ws 40 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1
 # where the overlapped kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware counters)
 if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
   stage ncu 60 "$ncu" --clock-control none -k regex:attention_overlap --launch-skip 2 --launch-count 1 \
@@ -150,6 +160,9 @@ if [ -n "$best" ] && [ "$best" != "4 1" ]; then
   stage mg2_stages 80 env WM_CUDA_ATTENTION_STAGES="${best% *}" WM_CUDA_ATTENTION_PINGPONG="${best#* }" \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 fi
+# the forward with the warp-specialised kernel, where its parity cases passed
+[ "$attention_kernels" = all ] && passed ws &&
+  stage mg2_ws 80 env WM_CUDA_ATTENTION=ws .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
 stage serving 75 env BUDGET_S=55 SECONDS_PER_RUN=3 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
   bash tools/serving_capacity.sh .gpu/bin --device cuda --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4

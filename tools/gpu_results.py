@@ -66,6 +66,7 @@ def parity(raw, out_dir):
     res["end_to_end_report"] = gtest_report(os.path.join(out_dir, "parity_e2e.json"))
     res["wgmma_report"] = gtest_report(os.path.join(out_dir, "parity_wgmma.json"))
     res["overlap_report"] = gtest_report(os.path.join(out_dir, "parity_overlap.json"))
+    res["ws_report"] = gtest_report(os.path.join(out_dir, "parity_ws.json"))
     res["attention_kernel"] = text(os.path.join(raw, "attention_kernel.txt")).strip() or None
     log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "parity", "e2e"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
@@ -146,11 +147,13 @@ def collect(raw, out_path, build_info):
     results["memcheck"] = sanitizer(raw, "memcheck")
     results["racecheck"] = sanitizer(raw, "racecheck")
     results["attention"] = (json_lines(os.path.join(raw, "attention.out")) +
-                            json_lines(os.path.join(raw, "attention_stages.out")))
+                            json_lines(os.path.join(raw, "attention_stages.out")) +
+                            json_lines(os.path.join(raw, "attention_ws.out")))
     results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
-    results["mg2_stages"] = json_lines(os.path.join(raw, "mg2_stages.out"))
+    results["mg2_stages"] = (json_lines(os.path.join(raw, "mg2_stages.out")) +
+                             json_lines(os.path.join(raw, "mg2_ws.out")))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
     serving = json_lines(os.path.join(raw, "serving.out"))
@@ -171,6 +174,7 @@ def summary(path):
     p = r.get("parity", {})
     print("attention kernel for the later stages: %s" % p.get("attention_kernel"))
     for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("overlap parity", p.get("overlap_report", {})),
+                      ("warp-specialised parity", p.get("ws_report", {})),
                       ("parity", p),
                       ("end to end", p.get("end_to_end_report", {}))):
         if "error" in rep:
@@ -201,8 +205,9 @@ def summary(path):
                if "ffn_fusion_speedup" in m else ""))
     for m in r.get("mg2_stages", []):
         if "fps_aggregate" in m:
-            print("mg2 B=%s W=%s with %s stages, ping-pong %s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (
-                m.get("sessions_batched"), m.get("window_latent_frames"), m.get("attention_stages", "?"),
+            print("mg2 B=%s W=%s %s with %s stages, ping-pong %s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (
+                m.get("sessions_batched"), m.get("window_latent_frames"), m.get("attention_kernel"),
+                m.get("attention_stages", "?"),
                 m.get("attention_pingpong", "?"),
                 m.get("forward_ms"), m.get("fps_aggregate"), m.get("attention_ms_per_forward"),
                 m.get("attention_TFLOPs")))

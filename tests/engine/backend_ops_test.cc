@@ -52,7 +52,8 @@ namespace {
 
 constexpr double kAttentionAbs = 1e-2;
 constexpr double kMinPsnrDb = 35.0;
-constexpr int64_t kPingpongDefault = 1;  // the plugin's "attention.pingpong" default (cuda_backend.h)
+// the plugin's "attention.pingpong" default (cuda_backend.h) where WM_CUDA_ATTENTION_PINGPONG does not set it
+constexpr int64_t kPingpongDefault = 1;
 
 // ---- backends ---------------------------------------------------------------------
 
@@ -115,7 +116,7 @@ class Tuning {
       const int64_t def = k == "attention.split"                   ? -1
                           : k == "shadow" || k == "ffn.fused"        ? 1
                           : k == "attention.min_tiles_per_split"     ? 4
-                          : k == "attention.pingpong"                ? kPingpongDefault
+                          : k == "attention.pingpong"                ? -1
                                                                      : 0;
       EXPECT_TRUE(pb_->set_tuning(k, def).ok()) << k;
     }
@@ -516,21 +517,23 @@ std::vector<OpCase> all_cases() {
       {{"attention.split", -1}}};
   // every attention case runs on the mma.sync kernel (kernel1) and, for head_dim 64 and 128, on the
   // wgmma kernels (kernel2 plain, kernel3 overlapped; skipped where the GPU is not compute capability 9.0)
-  // (kernel2 at head_dim 128 only: it is not built for 64), and kernel3 also with 3 and 5 K/V stages
-  // (4 is the default) and with its ping-pong setting flipped
+  // (kernel2 at head_dim 128 only: it is not built for 64), kernel3 also with 3 and 5 K/V stages
+  // (4 is the default) and with its ping-pong setting flipped, and kernel4 (warp-specialised) with 4
+  // and 3 stages and ping-pong flipped
   auto per_kernel = [&](AttnSpec a) {
     const auto base = a.tuning;
-    for (int64_t kernel : {1, 2, 3}) {
+    for (int64_t kernel : {1, 2, 3, 4}) {
       if (kernel >= 2 && a.head_dim == 32) continue;
       if (kernel == 2 && a.head_dim != 128) continue;
       for (int64_t stages : {0, 3, 5}) {
-        if (stages != 0 && kernel != 3) continue;
+        if (stages != 0 && kernel < 3) continue;
+        if (stages == 5 && kernel == 4) continue;
         a.tuning = base;
         a.tuning.emplace_back("attention.kernel", kernel);
         if (stages != 0) a.tuning.emplace_back("attention.stages", stages);
         cases.push_back(attention_case(a));
       }
-      if (kernel == 3) {  // and with its two warpgroups in ping-pong (where block_q is 128)
+      if (kernel >= 3) {  // and with its two warpgroups in ping-pong or not (where block_q is 128)
         a.tuning = base;
         a.tuning.emplace_back("attention.kernel", kernel);
         a.tuning.emplace_back("attention.pingpong", 1 - kPingpongDefault);
@@ -583,6 +586,20 @@ std::vector<OpCase> all_cases() {
     per_kernel(a);
   }
   {
+    AttnSpec a;  // two warpgroups over many key tiles: every K/V stage refilled, with and without ping-pong
+    a.heads = 2;
+    a.head_dim = 128;
+    a.tokens_per_frame = 64;
+    a.window = 12;
+    a.sinks = 0;
+    a.frames_per_block = 2;
+    a.cached = {12};
+    a.q_scale = 3.0f;
+    a.label = "refill";
+    a.tuning = {{"attention.block_q", 128}, {"attention.split", 1}};
+    per_kernel(a);
+  }
+  {
     AttnSpec a;  // many queries per session (several 128-row tiles), sharp softmax
     a.heads = 4;
     a.head_dim = 64;
@@ -603,7 +620,8 @@ class BackendOps : public ::testing::TestWithParam<OpCase> {};
 TEST_P(BackendOps, CudaMatchesCpu) {
   WM_REQUIRE_CUDA();
   const OpCase& c = GetParam();
-  if ((c.name.find("_kernel2") != std::string::npos || c.name.find("_kernel3") != std::string::npos) &&
+  if ((c.name.find("_kernel2") != std::string::npos || c.name.find("_kernel3") != std::string::npos ||
+       c.name.find("_kernel4") != std::string::npos) &&
       !wgmma_available())
     GTEST_SKIP() << "the wgmma attention kernels need compute capability 9.0";
   const auto cpu = c.run(*backends().cpu, 1234);
@@ -1018,11 +1036,11 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
   const bool wgmma = wgmma_available();
-  const std::map<std::string, int64_t> by_name = {{"auto", 3}, {"mma", 1}, {"wgmma", 2}, {"overlap", 3}};
+  const std::map<std::string, int64_t> by_name = {{"auto", 3}, {"mma", 1}, {"wgmma", 2}, {"overlap", 3}, {"ws", 4}};
   const char* env = std::getenv("WM_CUDA_ATTENTION");
   const int64_t default_kernel = env == nullptr || *env == '\0' ? 3 : by_name.at(env);
   for (int hd : {32, 64, 128})
-    for (int64_t kernel : {0, 1, 2, 3}) {
+    for (int64_t kernel : {0, 1, 2, 3, 4}) {
       if (kernel >= 2 && !wgmma) continue;
       AttnSpec a;
       a.head_dim = hd;
@@ -1031,7 +1049,7 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
       int64_t expect = !wgmma || hd == 32 ? 1 : kernel == 0 ? default_kernel : kernel;
       if (expect == 2 && hd == 64) expect = 3;  // the plain wgmma kernel is built for head_dim 128 only
       const int64_t sm90_0 = counter("attention.sm90_launches"), overlap0 = counter("attention.overlap_launches"),
-                    all0 = counter("attention.launches");
+                    ws0 = counter("attention.ws_launches"), all0 = counter("attention.launches");
       attention_case(a).run(b, 7);
       ASSERT_TRUE(backends().cuda->synchronize().ok());
       const int64_t all = counter("attention.launches") - all0;
@@ -1040,24 +1058,38 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
           << "head_dim " << hd << " kernel " << kernel;
       EXPECT_EQ(counter("attention.overlap_launches") - overlap0, expect == 3 ? all : 0)
           << "head_dim " << hd << " kernel " << kernel;
+      EXPECT_EQ(counter("attention.ws_launches") - ws0, expect == 4 ? all : 0)
+          << "head_dim " << hd << " kernel " << kernel;
       Tuning t(b, {{"attention.kernel", kernel}});
       EXPECT_EQ(counter(("attention.kernel.head_dim_" + std::to_string(hd)).c_str()), expect);
     }
   EXPECT_EQ(counter("attention.kernel.head_dim_48"), 0);
   auto* pb = backends().cuda.get();
-  EXPECT_EQ(pb->set_tuning("attention.kernel", 4).code(), absl::StatusCode::kInvalidArgument);
-  for (int64_t bad : {-1, 1, 2, 6, 64})
-    EXPECT_EQ(pb->set_tuning("attention.stages", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
-  {
-    Tuning t(b, {{"attention.stages", 5}});
-    EXPECT_EQ(counter("attention.stages"), 5);
+  EXPECT_EQ(pb->set_tuning("attention.kernel", 5).code(), absl::StatusCode::kInvalidArgument);
+  // stages and ping-pong: the process defaults (WM_CUDA_ATTENTION_STAGES, _PINGPONG, else 4 and 1) come back
+  // when the knobs are reset
+  const int64_t stages0 = counter("attention.stages"), pingpong0 = counter("attention.pingpong");
+  if (std::getenv("WM_CUDA_ATTENTION_STAGES") == nullptr) {
+    EXPECT_EQ(stages0, 4);
   }
-  EXPECT_EQ(counter("attention.stages"), 4);
-  EXPECT_EQ(pb->set_tuning("attention.pingpong", 2).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(counter("attention.pingpong"), kPingpongDefault);
+  if (std::getenv("WM_CUDA_ATTENTION_PINGPONG") == nullptr) {
+    EXPECT_EQ(pingpong0, kPingpongDefault);
+  }
+  for (int64_t bad : {int64_t{-1}, int64_t{1}, int64_t{2}, int64_t{6}, int64_t{64}, (int64_t{1} << 32) + 4})
+    EXPECT_EQ(pb->set_tuning("attention.stages", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  for (int64_t bad : {int64_t{-2}, int64_t{2}, (int64_t{1} << 32) + 1})
+    EXPECT_EQ(pb->set_tuning("attention.pingpong", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  {
+    Tuning t(b, {{"attention.stages", 5}, {"attention.pingpong", 1 - pingpong0}});
+    EXPECT_EQ(counter("attention.stages"), 5);
+    EXPECT_EQ(counter("attention.pingpong"), 1 - pingpong0);
+  }
+  EXPECT_EQ(counter("attention.stages"), stages0);
+  EXPECT_EQ(counter("attention.pingpong"), pingpong0);
   if (!wgmma) {
     EXPECT_EQ(pb->set_tuning("attention.kernel", 2).code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(pb->set_tuning("attention.kernel", 3).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(pb->set_tuning("attention.kernel", 4).code(), absl::StatusCode::kFailedPrecondition);
   }
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
@@ -1077,7 +1109,8 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
     for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
              {{"attention.block_q", 64}, {"attention.split", 3}, {"attention.kernel", 1}},
              {{"attention.block_q", 64}, {"attention.split", 2}, {"attention.kernel", wgmma_available() ? 2 : 1}},
-             {{"attention.block_q", 128}, {"attention.split", 1}}}) {
+             {{"attention.block_q", 128}, {"attention.split", 1}},
+             {{"attention.block_q", 128}, {"attention.split", 2}, {"attention.kernel", wgmma_available() ? 4 : 1}}}) {
       AttnSpec a;
       a.head_dim = hd;
       a.cached = {0, 6};

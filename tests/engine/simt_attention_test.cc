@@ -29,6 +29,7 @@
 #include "cuda/attention_combine_kernel.cuh"
 #include "cuda/attention_kernel.cuh"
 #include "cuda/attention_sm90.cuh"
+#include "cuda/attention_ws.cuh"
 #include "cuda/sync_mma.cuh"
 #include "paged_attention_case.h"
 
@@ -37,8 +38,9 @@ namespace {
 
 using simt::Schedule;
 
-// kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong)
-enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong };
+// kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong);
+// kWs: the warp-specialised kernel, 4 stages, ping-pong; kWs3: 3 stages, no ping-pong
+enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3 };
 
 const char* name(Kernel k) {
   switch (k) {
@@ -52,6 +54,10 @@ const char* name(Kernel k) {
       return "overlap5";
     case Kernel::kOverlapPingPong:
       return "overlap-pingpong";
+    case Kernel::kWs:
+      return "ws";
+    case Kernel::kWs3:
+      return "ws3";
   }
   return "?";
 }
@@ -72,8 +78,12 @@ void run_kernel(const AttentionArgs& a, const PagedKvFp16View& kv) {
     attention_overlap_kernel<Fp16PageFormat, HD, BQ>(a, kv);
   } else if constexpr (K == Kernel::kOverlap5) {
     attention_overlap_kernel<Fp16PageFormat, HD, BQ, 5>(a, kv);
-  } else {
+  } else if constexpr (K == Kernel::kOverlapPingPong) {
     attention_overlap_kernel<Fp16PageFormat, HD, BQ, 4>(a, kv);
+  } else if constexpr (K == Kernel::kWs) {
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 4>(a, kv);
+  } else {
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 3>(a, kv);
   }
 }
 
@@ -93,9 +103,15 @@ KernelLaunch kernel_launch() {
   } else if constexpr (K == Kernel::kOverlap5) {
     l.threads = OverlapAttention<5>::threads(BQ);
     l.smem = OverlapAttention<5>::smem(HD, BQ);
-  } else {
+  } else if constexpr (K == Kernel::kOverlapPingPong) {
     l.threads = OverlapAttention<4>::threads(BQ);
     l.smem = OverlapAttention<4>::smem(HD, BQ);
+  } else if constexpr (K == Kernel::kWs) {
+    l.threads = WsAttention<4>::threads(BQ);
+    l.smem = WsAttention<4>::smem(HD, BQ);
+  } else {
+    l.threads = WsAttention<3>::threads(BQ);
+    l.smem = WsAttention<3>::smem(HD, BQ);
   }
   return l;
 }
@@ -123,6 +139,10 @@ KernelLaunch kernel_launch(Kernel k, int hd, int bq) {
       return kernel_launch<Kernel::kOverlap5>(hd, bq);
     case Kernel::kOverlapPingPong:
       return kernel_launch<Kernel::kOverlapPingPong>(hd, bq);
+    case Kernel::kWs:
+      return kernel_launch<Kernel::kWs>(hd, bq);
+    case Kernel::kWs3:
+      return kernel_launch<Kernel::kWs3>(hd, bq);
   }
   return {};
 }
@@ -185,7 +205,7 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   a.layer = layer;
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
-  a.pingpong = k == Kernel::kOverlapPingPong ? 1 : 0;
+  a.pingpong = k == Kernel::kOverlapPingPong || k == Kernel::kWs ? 1 : 0;
   PagedKvFp16View kv;
   kv.pool = c.pool.data();
   kv.page_table = p.page_tables.data();
@@ -303,6 +323,8 @@ std::vector<Case> cases_for(int hd) {
       {"one cache tile", geometry(hd, 40, 3, 1), {{1, 40}}, 64, 1, false},
       {"three sessions, split", geometry(hd, 17, 4, 1, 2), {{3, 34}, {9, 51}, {2, 5}}, 64, 3, true},
       {"three sessions, block_q 128", geometry(hd, 17, 4, 1), {{3, 34}, {9, 140}, {0, 5}}, 128, 2, true},
+      // two warpgroups through 12 key tiles: every K/V stage is refilled, more than once
+      {"block_q 128 over 12 key tiles", geometry(hd, 64, 10, 0), {{10, 128}}, 128, 1, false},
   };
 }
 
@@ -324,7 +346,15 @@ TEST(SimtAttention, OverlapKernelFiveStagesHeadDim64) {
 TEST(SimtAttention, OverlapKernelFiveStagesHeadDim128) {
   run_cases(Kernel::kOverlap5, cases_for(128), {Schedule::kWarpsReversed}, {0});
 }
-// the ping-pong changes only block_q 128 (two warpgroups): cases_for's last case
+TEST(SimtAttention, WarpSpecialisedKernel) {
+  run_cases(Kernel::kWs, cases_for(64), kAllSchedules, {0, 16});
+  run_cases(Kernel::kWs, cases_for(128), kAllSchedules, {16});
+}
+TEST(SimtAttention, WarpSpecialisedKernelThreeStagesNoPingPong) {
+  run_cases(Kernel::kWs3, cases_for(64), kAllSchedules, {16});
+  run_cases(Kernel::kWs3, cases_for(128), {Schedule::kWarpsReversed}, {0});
+}
+// the ping-pong changes only block_q 128 (two warpgroups): cases_for's last two cases
 TEST(SimtAttention, OverlapKernelPingPong) {
   run_cases(Kernel::kOverlapPingPong, cases_for(64), kAllSchedules, {0, 16});
   run_cases(Kernel::kOverlapPingPong, cases_for(128), kAllSchedules, {16});

@@ -281,9 +281,12 @@ void land(const Copy& c) {
   g_cur->unfenced.push_back(c.dst / 16);
 }
 
+// a warpgroup is four warps from a multiple of 4: a CTA may end in a partial
+// one (a producer warp), whose threads must not execute warpgroup instructions
 Warpgroup& my_warpgroup(const char* what) {
-  if (g_cta->fibers->size() % 128 != 0) fail(where() + what + " needs whole warpgroups of 128 threads");
-  return g_cta->wg[static_cast<size_t>(linear_tid() / 128)];
+  const auto w = static_cast<size_t>(linear_tid() / 128);
+  if (w >= g_cta->wg.size()) fail(where() + what + " needs a whole warpgroup of 128 threads");
+  return g_cta->wg[w];
 }
 
 void run_wgmma(const WgmmaOp& op) {

@@ -118,6 +118,9 @@ void fence_proxy_async();
 #define blockIdx (::wm::simt::block_idx())
 #define blockDim (::wm::simt::block_dim())
 #define gridDim (::wm::simt::grid_dim())
+// cuda_runtime_api.h defines it as an attribute the host compiler does not know
+#undef __maxnreg__
+#define __maxnreg__(...)
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
