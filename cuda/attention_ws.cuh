@@ -6,11 +6,11 @@
 // cp.async in place of TMA). BQ / 64 consumer warpgroups (threads
 // [0, 2 BQ)) and one producer warp (the last 32 threads):
 //
-//   producer   for tile t: wait EMPTY(stage) once both warpgroups are done
-//              with the tile that held it (t - STAGES), cp.async tile t (Q
-//              with tile 0); STAGES - 2 tiles later, when its copies have
-//              landed and are fenced for wgmma, arrive FULL(stage, wg) for
-//              each warpgroup
+//   producer   step t: arrive FULL(stage, wg) for tile t - (STAGES - 2) for
+//              each warpgroup, once its copies have landed and are fenced
+//              for wgmma; then wait EMPTY(stage) until both warpgroups are
+//              done with the tile that held stage t % STAGES (t - STAGES)
+//              and cp.async tile t (Q with tile 0)
 //   consumer   for tile t: sync FULL(stage of t, wg); [ping-pong: sync
 //              TURN(wg)] issue S(t) and P V(t - 1); [arrive TURN(other)];
 //              softmax(t); wait P V(t - 1); rescale; arrive EMPTY(stage of
@@ -29,10 +29,11 @@
 
 namespace wm::cuda {
 
-// registers: 9 warps at 224 fit an SM's 64K; __launch_bounds__ would round
-// 288 threads up and allow only 168, and the consumers spill below ~210
+// registers: a launch must fit the register file as if the CTA's warps
+// were rounded up to a multiple of 4 (one per sub-partition), so 288
+// threads get at most 168
 template <class Fmt, int HD, int BQ, int STAGES>
-__global__ void __maxnreg__(BQ == 128 ? 224 : 255)
+__global__ void __launch_bounds__(BQ * 2 + 32, 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
   static_assert(STAGES == 3 || STAGES == 4, "the named barriers of 3 or 4 stages fit a CTA's 16");
   constexpr int BK = kTileKeys, NWG = BQ / 64, NC = BQ * 2, kProducer = 32;
@@ -54,6 +55,14 @@ __global__ void __maxnreg__(BQ == 128 ? 224 : 255)
   if (tid >= NC) {  // the producer warp
     const int ptid = tid - NC;
     for (int t = 0; t < n + kAhead; ++t) {
+      // first signal tile t - kAhead (groups 0 .. t - 1 are committed), then wait for a stage: so the
+      // consumers' FULL for tile u hangs on their EMPTY for tile u - 3, a whole tile back
+      if (t >= kAhead) {
+        cp_async_wait<kAhead - 1>();  // tile t - kAhead has landed
+        fence_proxy_async_smem();
+#pragma unroll
+        for (int wg = 0; wg < NWG; ++wg) named_barrier_arrive(full_id(t - kAhead, wg), kFullThreads);
+      }
       if (t < n) {
         if (t >= STAGES) named_barrier_sync(empty_id(t), kEmptyThreads);
         if (t == 0) load_query_tile<HD, BQ, kProducer>(a, c, sq, ptid);
@@ -61,12 +70,6 @@ __global__ void __maxnreg__(BQ == 128 ? 224 : 255)
                                                 ptid);
       }
       cp_async_commit();  // possibly empty: the group count stays one per t
-      if (t >= kAhead) {
-        cp_async_wait<kAhead>();  // tile t - kAhead has landed
-        fence_proxy_async_smem();
-#pragma unroll
-        for (int wg = 0; wg < NWG; ++wg) named_barrier_arrive(full_id(t - kAhead, wg), kFullThreads);
-      }
     }
     return;
   }

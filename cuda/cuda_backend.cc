@@ -137,6 +137,12 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   if (info_.sm_major == 9 && info_.sm_minor == 0) {
     sm90_ready_ = attention_sm90_prepare() == cudaSuccess;
     if (!sm90_ready_) cudaGetLastError();
+    // a kernel whose registers or shared memory do not fit an SM would fail every launch
+    ws_ready_ = sm90_ready_;
+    for (int32_t hd : {64, 128})
+      for (int32_t bq : {64, 128})
+        for (int32_t st : {3, 4}) ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st) > 0;
+    cudaGetLastError();
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
     const absl::string_view v(e);
@@ -233,6 +239,8 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
       return absl::FailedPreconditionError(absl::StrCat("attention.kernel: the wgmma kernels run on compute "
                                                         "capability 9.0 only; this GPU is ",
                                                         info_.sm_major, ".", info_.sm_minor));
+    if (value == kWs && !ws_ready_)
+      return absl::FailedPreconditionError("attention.kernel: the warp-specialised kernel does not fit this GPU");
     attention_kernel_ = static_cast<int32_t>(value);
   } else if (key == "attention.stages") {
     if (value != 0 && (value < 0 || value > 64 || !attention_sm90_stages_valid(static_cast<int32_t>(value))))
@@ -260,6 +268,7 @@ int32_t CudaBackend::kernel_for(int32_t head_dim) const {
   if (!sm90_ready_ || !attention_sm90_supports(head_dim, kDefaultStages)) return kMma;
   const int32_t k = attention_kernel_ != 0 ? attention_kernel_ : default_attention_kernel_;
   if (k == kWgmma && !attention_sm90_supports(head_dim, 0)) return kOverlap;
+  if (k == kWs && !ws_ready_) return kOverlap;
   return k != 0 ? k : kOverlap;
 }
 

@@ -192,6 +192,7 @@ class CudaBackend {
   int32_t overlap_stages() const;
   void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
+  bool ws_ready_ = false;    // and the occupancy calculator fits every warp-specialised instantiation
   // the kernel that attends head_dim now (0: none)
   int32_t kernel_for(int32_t head_dim) const;
   // CTAs per SM, [kernel - 1][head_dim 32, 64, 128][block_q 64, 128]
