@@ -67,6 +67,24 @@ struct WgMma {
     fence_regs(pa);
   }
 
+  // the overlapped kernels' issue for key tile t: S = Q K^T from the K tile
+  // at sk, then O += P V with P of tile t - 1 and its V tile at sv_prev, as
+  // two asynchronous groups in that order (wgmma_wait<1> then gives S)
+  template <int HD, int BK>
+  __device__ static void issue_s_and_pv(float (&sc)[BK / 8][4], float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4],
+                                        uint32_t (&qf)[HD / 16][4], uint32_t sk, uint32_t sv_prev) {
+    fence_regs(sc);
+    fence_regs(o);
+    fence_regs(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wgmma_m64n64k16<0>(sc, qf[kk], key_desc<HD, BK>(sk, kk));
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv_prev, kk));
+    wgmma_commit();
+  }
+
   template <int HD, int BK>
   __device__ static void pv(float (&o)[HD / 8][4], const float (&sc)[BK / 8][4], uint32_t sv, int) {
     uint32_t pa[BK / 16][4];
@@ -149,16 +167,7 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
     // ping-pong: the second warpgroup queues its MMAs behind the first's, so
     // that the first's softmax runs while the tensor cores work for the second
     if (pingpong && warp >= 4) named_barrier_sync(1, NT);
-    fence_regs(sc);
-    fence_regs(o);
-    fence_regs(pa);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_m64n64k16<0>(sc, qf[kk], key_desc<HD, BK>(sk, kk));
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv_prev, kk));
-    wgmma_commit();
+    WgMma::issue_s_and_pv<HD, BK>(sc, o, pa, qf, sk, sv_prev);
     if (pingpong && warp < 4) named_barrier_arrive(1, NT);
 
     wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run

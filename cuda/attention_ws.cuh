@@ -99,16 +99,7 @@ __global__ void __launch_bounds__(BQ * 2 + 32, 1)
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     if (pingpong) named_barrier_sync(turn_id(wg), kTurnThreads);
-    fence_regs(sc);
-    fence_regs(o);
-    fence_regs(pa);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wgmma_m64n64k16<0>(sc, qf[kk], key_desc<HD, BK>(sk, kk));
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv_prev, kk));
-    wgmma_commit();
+    WgMma::issue_s_and_pv<HD, BK>(sc, o, pa, qf, sk, sv_prev);
     // the other warpgroup's turn (the second's last arrival would have nobody to meet)
     if (pingpong && !(wg == 1 && t == n - 1)) named_barrier_arrive(turn_id(1 - wg), kTurnThreads);
 
