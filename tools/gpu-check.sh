@@ -73,8 +73,9 @@ echo "== travels: working tree $((tree_bytes / 1048576)) MiB + .gpu $((gpu_bytes
 
 cat <<'EOF'
 
-== ready. The device call (one run, about 7 minutes; results in $OUT: gpu-check.log, results.json, parity.json):
-   run(command="source .gpu/env.sh && bash tools/gpu-run.sh", carry=[".gpu"], timeout_s=480)
-   (WM_GPU_BUDGET_S=420 by default inside; each stage also has its own limit;
+== ready. On the GPU machine, from the repository root with .gpu/ copied beside it (about 3 minutes;
+   results in $OUT, else /tmp/wm-gpu-out: gpu-check.log, results.json, parity*.json):
+   source .gpu/env.sh && bash tools/gpu-run.sh
+   (WM_GPU_BUDGET_S=420 by default; each stage also has its own limit;
     WM_GPU_STAGES="parity e2e" runs only the stages named)
 EOF
