@@ -14,10 +14,6 @@ using Kernels = AttentionKernels<PlainAttention<SyncMma>, 32, 64, 128>;
 
 int32_t attention_ctas_per_sm(int32_t head_dim, int32_t block_q) { return Kernels::ctas_per_sm(head_dim, block_q); }
 
-size_t attention_smem_bytes(int32_t head_dim, int32_t block_q) {
-  return attention_kernel_smem<SyncMma>(head_dim, block_q);
-}
-
 cudaError_t attention_prepare() { return Kernels::prepare(); }
 
 cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,

@@ -32,8 +32,6 @@ struct AttentionArgs {
   int32_t pingpong = 0;
 };
 
-// dynamic shared memory of one CTA
-size_t attention_smem_bytes(int32_t head_dim, int32_t block_q);
 // raises the kernels' shared-memory limits; once per device before the first launch
 cudaError_t attention_prepare();
 // CTAs of the fp16 kernel for (head_dim, block_q) that one SM holds at once,
@@ -52,7 +50,6 @@ cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, 
 // or 128).
 bool attention_sm90_supports(int32_t head_dim, int32_t stages);
 bool attention_sm90_stages_valid(int32_t stages);
-size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t attention_sm90_prepare();
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,

@@ -36,10 +36,6 @@ bool attention_sm90_supports(int32_t head_dim, int32_t stages) {
 
 bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
 
-size_t attention_sm90_smem_bytes(int32_t head_dim, int32_t block_q, int32_t stages) {
-  return stages != 0 ? overlap_smem(head_dim, block_q, stages) : attention_kernel_smem<WgMma>(head_dim, block_q);
-}
-
 // the warp-specialised kernel's stage count: 3 or 4 (its named barriers)
 int32_t ws_stages(int32_t stages) { return stages == 3 ? 3 : 4; }
 

@@ -187,7 +187,7 @@ void CudaBackend::measure_ctas_per_sm() {
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     for (int32_t j = 0; j < 2; ++j) {
       const int32_t hd = kHeadDims[i], bq = j == 0 ? 64 : 128, fallback = j == 0 ? 2 : 1;
-      const int32_t stages = overlap_stages();
+      const int32_t stages = overlap_stages();  // 3..5
       const bool sm90 = sm90_ready_ && attention_sm90_supports(hd, stages);
       const std::array<int32_t, 4> n = {
           attention_ctas_per_sm(hd, bq),
@@ -243,7 +243,7 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
       return absl::FailedPreconditionError("attention.kernel: the warp-specialised kernel does not fit this GPU");
     attention_kernel_ = static_cast<int32_t>(value);
   } else if (key == "attention.stages") {
-    if (value != 0 && (value < 0 || value > 64 || !attention_sm90_stages_valid(static_cast<int32_t>(value))))
+    if (value != 0 && (value < 3 || value > 5))
       return absl::InvalidArgumentError("attention.stages: 0 (default), 3, 4 or 5");
     attention_stages_ = static_cast<int32_t>(value);
     measure_ctas_per_sm();
