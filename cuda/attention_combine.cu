@@ -6,9 +6,9 @@ namespace wm::cuda {
 
 cudaError_t launch_attention_combine(const AttentionArgs& a, int32_t head_dim, int32_t groups, cudaStream_t stream) {
   if (groups <= 0 || a.heads <= 0) return cudaSuccess;
-  if (head_dim > 128 || a.heads > 65535) return cudaErrorInvalidValue;
-  return launch_kernel(attention_combine_kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(a.heads)),
-                       kCombineWarps * 32, 0, stream, a, head_dim);
+  if (head_dim > 128 || head_dim % 4 != 0 || a.heads > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(attention_combine_kernel, combine_grid(groups, a.heads, a.block_q), kCombineThreads, 0, stream,
+                       a, head_dim);
 }
 
 }  // namespace wm::cuda

@@ -9,7 +9,7 @@
 
 namespace wm::cuda {
 
-// grid (groups, heads)
+// grid (groups x query-row blocks, heads), one warp per query row and head
 cudaError_t launch_attention_combine(const AttentionArgs& a, int32_t head_dim, int32_t groups, cudaStream_t stream);
 
 }  // namespace wm::cuda

@@ -103,7 +103,7 @@ struct WgMma {
 // completed, so that STAGES - 1 tiles are in flight while one is computed.
 // More stages hide more memory latency when an SM holds one CTA; fewer leave
 // room for two (kernel_attrs.cuh measures it).
-constexpr int kOverlapStages = 3;  // the template default; the plugin runs CudaBackend::kDefaultStages (4)
+constexpr int kOverlapStages = 3;  // the template default; the plugin runs CudaBackend::kDefaultStages (3)
 
 constexpr size_t overlap_smem(int32_t hd, int32_t bq, int32_t stages = kOverlapStages) {
   return WgMma::kAlign + static_cast<size_t>(2 * stages * kTileKeys + bq) * hd * 2;

@@ -181,12 +181,13 @@ class CudaBackend {
   int32_t attention_kernel_ = 0, default_attention_kernel_ = 0;
   // K/V stages of kernel 3 (3..5); "attention.stages" 0: the default,
   // WM_CUDA_ATTENTION_STAGES at start-up, else kDefaultStages
-  static constexpr int32_t kDefaultStages = 4;  // docs/PERFORMANCE.md: 3, 4 and 5 on the H200
+  // docs/CUDA.md, "Split-KV": 3 stages hold two CTAs per SM at head_dim 128
+  static constexpr int32_t kDefaultStages = 3;
   int32_t attention_stages_ = 0, default_attention_stages_ = 0;
   // kernel 3 with two warpgroups: ping-pong their MMAs ("attention.pingpong"
   // 0 or 1; -1: the default, WM_CUDA_ATTENTION_PINGPONG at start-up, else
   // kDefaultPingpong)
-  static constexpr int32_t kDefaultPingpong = 1;  // docs/PERFORMANCE.md: 6-9% at 2640 queries, 4 stages
+  static constexpr int32_t kDefaultPingpong = 1;  // docs/PERFORMANCE.md: 6-12% at 2640 queries
   int32_t attention_pingpong_ = -1, default_attention_pingpong_ = kDefaultPingpong;
   int32_t pingpong() const { return attention_pingpong_ >= 0 ? attention_pingpong_ : default_attention_pingpong_; }
   int32_t overlap_stages() const;

@@ -21,6 +21,8 @@
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
 #   ncu         Nsight Compute's counters for one overlapped-kernel launch at
 #               2640 queries over 16k cached tokens
+#   ncu_split   each kernel's duration for a 64-query block over 64k cached
+#               tokens (input conversion, split attention, combine)
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
 #   mg2_stages  the same with the fastest of those, where it is not the default
@@ -151,12 +153,17 @@ if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     .gpu/bin/wm_attention_bench --kernel=overlap --cached=16384 --queries=2640 --reps=1
 fi
+# where a split 64-query block's time goes: the first two calls' three kernels each
+if [ -n "$ncu" ]; then
+  stage ncu_split 40 "$ncu" --clock-control none -k regex:attention --launch-count 6 --section SpeedOfLight \
+    .gpu/bin/wm_attention_bench --cached=65536 --queries=64 --reps=1
+fi
 stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
 stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
 # the forward again with the stage count and ping-pong setting that timed fastest at 2640 queries,
-# where that is not the default (4 stages, ping-pong)
+# where that is not the default (3 stages, ping-pong)
 best=$(python3 tools/gpu_results.py --best-stages "$raw/attention_stages.out" 2>/dev/null || true)
-if [ -n "$best" ] && [ "$best" != "4 1" ]; then
+if [ -n "$best" ] && [ "$best" != "3 1" ]; then
   stage mg2_stages 80 env WM_CUDA_ATTENTION_STAGES="${best% *}" WM_CUDA_ATTENTION_PINGPONG="${best#* }" \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 fi
@@ -164,7 +171,8 @@ fi
 [ "$attention_kernels" = all ] && passed ws &&
   stage mg2_ws 80 env WM_CUDA_ATTENTION=ws .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
-stage serving 75 env BUDGET_S=55 SECONDS_PER_RUN=3 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
+# 6 s a step: with 3 s the same kernels gave 30 to 52 sessions in three runs
+stage serving 110 env BUDGET_S=90 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
   bash tools/serving_capacity.sh .gpu/bin --device cuda --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4
 cp "$raw/capacity/wmserve.log" "$OUT/serving-wmserve.log" 2>/dev/null
 

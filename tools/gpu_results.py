@@ -150,6 +150,7 @@ def collect(raw, out_path, build_info):
                             json_lines(os.path.join(raw, "attention_stages.out")) +
                             json_lines(os.path.join(raw, "attention_ws.out")))
     results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
+    results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
     results["mg2_stages"] = (json_lines(os.path.join(raw, "mg2_stages.out")) +

@@ -45,6 +45,7 @@
 #include "engine/model_config.h"
 #include "engine/weights.h"
 #include "engine/plugin_loader.h"
+#include "tests/engine/cuda_plugin_path.h"
 #include "tests/engine/source_file.h"
 
 namespace wm {
@@ -52,18 +53,12 @@ namespace {
 
 constexpr double kAttentionAbs = 1e-2;
 constexpr double kMinPsnrDb = 35.0;
-// the plugin's "attention.pingpong" default (cuda_backend.h) where WM_CUDA_ATTENTION_PINGPONG does not set it
+// the plugin's "attention.pingpong" and "attention.stages" defaults (cuda_backend.h) where
+// WM_CUDA_ATTENTION_PINGPONG and WM_CUDA_ATTENTION_STAGES do not set them
 constexpr int64_t kPingpongDefault = 1;
+constexpr int64_t kStagesDefault = 3;
 
 // ---- backends ---------------------------------------------------------------------
-
-std::string plugin_path() {
-  if (const char* e = std::getenv("WM_CUDA_PLUGIN"); e != nullptr && *e != '\0') return e;
-#ifdef WM_CUDA_PLUGIN_PATH
-  if (std::filesystem::exists(WM_CUDA_PLUGIN_PATH)) return WM_CUDA_PLUGIN_PATH;
-#endif
-  return "";  // beside the executable (the GPU bundle), then the loader's search path
-}
 
 struct Backends {
   std::unique_ptr<Backend> cpu;
@@ -77,7 +72,7 @@ Backends& backends() {
     auto* x = new Backends;
     x->cpu = make_cpu_backend(0);
     PluginBackendOptions o;
-    o.path = plugin_path();
+    o.path = test::cuda_plugin_path();
     o.kv_pool_bytes = int64_t{1} << 30;
     o.abort_on_error = false;
     auto c = make_plugin_backend(o);
@@ -524,15 +519,16 @@ std::vector<OpCase> all_cases() {
       {{"attention.split", -1}}};
   // every attention case runs on the mma.sync kernel (kernel1) and, for head_dim 64 and 128, on the
   // wgmma kernels (kernel2 plain, kernel3 overlapped; skipped where the GPU is not compute capability 9.0)
-  // (kernel2 at head_dim 128 only: it is not built for 64), kernel3 also with 3 and 5 K/V stages
-  // (4 is the default) and with its ping-pong setting flipped, and kernel4 (warp-specialised) with 4
-  // and 3 stages and ping-pong flipped
+  // (kernel2 at head_dim 128 only: it is not built for 64), kernel3 with 3, 4 and 5 K/V stages
+  // (the default and the other two) and with its ping-pong setting flipped, and kernel4
+  // (warp-specialised) with 3 and 4 stages and ping-pong flipped
   auto per_kernel = [&](AttnSpec a) {
     const auto base = a.tuning;
     for (int64_t kernel : {1, 2, 3, 4}) {
       if (kernel >= 2 && a.head_dim == 32) continue;
       if (kernel == 2 && a.head_dim != 128) continue;
-      for (int64_t stages : {0, 3, 5}) {
+      for (int64_t stages : {0, 3, 4, 5}) {
+        if (stages == kStagesDefault) continue;  // 0 runs it
         if (stages != 0 && kernel < 3) continue;
         if (stages == 5 && kernel == 4) continue;
         a.tuning = base;
@@ -1076,11 +1072,11 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   EXPECT_EQ(counter("attention.kernel.head_dim_48"), 0);
   auto* pb = backends().cuda.get();
   EXPECT_EQ(pb->set_tuning("attention.kernel", 5).code(), absl::StatusCode::kInvalidArgument);
-  // stages and ping-pong: the process defaults (WM_CUDA_ATTENTION_STAGES, _PINGPONG, else 4 and 1) come back
+  // stages and ping-pong: the process defaults (WM_CUDA_ATTENTION_STAGES, _PINGPONG, else 3 and 1) come back
   // when the knobs are reset
   const int64_t stages0 = counter("attention.stages"), pingpong0 = counter("attention.pingpong");
   if (std::getenv("WM_CUDA_ATTENTION_STAGES") == nullptr) {
-    EXPECT_EQ(stages0, 4);
+    EXPECT_EQ(stages0, kStagesDefault);
   }
   if (std::getenv("WM_CUDA_ATTENTION_PINGPONG") == nullptr) {
     EXPECT_EQ(pingpong0, kPingpongDefault);
@@ -1171,7 +1167,7 @@ std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& 
   o.random_seed = 3;
   o.config_path = config;
   o.device = device;
-  o.cuda_plugin = plugin_path();
+  o.cuda_plugin = test::cuda_plugin_path();
   o.kv_budget_bytes = int64_t{256} << 20;
   o.abort_on_device_error = false;  // a device failure fails the step, the other tests still report
   auto e = Engine::create(o);

@@ -230,8 +230,8 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   r.error = simt::launch(cfg, [&] { l.body(a, kv); });
   if (r.error.empty() && !p.groups.empty()) {
     simt::LaunchConfig combine;
-    combine.grid = dim3(static_cast<unsigned>(p.groups.size()), static_cast<unsigned>(H));
-    combine.block = dim3(kCombineWarps * 32);
+    combine.grid = combine_grid(static_cast<int32_t>(p.groups.size()), H, p.block_q);
+    combine.block = dim3(kCombineThreads);
     combine.schedule = schedule;
     r.error = simt::launch(combine, [&] { attention_combine_kernel(a, Dh); });
   }
@@ -353,6 +353,24 @@ TEST(SimtAttention, WarpSpecialisedKernel) {
 TEST(SimtAttention, WarpSpecialisedKernelThreeStagesNoPingPong) {
   run_cases(Kernel::kWs3, cases_for(64), kAllSchedules, {16});
   run_cases(Kernel::kWs3, cases_for(128), {Schedule::kWarpsReversed}, {0});
+}
+// the combine kernel takes a row's partials 32 at a time: more than 32 ranges
+TEST(SimtAttention, CombineOfMoreThan32Ranges) {
+  const std::vector<Case> cases = {
+      {"one session, 40 ranges", geometry(32, 64, 44, 1), {{45, 64}}, 64, 40, true},
+      {"two sessions, 33 ranges each, 20 rows", geometry(32, 64, 40, 0), {{40, 20}, {36, 20}}, 64, 33, true},
+  };
+  for (const Case& cs : cases) {
+    PlanTuning t;
+    t.block_q = cs.block_q;
+    t.split = cs.split;
+    t.min_tiles_per_split = 1;
+    const PagedAttentionCase c = make_paged_attention_case(cs.g, cs.sessions, t, 1.5f);
+    int32_t most = 0;
+    for (const CombineGroup& gr : c.plan.groups) most = std::max(most, gr.splits);
+    EXPECT_GT(most, 32) << cs.what;
+  }
+  run_cases(Kernel::kMma, cases, {Schedule::kRoundRobin, Schedule::kWarpsReversed}, {0});
 }
 // the ping-pong changes only block_q 128 (two warpgroups): cases_for's last two cases
 TEST(SimtAttention, OverlapKernelPingPong) {

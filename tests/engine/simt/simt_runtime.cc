@@ -523,6 +523,22 @@ float shfl_xor(unsigned mask, float value, int lane_mask) {
   return s.out_value[l];
 }
 
+float shfl_idx(unsigned mask, float value, int src_lane) {
+  WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];
+  const int l = lane();
+  s.mask[l] = mask;
+  s.value[l] = value;
+  s.lane_mask[l] = src_lane;
+  meet(g_cta->warps[static_cast<size_t>(warp())], "shfl.sync.idx", [&] {
+    for (int i = 0; i < 32; ++i) {
+      if (s.mask[i] != 0xffffffffu || s.lane_mask[i] < 0 || s.lane_mask[i] > 31)
+        fail(where() + "shfl.sync.idx: only full-warp shuffles from a lane 0..31 are modelled");
+      s.out_value[i] = s.value[s.lane_mask[i]];
+    }
+  });
+  return s.out_value[l];
+}
+
 uint32_t shared_address(const void* p) {
   const auto* b = static_cast<const uint8_t*>(p);
   const uint8_t* lo = g_cta->smem.data();

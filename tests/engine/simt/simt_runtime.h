@@ -6,7 +6,7 @@
 // first on the include path: its cuda/mma.cuh and cuda/wgmma.cuh replace the
 // PTX wrappers with calls into this runtime, and this header supplies the
 // CUDA built-ins the kernels use (threadIdx, blockIdx, blockDim,
-// __syncthreads, __shfl_xor_sync, min). What the instructions compute comes
+// __syncthreads, __shfl_xor_sync, __shfl_sync, min). What the instructions compute comes
 // from the CPU models in ../ptx_model.h (the PTX ISA's fragment tables).
 //
 // How it runs: the CTAs of a grid one after another; the threads of a CTA
@@ -93,6 +93,7 @@ uint3 grid_dim();
 void sync_threads();
 void named_barrier(int id, int count, bool wait);
 float shfl_xor(unsigned mask, float value, int lane_mask);
+float shfl_idx(unsigned mask, float value, int src_lane);
 
 uint32_t shared_address(const void* p);
 uint32_t dynamic_smem_base();
@@ -132,5 +133,8 @@ void fence_proxy_async();
 inline void __syncthreads() { ::wm::simt::sync_threads(); }
 inline float __shfl_xor_sync(unsigned mask, float value, int lane_mask) {
   return ::wm::simt::shfl_xor(mask, value, lane_mask);
+}
+inline float __shfl_sync(unsigned mask, float value, int src_lane) {
+  return ::wm::simt::shfl_idx(mask, value, src_lane);
 }
 inline int min(int a, int b) { return a < b ? a : b; }
