@@ -105,7 +105,8 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
   actions_received = counter(r, "wm_actions_received_total", "actions received");
   auto& invalid = pm::BuildCounter().Name("wm_actions_invalid_total").Help("actions refused as invalid, by reason")
                       .Register(r);
-  for (const char* reason : {"out_of_range", "bad_seq", "empty", "before_start"}) invalid_[reason] = &invalid.Add({{"reason", reason}});
+  for (const char* reason : {"out_of_range", "bad_seq", "empty", "unparseable", "before_start"})
+    invalid_[reason] = &invalid.Add({{"reason", reason}});
   invalid_other_ = &invalid.Add({{"reason", "other"}});
   auto& actions_dropped = pm::BuildCounter()
                               .Name("wm_actions_dropped_total")

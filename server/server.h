@@ -46,7 +46,8 @@ class Server {
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   const ServedModel& model() const { return model_; }
-  int sessions() const { return service_->sessions(); }
+  int sessions() const { return service_->sessions(); }  // parked ones included
+  int parked_sessions() const { return service_->parked_sessions(); }
 
   void sweep_idle() { service_->sweep_idle(Clock::now()); }
   // refuse new sessions (UNAVAILABLE), health NOT_SERVING, tell the sessions

@@ -20,14 +20,31 @@ grpc::Status to_grpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// parses a request's bytes as M (consuming them); INVALID_ARGUMENT naming M when they do not parse
+template <class M>
+absl::Status parse(grpc::ByteBuffer* bytes, M* out) {
+  const size_t n = bytes->Length();
+  out->Clear();
+  if (grpc::SerializationTraits<M>::Deserialize(bytes, out).ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("a message of ", n, " bytes that does not parse as ", M::descriptor()->full_name()));
+}
+
+// a response's bytes
+template <class M>
+grpc::Status serialize(const M& msg, grpc::ByteBuffer* out) {
+  bool own = false;
+  return grpc::SerializationTraits<M>::Serialize(msg, out, &own);
+}
+
 // One Play stream. Until a Start is accepted the reactor answers alone;
 // afterwards its ServerSession decides every write and the Finish.
-class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::PlayResponse>, public StreamWriter {
+class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>, public StreamWriter {
  public:
   PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), client_(client_of_peer(context->peer())) {
     pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { finish_once(s); });
-    StartRead(&request_);
+    StartRead(&read_);
   }
 
   void OnReadDone(bool ok) override {
@@ -42,11 +59,16 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
       }
       return;
     }
+    const absl::Status parsed = parse(&read_, &request_);
     if (s == nullptr) {
+      if (!parsed.ok()) {
+        finish_once(parsed);
+        return;
+      }
       switch (request_.kind_case()) {
         case v1::PlayRequest::kStart:
           if (!started_in_time()) return;  // the start timeout ended this stream already
-          if (handle_start(request_.start())) StartRead(&request_);
+          if (handle_start(request_.start())) StartRead(&read_);
           return;
         case v1::PlayRequest::kAction:
           service_->metrics().actions_received->Increment();
@@ -61,6 +83,12 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
       }
     }
     if (s->finishing()) return;  // nothing more to read
+    if (!parsed.ok()) {
+      service_->metrics().actions_invalid("unparseable").Increment();
+      s->send_event(v1::Event::WARNING, "INVALID_ACTION", absl::StrCat(parsed.message(), ": ignored"));
+      StartRead(&read_);
+      return;
+    }
     switch (request_.kind_case()) {
       case v1::PlayRequest::kStart:
         service_->worker().close_stream(
@@ -75,7 +103,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
         s->send_event(v1::Event::WARNING, "INVALID_ACTION", "empty PlayRequest ignored: set start or action");
         break;
     }
-    StartRead(&request_);
+    StartRead(&read_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -110,7 +138,16 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
   }
 
   // StreamWriter: called by the ServerSession only
-  void start_write(const v1::PlayResponse* msg) override { StartWrite(msg); }
+  // the session has one write in flight at a time: its bytes live in write_ until OnWriteDone
+  void start_write(const v1::PlayResponse* msg) override {
+    write_.Clear();
+    const grpc::Status st = serialize(*msg, &write_);
+    if (!st.ok()) {
+      finish_once(absl::InternalError(absl::StrCat("a PlayResponse did not serialize: ", st.error_message())));
+      return;
+    }
+    StartWrite(&write_);
+  }
   void finish(const absl::Status& status) override { finish_once(status); }
 
  private:
@@ -241,7 +278,9 @@ class PlayReactor final : public grpc::ServerBidiReactor<v1::PlayRequest, v1::Pl
   PlayService* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string client_;
-  v1::PlayRequest request_;
+  grpc::ByteBuffer read_;     // the message being read
+  v1::PlayRequest request_;  // ... parsed
+  grpc::ByteBuffer write_;    // the message being written
   std::mutex mu_;
   std::shared_ptr<ServerSession> session_;
   std::shared_ptr<PendingStart> pending_;  // until the Start arrives
@@ -470,43 +509,60 @@ int PlayService::sessions() const {
   return manager_.sessions();
 }
 
-grpc::ServerBidiReactor<v1::PlayRequest, v1::PlayResponse>* PlayService::Play(grpc::CallbackServerContext* context) {
+int PlayService::parked_sessions() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return manager_.parked();
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PlayService::Play(grpc::CallbackServerContext* context) {
   return new PlayReactor(this, context);
 }
 
-grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* context,
-                                                  const v1::ListModelsRequest* request,
-                                                  v1::ListModelsResponse* response) {
-  fill_model_info(model_, response->add_models());
+grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  grpc::ByteBuffer bytes(*request);
+  v1::ListModelsRequest req;
+  if (const absl::Status s = parse(&bytes, &req); !s.ok()) {
+    reactor->Finish(to_grpc(s));
+    return reactor;
+  }
+  v1::ListModelsResponse msg;
+  fill_model_info(model_, msg.add_models());
+  reactor->Finish(serialize(msg, response));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                     const v1::GetServerInfoRequest* request,
-                                                     v1::ServerInfo* response) {
-  response->set_version(config_.version);
-  response->add_models(model_.config.name);
-  for (const auto& f : model_.cache_formats) response->add_cache_formats(f);
-  response->set_default_cache_format(model_.default_format);
-  response->set_device(model_.device);
-  response->set_max_request_bytes(config_.max_request_bytes);
-  response->set_kv_used_bytes(worker_->kv_used_bytes());
+                                                     const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  auto* reactor = context->DefaultReactor();
+  grpc::ByteBuffer bytes(*request);
+  v1::GetServerInfoRequest req;
+  if (const absl::Status s = parse(&bytes, &req); !s.ok()) {
+    reactor->Finish(to_grpc(s));
+    return reactor;
+  }
+  v1::ServerInfo info;
+  info.set_version(config_.version);
+  info.add_models(model_.config.name);
+  for (const auto& f : model_.cache_formats) info.add_cache_formats(f);
+  info.set_default_cache_format(model_.default_format);
+  info.set_device(model_.device);
+  info.set_max_request_bytes(config_.max_request_bytes);
+  info.set_kv_used_bytes(worker_->kv_used_bytes());
   {
     std::lock_guard<std::mutex> lk(mu_);
-    response->set_kv_capacity_bytes(manager_.capacity_bytes());
-    response->set_kv_reserved_bytes(manager_.reserved_bytes());
-    response->set_kv_free_bytes(manager_.free_bytes());
-    response->set_sessions_active(manager_.sessions());
-    response->set_max_sessions(manager_.config().max_sessions);
-    response->set_max_sessions_per_client(manager_.config().max_sessions_per_client);
-    response->set_draining(manager_.draining());
-    response->set_admitting(manager_.can_admit(model_.default_format));
-    response->set_idle_ttl_seconds(to_seconds(manager_.config().idle_ttl));
+    info.set_kv_capacity_bytes(manager_.capacity_bytes());
+    info.set_kv_reserved_bytes(manager_.reserved_bytes());
+    info.set_kv_free_bytes(manager_.free_bytes());
+    info.set_sessions_active(manager_.sessions());
+    info.set_max_sessions(manager_.config().max_sessions);
+    info.set_max_sessions_per_client(manager_.config().max_sessions_per_client);
+    info.set_draining(manager_.draining());
+    info.set_admitting(manager_.can_admit(model_.default_format));
+    info.set_idle_ttl_seconds(to_seconds(manager_.config().idle_ttl));
   }
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(serialize(info, response));
   return reactor;
 }
 

@@ -3,6 +3,12 @@
 // admits against the session manager, then hands the session to the engine
 // worker and returns; everything else reads fixed or atomic state.
 //
+// The methods take their messages as bytes and parse them here, so that a
+// message that does not parse gets INVALID_ARGUMENT with a reason (gRPC's
+// own parsing would end a stream as if the client had half-closed it, and
+// a unary call with an empty UNIMPLEMENTED); in a started Play stream such
+// a message is dropped with an in-band warning, like an invalid action.
+//
 // Threading: all methods may be called from any gRPC thread; the session
 // manager is guarded by mu_.
 #pragma once
@@ -49,7 +55,11 @@ struct PendingStart {
   TimePoint deadline;
 };
 
-class PlayService final : public wmserve::v1::WorldModel::CallbackService {
+using RawWorldModelService = wmserve::v1::WorldModel::WithRawCallbackMethod_Play<
+    wmserve::v1::WorldModel::WithRawCallbackMethod_ListModels<
+        wmserve::v1::WorldModel::WithRawCallbackMethod_GetServerInfo<wmserve::v1::WorldModel::Service>>>;
+
+class PlayService final : public RawWorldModelService {
  public:
   PlayService(ServiceConfig config, const ServedModel& model, SessionManagerConfig manager, EngineWorker* worker,
               EncoderPool* encoder, Metrics* metrics);
@@ -57,14 +67,11 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   // the gRPC server's health service, once it is built
   void set_health(grpc::HealthCheckServiceInterface* health);
 
-  grpc::ServerBidiReactor<wmserve::v1::PlayRequest, wmserve::v1::PlayResponse>* Play(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const wmserve::v1::ListModelsRequest* request,
-                                       wmserve::v1::ListModelsResponse* response) override;
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const wmserve::v1::GetServerInfoRequest* request,
-                                          wmserve::v1::ServerInfo* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Play(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
   // the engine worker's callback: a session's engine state is gone
   void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason);
@@ -81,7 +88,8 @@ class PlayService final : public wmserve::v1::WorldModel::CallbackService {
   // refuse new sessions from now on (UNAVAILABLE), health NOT_SERVING, tell
   // every open session (Event SERVER_DRAINING)
   void begin_drain(double grace_seconds);
-  int sessions() const;
+  int sessions() const;  // held sessions, parked ones included
+  int parked_sessions() const;
 
   // for the Play reactor
   const ServedModel& model() const { return model_; }

@@ -203,8 +203,10 @@ int main(int argc, char** argv) {
   int sig = 0;
   while ((sig = wait_signal(signals, 200)) == 0) (*server)->sweep_idle();
 
-  std::printf("wmserve: %s: draining, %d session(s) get %.1f s to finish\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-              (*server)->sessions(), grace);
+  // parked sessions have no stream to finish on: draining closes them at once
+  const int parked = (*server)->parked_sessions();
+  std::printf("wmserve: %s: draining, %d session(s) get %.1f s to finish, %d parked one(s) end now\n",
+              sig == SIGINT ? "SIGINT" : "SIGTERM", (*server)->sessions() - parked, grace, parked);
   std::fflush(stdout);
   (*server)->begin_drain(grace);
   const auto deadline = std::chrono::steady_clock::now() + wm::server::from_seconds(grace);

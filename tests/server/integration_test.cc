@@ -109,6 +109,78 @@ grpc::Status play_status(const ServerProcess& s, const std::vector<v1::PlayReque
   return stream.finish();
 }
 
+// a Play stream of raw messages (any bytes), half-closed after the last;
+// returns its status and collects what the server sent
+grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::string>& messages,
+                             std::vector<v1::PlayResponse>* responses) {
+  auto ch = channel(s);
+  grpc::GenericStub generic(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, "/wmserve.v1.WorldModel/Play", &cq);
+  auto next = [&](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  bool open = next(1);
+  for (const std::string& m : messages) {
+    if (!open) break;
+    grpc::Slice slice(m);
+    grpc::ByteBuffer out(&slice, 1);
+    call->Write(out, reinterpret_cast<void*>(2));
+    open = next(2);
+  }
+  if (open) {
+    call->WritesDone(reinterpret_cast<void*>(3));
+    next(3);
+  }
+  for (;;) {
+    grpc::ByteBuffer in;
+    call->Read(&in, reinterpret_cast<void*>(4));
+    if (!next(4)) break;
+    v1::PlayResponse r;
+    EXPECT_TRUE(grpc::SerializationTraits<v1::PlayResponse>::Deserialize(&in, &r).ok());
+    if (responses != nullptr) responses->push_back(r);
+  }
+  grpc::Status st;
+  call->Finish(&st, reinterpret_cast<void*>(5));
+  next(5);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return st;
+}
+
+// a unary call of `method` with raw request bytes
+grpc::Status raw_unary_status(const ServerProcess& s, const std::string& method, const std::string& request) {
+  auto ch = channel(s);
+  grpc::GenericStub generic(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue cq;
+  grpc::Slice slice(request);
+  const grpc::ByteBuffer out(&slice, 1);
+  auto call = generic.PrepareUnaryCall(&ctx, method, out, &cq);
+  call->StartCall();
+  grpc::ByteBuffer in;
+  grpc::Status st;
+  call->Finish(&in, &st, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return st;
+}
+
 v1::PlayRequest start_req(std::function<void(v1::Start*)> edit = nullptr) {
   v1::PlayRequest r;
   r.mutable_start()->set_seed(1);
@@ -390,6 +462,37 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
     EXPECT_TRUE(absl::StrContains(st.error_message(), c.says)) << st.error_message();
   }
 
+  // bytes that are not a PlayRequest (a length-delimited field cut short):
+  // first, the stream ends with INVALID_ARGUMENT; later, they are dropped
+  // with an in-band event and the session goes on
+  const std::string garbage("\x0a\x7f\x01", 3);
+  {
+    const grpc::Status st = raw_play_status(*server, {garbage}, nullptr);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "does not parse as wmserve.v1.PlayRequest"))
+        << st.error_message();
+    std::vector<v1::PlayResponse> got;
+    const grpc::Status mid = raw_play_status(
+        *server, {start_req().SerializeAsString(), garbage, action_req(1).SerializeAsString()}, &got);
+    EXPECT_TRUE(mid.ok()) << mid.error_message();
+    int frames_seen = 0, warnings = 0;
+    for (const auto& r : got) {
+      if (r.has_frame()) ++frames_seen;
+      if (r.has_event() && r.event().code() == "INVALID_ACTION" &&
+          absl::StrContains(r.event().message(), "does not parse"))
+        ++warnings;
+    }
+    EXPECT_EQ(warnings, 1);
+    EXPECT_EQ(frames_seen, 1);
+    for (const char* method : {"/wmserve.v1.WorldModel/ListModels", "/wmserve.v1.WorldModel/GetServerInfo"}) {
+      SCOPED_TRACE(method);
+      const grpc::Status u = raw_unary_status(*server, method, garbage);
+      EXPECT_EQ(u.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << u.error_message();
+      EXPECT_TRUE(absl::StrContains(u.error_message(), "does not parse")) << u.error_message();
+    }
+    EXPECT_TRUE(raw_unary_status(*server, "/wmserve.v1.WorldModel/GetServerInfo", "").ok());
+  }
+
   // invalid actions are dropped with an in-band event; the session goes on
   // and its frames are those of the same session without them
   std::vector<v1::PlayRequest> reqs = {start_req([](v1::Start* s) { s->set_seed(5); }), action_req(1, 1)};
@@ -450,6 +553,7 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
   EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"out_of_range\"}"), 3);
   EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"bad_seq\"}"), 1);
   EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"before_start\"}"), 1);
+  EXPECT_EQ(m.at("wm_actions_invalid_total{reason=\"unparseable\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unknown_model\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unknown_format\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_not_found\"}"), 1);
@@ -909,6 +1013,13 @@ TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
     return client::play(client::make_channel(server->target(), {.own_connection = true}), pc);
   });
   while (frames < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  {  // and a session whose stream broke: parked (--park_ttl_s 30 by default)
+    client::PlayStream broken(ch, std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ASSERT_TRUE(broken.start(v1::Start()).ok());
+    broken.cancel();
+    broken.finish();
+  }
+  ASSERT_EQ(wait_for_metric(*server, "wm_sessions_parked", 1), 1);
   const auto t0 = std::chrono::steady_clock::now();
   server->signal(SIGTERM);
   // draining: not serving, new sessions refused with UNAVAILABLE
@@ -934,6 +1045,10 @@ TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
   EXPECT_EQ(server->wait_exit(5), std::optional<int>(0)) << server->log();
   const double exited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(exited, 5.0);
+  // the log counts the playing session and the parked one apart
+  EXPECT_TRUE(absl::StrContains(server->log(),
+                                "draining, 1 session(s) get 1.5 s to finish, 1 parked one(s) end now"))
+      << server->log();
 }
 
 }  // namespace
