@@ -37,6 +37,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 // how far one post may move the mouse: keeps the accumulator bounded
 constexpr float kMaxMouseAccumulated = 1000.0f;
+// how long civetweb waits for a whole request (and for each write of a stream)
+constexpr int kRequestTimeoutMs = 10000;
 
 void reply(mg_connection* conn, int code, const char* type, const std::string& body) {
   const char* text = code == 200 ? "OK" : code == 400 ? "Bad Request" : code == 404 ? "Not Found"
@@ -439,9 +441,15 @@ int run_web_player(const WebPlayerOptions& o) {
   Handler handler(player);
   std::unique_ptr<CivetServer> http;
   try {
-    // a stream holds a thread for its whole session: room for every player and then some
-    const std::vector<std::string> options = {"listening_ports", o.listen, "num_threads",
-                                              std::to_string(2 * o.max_players + 4), "enable_keep_alive", "no"};
+    // A stream holds a thread for its whole session: room for every player,
+    // and 32 threads more, so that a few clients that send their requests a
+    // byte at a time (slowloris) do not hold every thread; civetweb gives up
+    // on a request that has not arrived whole within request_timeout_ms
+    // (its default, 30 s, let a dozen such clients stall the page that long).
+    const std::vector<std::string> options = {"listening_ports", o.listen,
+                                              "num_threads", std::to_string(2 * o.max_players + 32),
+                                              "request_timeout_ms", std::to_string(kRequestTimeoutMs),
+                                              "enable_keep_alive", "no"};
     http = std::make_unique<CivetServer>(options);
   } catch (const CivetException& e) {
     std::fprintf(stderr, "wmplay: cannot listen on %s: %s\n", o.listen.c_str(), e.what());

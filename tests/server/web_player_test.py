@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,53 @@ class WebPlayerTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(self.server_metric('wm_sessions_ended_total{reason="client_closed"}'), 1)
         self.assertEqual(self.server_metric("wm_sessions_parked"), 0)
+
+    def test_2b_clients_that_trickle_their_requests_hold_nothing_for_long(self):
+        # 16 connections that send a request a byte a second (slowloris; more than the threads
+        # 2 players once needed): the page is served while they are all still open, and wmplay
+        # drops each within its request timeout (10 s, civetweb's default is 30) though they
+        # keep sending
+        socks = []
+        for _ in range(16):
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=20)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        stop = threading.Event()
+
+        def trickle():
+            while not stop.is_set():
+                for s in socks:
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        pass
+                stop.wait(1.0)
+
+        t = threading.Thread(target=trickle)
+        t.start()
+        try:
+            status, _, data = self.request("GET", "/")
+            self.assertEqual(status, 200)
+            self.assertIn(b"<html", data.lower())
+            for s in socks:  # nothing came back on them yet: still held open
+                s.setblocking(False)
+                with self.assertRaises(BlockingIOError):
+                    s.recv(1)
+                s.setblocking(True)
+                s.settimeout(20)
+            for s in socks:
+                while True:  # civetweb may answer 408 first; then the connection closes
+                    try:
+                        chunk = s.recv(4096)
+                    except ConnectionResetError:
+                        break
+                    if not chunk:
+                        break
+        finally:
+            stop.set()
+            t.join()
+            for s in socks:
+                s.close()
 
     def test_3_bad_requests(self):
         p = self.new_player()
