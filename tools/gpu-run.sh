@@ -167,9 +167,11 @@ if [ -n "$best" ] && [ "$best" != "3 1" ]; then
   stage mg2_stages 80 env WM_CUDA_ATTENTION_STAGES="${best% *}" WM_CUDA_ATTENTION_PINGPONG="${best#* }" \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 fi
-# the forward with the warp-specialised kernel, where its parity cases passed
+# the forward with the warp-specialised kernel, where its parity cases passed; 4 stages (with 3 its
+# producer keeps one tile in flight)
 [ "$attention_kernels" = all ] && passed ws &&
-  stage mg2_ws 80 env WM_CUDA_ATTENTION=ws .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+  stage mg2_ws 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_STAGES=4 .gpu/bin/wm_mg2_bench \
+    --config=configs/mg2-shape.json --sessions=1,8
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
 # 6 s a step: with 3 s the same kernels gave 30 to 52 sessions in three runs
 stage serving 110 env BUDGET_S=90 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
