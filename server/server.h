@@ -47,7 +47,7 @@ class Server {
   int metrics_port() const { return metrics_port_; }
   const ServedModel& model() const { return model_; }
   int sessions() const { return service_->sessions(); }  // parked ones included
-  int parked_sessions() const { return service_->parked_sessions(); }
+  std::pair<int, int> sessions_and_parked() const { return service_->sessions_and_parked(); }
 
   void sweep_idle() { service_->sweep_idle(Clock::now()); }
   // refuse new sessions (UNAVAILABLE), health NOT_SERVING, tell the sessions

@@ -143,7 +143,9 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     write_.Clear();
     const grpc::Status st = serialize(*msg, &write_);
     if (!st.ok()) {
+      // the stream ends with the reason; the session then learns that its write failed
       finish_once(absl::InternalError(absl::StrCat("a PlayResponse did not serialize: ", st.error_message())));
+      if (auto s = session(); s != nullptr) s->on_write_done(false);
       return;
     }
     StartWrite(&write_);
@@ -509,9 +511,9 @@ int PlayService::sessions() const {
   return manager_.sessions();
 }
 
-int PlayService::parked_sessions() const {
+std::pair<int, int> PlayService::sessions_and_parked() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return manager_.parked();
+  return {manager_.sessions(), manager_.parked()};
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PlayService::Play(grpc::CallbackServerContext* context) {

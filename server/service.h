@@ -18,6 +18,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -89,7 +90,8 @@ class PlayService final : public RawWorldModelService {
   // every open session (Event SERVER_DRAINING)
   void begin_drain(double grace_seconds);
   int sessions() const;  // held sessions, parked ones included
-  int parked_sessions() const;
+  // held sessions and how many of them are parked, read at once
+  std::pair<int, int> sessions_and_parked() const;
 
   // for the Play reactor
   const ServedModel& model() const { return model_; }

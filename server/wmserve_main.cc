@@ -204,9 +204,9 @@ int main(int argc, char** argv) {
   while ((sig = wait_signal(signals, 200)) == 0) (*server)->sweep_idle();
 
   // parked sessions have no stream to finish on: draining closes them at once
-  const int parked = (*server)->parked_sessions();
+  const auto [held, parked] = (*server)->sessions_and_parked();
   std::printf("wmserve: %s: draining, %d session(s) get %.1f s to finish, %d parked one(s) end now\n",
-              sig == SIGINT ? "SIGINT" : "SIGTERM", (*server)->sessions() - parked, grace, parked);
+              sig == SIGINT ? "SIGINT" : "SIGTERM", held - parked, grace, parked);
   std::fflush(stdout);
   (*server)->begin_drain(grace);
   const auto deadline = std::chrono::steady_clock::now() + wm::server::from_seconds(grace);
