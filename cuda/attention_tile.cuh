@@ -44,9 +44,9 @@ __device__ __forceinline__ ItemContext item_context(const AttentionArgs& a, cons
 
 // starts the copy of the item's query rows into the BQ x HD tile at sq (swz
 // layout), zero-filling rows past the session's block
-template <int HD, int BQ, int NT>
+template <int HD, int BQ, int NT, bool LEAN = false>
 __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const ItemContext& c, uint32_t sq, int tid) {
-  load_rows_async<HD, BQ, NT>(sq, a.q16 + (c.head_rows + c.s.row0 + c.q0) * HD, c.nq, a.q16, tid);
+  load_rows_async<HD, BQ, NT, false, LEAN>(sq, a.q16 + (c.head_rows + c.s.row0 + c.q0) * HD, c.nq, a.q16, tid);
 }
 
 // this warp's 16 query rows as m16n8k16 A fragments, one per 16 channels
@@ -58,17 +58,18 @@ __device__ __forceinline__ void query_fragments(uint32_t sq, int warp, int lane,
 }
 
 // starts the cp.async copies of the item's key tile `tile` into the K and V tiles at sk, sv: from the cache's
-// pages, or from the session's own block (a.k16, a.v16). PANEL: wgmma layout.
-template <class Fmt, int HD, int NT, bool PANEL>
+// pages, or from the session's own block (a.k16, a.v16). PANEL: wgmma layout;
+// LEAN: load_rows_async's.
+template <class Fmt, int HD, int NT, bool PANEL, bool LEAN = false>
 __device__ __forceinline__ void load_key_tile(const AttentionArgs& a, const typename Fmt::View& kv,
                                               const ItemContext& c, int tile, uint32_t sk, uint32_t sv, int tid) {
   const TileRef t = tile_ref(c.s, c.cached, tile);
   if (t.from_cache) {
-    Fmt::template load_tile<HD, NT, PANEL>(kv, c.pt_row, t.first, t.valid, sk, sv, tid);
+    Fmt::template load_tile<HD, NT, PANEL, LEAN>(kv, c.pt_row, t.first, t.valid, sk, sv, tid);
   } else {
     const int64_t off = t.valid > 0 ? (c.head_rows + c.s.row0 + t.first) * HD : 0;
-    load_rows_async<HD, kTileKeys, NT, PANEL>(sk, a.k16 + off, t.valid, a.k16, tid);
-    load_rows_async<HD, kTileKeys, NT, PANEL>(sv, a.v16 + off, t.valid, a.v16, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sk, a.k16 + off, t.valid, a.k16, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sv, a.v16 + off, t.valid, a.v16, tid);
   }
 }
 

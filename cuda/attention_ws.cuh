@@ -1,10 +1,15 @@
 // The warp-specialised Hopper attention kernel (sm_90a only): the
 // overlapped kernel's arithmetic (attention_sm90.cuh) with the loads moved
-// to a producer warp and the per-tile __syncthreads replaced by named
+// to a producer and the per-tile __syncthreads replaced by named
 // barriers, so that the consumer warpgroups run out of phase with each
 // other and with the loads (FlashAttention-3's warp specialisation, with
 // cp.async in place of TMA). BQ / 64 consumer warpgroups (threads
-// [0, 2 BQ)) and one producer warp (the last 32 threads):
+// [0, 2 BQ)) and the producer: the last 32 threads (one warp) beside one
+// consumer warpgroup, the last 128 (a warpgroup) beside two. Two consumer
+// warpgroups need more registers than the 168 a thread of a 384-thread CTA
+// starts with: the producer warpgroup gives most of its own back
+// (setmaxnreg.dec to 40) and the consumers take them (setmaxnreg.inc to
+// 232), 128 x 40 + 256 x 232 = 384 x 168:
 //
 //   producer   step t: arrive FULL(stage, wg) for tile t - (STAGES - 2) for
 //              each warpgroup, once its copies have landed and are fenced
@@ -29,14 +34,19 @@
 
 namespace wm::cuda {
 
-// registers: a launch must fit the register file as if the CTA's warps
-// were rounded up to a multiple of 4 (one per sub-partition), so 288
-// threads get at most 168
+// the producer's threads: a warp beside one consumer warpgroup, a warpgroup beside two
+__host__ __device__ constexpr int ws_producer_threads(int bq) { return bq == 128 ? 128 : 32; }
+__host__ __device__ constexpr int ws_threads(int bq) { return bq * 2 + ws_producer_threads(bq); }
+// per-thread registers after the hand-over (two consumer warpgroups); a
+// 384-thread CTA starts with 168 each (65536 / 384, in steps of 8)
+constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;
+static_assert(128 * kWsProducerRegs + 256 * kWsConsumerRegs <= 384 * 168, "the hand-over fits the CTA's registers");
+
 template <class Fmt, int HD, int BQ, int STAGES>
-__global__ void __launch_bounds__(BQ * 2 + 32, 1)
+__global__ void __launch_bounds__(ws_threads(BQ), 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
   static_assert(STAGES == 3 || STAGES == 4, "the named barriers of 3 or 4 stages fit a CTA's 16");
-  constexpr int BK = kTileKeys, NWG = BQ / 64, NC = BQ * 2, kProducer = 32;
+  constexpr int BK = kTileKeys, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
   constexpr int kAhead = STAGES - 2;  // tiles landed and signalled behind the newest issued one
   constexpr int kFullThreads = kProducer + 128, kEmptyThreads = kProducer + NC, kTurnThreads = 256;
   constexpr uint32_t kTileBytes = BK * HD * 2;
@@ -52,7 +62,8 @@ __global__ void __launch_bounds__(BQ * 2 + 32, 1)
   const ItemContext c = item_context(a, kv, BQ);
   const int n = c.w.tile_end - c.w.tile_begin;
 
-  if (tid >= NC) {  // the producer warp
+  if (tid >= NC) {  // the producer
+    if constexpr (NWG == 2) setmaxnreg_dec<kWsProducerRegs>();
     const int ptid = tid - NC;
     for (int t = 0; t < n + kAhead; ++t) {
       // first signal tile t - kAhead (groups 0 .. t - 1 are committed), then wait for a stage: so the
@@ -65,15 +76,16 @@ __global__ void __launch_bounds__(BQ * 2 + 32, 1)
       }
       if (t < n) {
         if (t >= STAGES) named_barrier_sync(empty_id(t), kEmptyThreads);
-        if (t == 0) load_query_tile<HD, BQ, kProducer>(a, c, sq, ptid);
-        load_key_tile<Fmt, HD, kProducer, true>(a, kv, c, c.w.tile_begin + t, key_tile(t), key_tile(t) + kTileBytes,
-                                                ptid);
+        if (t == 0) load_query_tile<HD, BQ, kProducer, true>(a, c, sq, ptid);
+        load_key_tile<Fmt, HD, kProducer, true, true>(a, kv, c, c.w.tile_begin + t, key_tile(t),
+                                                      key_tile(t) + kTileBytes, ptid);
       }
       cp_async_commit();  // possibly empty: the group count stays one per t
     }
     return;
   }
 
+  if constexpr (NWG == 2) setmaxnreg_inc<kWsConsumerRegs>();
   const int wg = warp >> 2;
   const bool pingpong = NWG == 2 && a.pingpong != 0;
   uint32_t qf[HD / 16][4];
@@ -127,7 +139,7 @@ struct WsAttention {
   static constexpr auto kernel() {
     return attention_ws_kernel<Fp16PageFormat, HD, BQ, STAGES>;
   }
-  static constexpr int threads(int bq) { return bq * 2 + 32; }
+  static constexpr int threads(int bq) { return ws_threads(bq); }
   static constexpr size_t smem(int32_t hd, int32_t bq) { return overlap_smem(hd, bq, STAGES); }
 };
 

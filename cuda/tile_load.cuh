@@ -12,15 +12,16 @@ namespace wm::cuda {
 // copies rows [0, valid) of src (row stride HD) into a ROWS x HD swizzled
 // tile at shared address dst, zero-filling rows [valid, ROWS); `safe` is any
 // valid global address (never read, cp.async wants one). PANEL: the wgmma
-// layout (mma_layout.h: panel_swz) instead of swz.
-template <int HD, int ROWS, int NT, bool PANEL = false>
+// layout (mma_layout.h: panel_swz) instead of swz. LEAN: the copies of a
+// producer with few registers (attention_ws.cuh), unrolled twice: fully
+// unrolled, their addresses took registers the consumers needed (a producer
+// warp) or spilled (a producer warpgroup held to 40 registers).
+template <int HD, int ROWS, int NT, bool PANEL = false, bool LEAN = false>
 __device__ __forceinline__ void load_rows_async(uint32_t dst, const uint16_t* src, int valid, const void* safe,
                                                 int tid) {
   constexpr int kChunks = HD / 8;
   static_assert((ROWS * kChunks) % NT == 0, "every thread copies the same number of chunks");
-  // a lone producer warp (attention_ws.cuh) copies 32+ chunks per thread:
-  // unrolled fully, their addresses took registers the consumers needed
-  [[maybe_unused]] constexpr int kUnroll = NT <= 32 ? 2 : ROWS * kChunks / NT;
+  [[maybe_unused]] constexpr int kUnroll = LEAN ? 2 : ROWS * kChunks / NT;
 #pragma unroll kUnroll
   for (int k = 0; k < ROWS * kChunks / NT; ++k) {
     const int i = tid + k * NT;

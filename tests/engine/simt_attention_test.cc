@@ -424,6 +424,24 @@ TEST(SimtChecks, NamedBarrierArrivalsLeftAtExitFail) {
   EXPECT_NE(e.find("arrived when the CTA exited"), std::string::npos) << e;
 }
 
+TEST(SimtChecks, SetmaxnregByPartOfAWarpgroupFails) {
+  const std::string e = run_one_cta(256, 256, Schedule::kRoundRobin, [] {
+    if (threadIdx.x < 64) setmaxnreg_inc<232>();  // two warps of warpgroup 0
+  });
+  EXPECT_NE(e.find("setmaxnreg.inc"), std::string::npos) << e;
+}
+
+TEST(SimtChecks, SetmaxnregWithTwoCountsInAWarpgroupFails) {
+  const std::string e = run_one_cta(128, 256, Schedule::kRoundRobin, [] {
+    if (threadIdx.x < 64) {
+      setmaxnreg_dec<40>();
+    } else {
+      setmaxnreg_dec<48>();
+    }
+  });
+  EXPECT_NE(e.find("different counts"), std::string::npos) << e;
+}
+
 TEST(SimtChecks, NamedBarrierArriveThenSyncPasses) {
   for (Schedule sch : kAllSchedules) {
     const std::string e = run_one_cta(256, 256, sch, [] {

@@ -137,6 +137,7 @@ struct Warpgroup {
   bool trans_b[128];
   float* d[128];
   const uint32_t* a[128];
+  int regs[128];  // setmaxnreg's value per thread
   std::vector<WgmmaOp> uncommitted;
   std::deque<std::vector<WgmmaOp>> committed;  // oldest first
 };
@@ -664,6 +665,15 @@ void wgmma_commit() {
 void wgmma_fence() {
   my_warpgroup("wgmma.fence");
   g_cur->wgmma_fenced = true;
+}
+
+void setmaxnreg(int regs, bool inc) {
+  Warpgroup& wg = my_warpgroup("setmaxnreg");
+  wg.regs[linear_tid() % 128] = regs;
+  meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], inc ? "setmaxnreg.inc" : "setmaxnreg.dec", [&] {
+    for (int i = 0; i < 128; ++i)
+      if (wg.regs[i] != wg.regs[0]) fail(where() + "setmaxnreg: the threads of a warpgroup pass different counts");
+  });
 }
 
 void fence_proxy_async() {

@@ -105,6 +105,8 @@ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 // n_cols 64 or 128: d holds the thread's n_cols / 2 accumulators
 void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b);
 void wgmma_fence();
+// setmaxnreg.{inc,dec}: the whole warpgroup, one value
+void setmaxnreg(int regs, bool inc);
 void wgmma_commit();
 void wgmma_wait(int newest_left);
 void fence_proxy_async();

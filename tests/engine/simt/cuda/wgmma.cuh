@@ -19,6 +19,17 @@ inline void wgmma_wait() {
 inline void fence_proxy_async_smem() { simt::fence_proxy_async(); }
 inline void named_barrier_sync(int id, int threads) { simt::named_barrier(id, threads, true); }
 inline void named_barrier_arrive(int id, int threads) { simt::named_barrier(id, threads, false); }
+// the register budget is not modelled; the emulator checks that a whole warpgroup executes it
+template <int N>
+inline void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  simt::setmaxnreg(N, false);
+}
+template <int N>
+inline void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  simt::setmaxnreg(N, true);
+}
 template <int R, int C>
 inline void fence_regs(float (&)[R][C]) {}
 template <int R, int C>
