@@ -9,8 +9,10 @@
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
+//                   [--ws_keys=0,64,128]
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
+// --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -62,22 +64,26 @@ int run(int argc, char** argv) {
   }
   std::vector<int> stage_list = f.list("stages", "0");
   std::vector<int> pingpong_list = f.list("pingpong", "-1");
+  std::vector<int> ws_keys_list = f.list("ws_keys", "0");
   if (stage_list.empty()) stage_list = {0};
   if (pingpong_list.empty()) pingpong_list = {-1};
+  if (ws_keys_list.empty()) ws_keys_list = {0};
   struct Variant {
     std::string name;
-    int64_t kernel = 0, stages = 0, pingpong = -1;
+    int64_t kernel = 0, stages = 0, pingpong = -1, ws_keys = 0;
   };
   std::vector<Variant> variants;
   for (const auto& [kernel_name, kernel] : kernels_it->second)
     for (int st : stage_list)
-      for (int pp : pingpong_list) {
-        // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4): the others run
-        // once; the warp-specialised one has 3 or 4 stages
-        if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
-        if (kernel == 4 && st == 5) continue;
-        variants.push_back({kernel_name, kernel, st, pp});
-      }
+      for (int pp : pingpong_list)
+        for (int keys : ws_keys_list) {
+          // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4), keys per step the
+          // latter's: the others run once; the warp-specialised one has 3 or 4 stages of 64 keys, 3 of 128
+          if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
+          if (keys != ws_keys_list.front() && kernel != 4) continue;
+          if (kernel == 4 && (st == 5 || (keys == 128 && st == 4))) continue;
+          variants.push_back({kernel_name, kernel, st, pp, keys});
+        }
 
   for (const Variant& var : variants) {
     const int64_t kernel = var.kernel;
@@ -86,6 +92,7 @@ int run(int argc, char** argv) {
       absl::Status ks = dev.plugin->set_tuning("attention.kernel", kernel);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.stages", var.stages);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.pingpong", var.pingpong);
+      if (ks.ok()) ks = dev.plugin->set_tuning("attention.ws_keys", var.ws_keys);
       if (!ks.ok()) {
         std::fprintf(stderr, "kernel %s, stages %lld: %s\n", var.name.c_str(), static_cast<long long>(var.stages),
                      ks.ToString().c_str());
@@ -139,6 +146,10 @@ int run(int argc, char** argv) {
           const bool staged = ran == "overlap" || ran == "ws";
           const int64_t stages = staged ? dev.plugin->counter("attention.stages").value_or(0) : 0;
           const int64_t pingpong = staged ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
+          const int64_t ws_keys =
+              ran == "ws" ? dev.plugin->counter(tq == 64 ? "attention.ws_keys.block_q_64" : "attention.ws_keys.block_q_128")
+                                .value_or(0)
+                          : 0;
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {
@@ -164,6 +175,7 @@ int run(int argc, char** argv) {
                               {"kernel", ran},
                               {"stages", stages},
                               {"pingpong", pingpong},
+                              {"ws_keys", ws_keys},
                               {"us", std::round(s * 1e7) / 10},
                               {"kv_bytes_fp16", kv_bytes},
                               {"GBps", std::round(kv_bytes / s / 1e8) / 10},
@@ -183,6 +195,7 @@ int run(int argc, char** argv) {
     dev.plugin->set_tuning("attention.kernel", 0).IgnoreError();
     dev.plugin->set_tuning("attention.stages", 0).IgnoreError();
     dev.plugin->set_tuning("attention.pingpong", -1).IgnoreError();
+    dev.plugin->set_tuning("attention.ws_keys", 0).IgnoreError();
   }
   return dev.exit_code();
 }

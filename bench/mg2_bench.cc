@@ -231,6 +231,7 @@ int run(int argc, char** argv) {
             j["attention_stages"] = count("attention.stages");
             j["attention_pingpong"] = count("attention.pingpong");
           }
+          if (kernel == "ws") j["attention_ws_keys"] = count("attention.ws_keys.block_q_128");
         }
       }
       std::printf("%s\n", j.dump().c_str());

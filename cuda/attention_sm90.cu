@@ -10,8 +10,18 @@ namespace {
 using Kernels = AttentionKernels<PlainAttention<WgMma>, 128>;
 template <int S>
 using OverlapKernels = AttentionKernels<OverlapAttention<S>, 64, 128>;
-template <int S>
-using WsKernels = AttentionKernels<WsAttention<S>, 64, 128>;
+template <int S, int TPS = 1>
+using WsKernels = AttentionKernels<WsAttention<S, TPS>, 64, 128>;
+
+// f(WsKernels<...>) for a stage count and keys per step: 64 keys with 3 or 4
+// stages (its named barriers; 5 runs 4), 128 keys with 3 (the shared memory
+// of 4 steps of 128 keys does not fit at head_dim 128)
+template <class F>
+auto with_ws(int32_t stages, int32_t keys, F&& f) {
+  if (keys == 128) return f(WsKernels<3, 2>{});
+  if (stages == 3) return f(WsKernels<3>{});
+  return f(WsKernels<4>{});
+}
 
 // f(OverlapKernels<S>) for the S of `stages` (3..5)
 template <class F>
@@ -36,27 +46,25 @@ bool attention_sm90_supports(int32_t head_dim, int32_t stages) {
 
 bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
 
-// the warp-specialised kernel's stage count: 3 or 4 (its named barriers)
-int32_t ws_stages(int32_t stages) { return stages == 3 ? 3 : 4; }
+bool attention_sm90_ws_keys_valid(int32_t keys) { return keys == 64 || keys == 128; }
 
 cudaError_t attention_sm90_prepare() {
   cudaError_t e = Kernels::prepare();
   for (int32_t s = 3; s <= 5 && e == cudaSuccess; ++s) e = with_stages(s, [](auto k) { return k.prepare(); });
   if (e == cudaSuccess) e = WsKernels<3>::prepare();
   if (e == cudaSuccess) e = WsKernels<4>::prepare();
+  if (e == cudaSuccess) e = WsKernels<3, 2>::prepare();
   return e;
 }
 
-int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages) {
-  return ws_stages(stages) == 3 ? WsKernels<3>::ctas_per_sm(head_dim, block_q)
-                                : WsKernels<4>::ctas_per_sm(head_dim, block_q);
+int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages, int32_t keys) {
+  return with_ws(stages, keys, [&](auto k) { return k.ctas_per_sm(head_dim, block_q); });
 }
 
 cudaError_t launch_attention_sm90_ws(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim,
-                                     int32_t items, int32_t stages, cudaStream_t stream) {
-  if (head_dim != 64 && head_dim != 128) return cudaErrorInvalidValue;
-  return ws_stages(stages) == 3 ? WsKernels<3>::launch(a, kv, head_dim, items, stream)
-                                : WsKernels<4>::launch(a, kv, head_dim, items, stream);
+                                     int32_t items, int32_t stages, int32_t keys, cudaStream_t stream) {
+  if ((head_dim != 64 && head_dim != 128) || !attention_sm90_ws_keys_valid(keys)) return cudaErrorInvalidValue;
+  return with_ws(stages, keys, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
 }
 
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages) {

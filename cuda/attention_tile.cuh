@@ -128,6 +128,29 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BK / 8][4], float (&m)[
   }
 }
 
+// softmax_tile over BK / 64 key tiles (a step of the warp-specialised
+// kernel), each with its own count of valid keys: a cache's last tile may be
+// partial and still be followed by the block's own keys
+template <int BK>
+__device__ __forceinline__ void softmax_tiles(float (&sc)[BK / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                              const int (&valid)[BK / kTileKeys], float scale_log2, int lane) {
+  if constexpr (BK == kTileKeys) {
+    softmax_tile<BK>(sc, m, l, corr, valid[0], scale_log2, lane);
+  } else {
+    constexpr int kJ = kTileKeys / 8;  // accumulator columns of 8 keys per tile
+#pragma unroll
+    for (int h = 0; h < BK / kTileKeys; ++h) {
+      if (valid[h] >= kTileKeys) continue;
+#pragma unroll
+      for (int j = 0; j < kJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (8 * j + c_col(lane, e) >= valid[h]) sc[h * kJ + j][e] = -INFINITY;
+    }
+    softmax_tile<BK>(sc, m, l, corr, BK, scale_log2, lane);
+  }
+}
+
 // the running state of a warp's rows before any key: O = 0, max = -inf, sum = 0
 template <int HD>
 __device__ __forceinline__ void start_rows(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {

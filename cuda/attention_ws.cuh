@@ -42,43 +42,64 @@ __host__ __device__ constexpr int ws_threads(int bq) { return bq * 2 + ws_produc
 constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;
 static_assert(128 * kWsProducerRegs + 256 * kWsConsumerRegs <= 384 * 168, "the hand-over fits the CTA's registers");
 
-template <class Fmt, int HD, int BQ, int STAGES>
+// the K/V ring's shared memory: STAGES steps of TPS key tiles, then the query tile
+constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps) {
+  return WgMma::kAlign + static_cast<size_t>(2 * stages * tps * kTileKeys + bq) * hd * 2;
+}
+
+// TPS: key tiles per step, 1 (64 keys) or 2 (128: half the barriers, waits
+// and row reductions per key; the S accumulators and P double)
+template <class Fmt, int HD, int BQ, int STAGES, int TPS>
 __global__ void __launch_bounds__(ws_threads(BQ), 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
   static_assert(STAGES == 3 || STAGES == 4, "the named barriers of 3 or 4 stages fit a CTA's 16");
-  constexpr int BK = kTileKeys, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
-  constexpr int kAhead = STAGES - 2;  // tiles landed and signalled behind the newest issued one
+  static_assert(TPS == 1 || TPS == 2, "64 or 128 keys per step");
+  constexpr int BK = kTileKeys * TPS, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
+  constexpr int kAhead = STAGES - 2;  // steps landed and signalled behind the newest issued one
   constexpr int kFullThreads = kProducer + 128, kEmptyThreads = kProducer + NC, kTurnThreads = 256;
-  constexpr uint32_t kTileBytes = BK * HD * 2;
-  static_assert(kTileBytes % WgMma::kAlign == 0, "every stage starts on a swizzle boundary");
+  constexpr uint32_t kTileBytes = kTileKeys * HD * 2, kStepBytes = 2 * TPS * kTileBytes;
+  static_assert(kTileBytes % WgMma::kAlign == 0, "every tile starts on a swizzle boundary");
+  // a stage: the step's TPS K tiles, then its TPS V tiles
   const uint32_t stages = (dynamic_smem_addr() + WgMma::kAlign - 1) & ~(WgMma::kAlign - 1);
-  const uint32_t sq = stages + 2 * STAGES * kTileBytes;
-  auto key_tile = [&](int t) { return stages + static_cast<uint32_t>(t % STAGES) * 2 * kTileBytes; };
+  const uint32_t sq = stages + STAGES * kStepBytes;
+  auto key_tile = [&](int t, int h) {
+    return stages + static_cast<uint32_t>(t % STAGES) * kStepBytes + static_cast<uint32_t>(h) * kTileBytes;
+  };
+  auto value_tile = [&](int t, int h) { return key_tile(t, h) + TPS * kTileBytes; };
   auto full_id = [](int t, int wg) { return 1 + 2 * (t % STAGES) + wg; };
   auto empty_id = [](int t) { return 1 + 2 * STAGES + t % STAGES; };
   auto turn_id = [](int wg) { return 1 + 3 * STAGES + wg; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const ItemContext c = item_context(a, kv, BQ);
-  const int n = c.w.tile_end - c.w.tile_begin;
+  const int n = c.w.tile_end - c.w.tile_begin;  // key tiles
+  const int ns = (n + TPS - 1) / TPS;             // steps
 
   if (tid >= NC) {  // the producer
     if constexpr (NWG == 2) setmaxnreg_dec<kWsProducerRegs>();
     const int ptid = tid - NC;
-    for (int t = 0; t < n + kAhead; ++t) {
-      // first signal tile t - kAhead (groups 0 .. t - 1 are committed), then wait for a stage: so the
-      // consumers' FULL for tile u hangs on their EMPTY for tile u - 3, a whole tile back
+    for (int t = 0; t < ns + kAhead; ++t) {
+      // first signal step t - kAhead (groups 0 .. t - 1 are committed), then wait for a stage: so the
+      // consumers' FULL for step u hangs on their EMPTY for step u - 3, a whole step back
       if (t >= kAhead) {
-        cp_async_wait<kAhead - 1>();  // tile t - kAhead has landed
+        cp_async_wait<kAhead - 1>();  // step t - kAhead has landed
         fence_proxy_async_smem();
 #pragma unroll
         for (int wg = 0; wg < NWG; ++wg) named_barrier_arrive(full_id(t - kAhead, wg), kFullThreads);
       }
-      if (t < n) {
+      if (t < ns) {
         if (t >= STAGES) named_barrier_sync(empty_id(t), kEmptyThreads);
         if (t == 0) load_query_tile<HD, BQ, kProducer, true>(a, c, sq, ptid);
-        load_key_tile<Fmt, HD, kProducer, true, true>(a, kv, c, c.w.tile_begin + t, key_tile(t),
-                                                      key_tile(t) + kTileBytes, ptid);
+#pragma unroll
+        for (int h = 0; h < TPS; ++h) {
+          if (TPS * t + h < n) {
+            load_key_tile<Fmt, HD, kProducer, true, true>(a, kv, c, c.w.tile_begin + TPS * t + h, key_tile(t, h),
+                                                          value_tile(t, h), ptid);
+          } else {  // past the item's last tile: zeros, whose scores are masked (0 x V must not be NaN)
+            load_rows_async<HD, kTileKeys, kProducer, true, true>(key_tile(t, h), a.k16, 0, a.k16, ptid);
+            load_rows_async<HD, kTileKeys, kProducer, true, true>(value_tile(t, h), a.v16, 0, a.v16, ptid);
+          }
+        }
       }
       cp_async_commit();  // possibly empty: the group count stays one per t
     }
@@ -92,55 +113,62 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   float o[HD / 8][4], m[2], l[2];  // output, running max of scaled logits (log2 units), this thread's sum
   start_rows<HD>(o, m, l);
   float corr[2];
-  uint32_t pa[BK / 16][4];  // P of the tile before, as the A operand of P V
-  if (n > 0) {
-    named_barrier_sync(full_id(0, wg), kFullThreads);  // Q and tile 0
+  int valid[TPS];  // keys of each of the step's tiles (0 past the item's last)
+  auto step_valid = [&](int t) {
+#pragma unroll
+    for (int h = 0; h < TPS; ++h)
+      valid[h] = TPS * t + h < n ? tile_ref(c.s, c.cached, c.w.tile_begin + TPS * t + h).valid : 0;
+  };
+  uint32_t pa[BK / 16][4];  // P of the step before, as the A operand of P V
+  if (ns > 0) {
+    named_barrier_sync(full_id(0, wg), kFullThreads);  // Q and step 0
     query_fragments<HD>(sq, warp, lane, qf);
     float sc[BK / 8][4];
-    WgMma::qk<HD, BK>(sc, qf, key_tile(0), lane);
-    softmax_tile<BK>(sc, m, l, corr, tile_ref(c.s, c.cached, c.w.tile_begin).valid, a.scale_log2, lane);
+    WgMma::qk<HD, BK>(sc, qf, key_tile(0, 0), lane);
+    step_valid(0);
+    softmax_tiles<BK>(sc, m, l, corr, valid, a.scale_log2, lane);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
-    if (pingpong && wg == 1 && n >= 2) named_barrier_arrive(turn_id(0), kTurnThreads);  // the first goes first
+    if (pingpong && wg == 1 && ns >= 2) named_barrier_arrive(turn_id(0), kTurnThreads);  // the first goes first
   }
 
-  for (int t = 1; t < n; ++t) {
+  for (int t = 1; t < ns; ++t) {
     named_barrier_sync(full_id(t, wg), kFullThreads);
-    const uint32_t sk = key_tile(t), sv_prev = key_tile(t - 1) + kTileBytes;
     float sc[BK / 8][4];
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     if (pingpong) named_barrier_sync(turn_id(wg), kTurnThreads);
-    WgMma::issue_s_and_pv<HD, BK>(sc, o, pa, qf, sk, sv_prev);
+    WgMma::issue_s_and_pv<HD, BK>(sc, o, pa, qf, key_tile(t, 0), value_tile(t - 1, 0));
     // the other warpgroup's turn (the second's last arrival would have nobody to meet)
-    if (pingpong && !(wg == 1 && t == n - 1)) named_barrier_arrive(turn_id(1 - wg), kTurnThreads);
+    if (pingpong && !(wg == 1 && t == ns - 1)) named_barrier_arrive(turn_id(1 - wg), kTurnThreads);
 
-    wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run
+    step_valid(t);
+    wgmma_wait<1>();  // S of step t; P V of step t - 1 may still run
     fence_regs(sc);
-    softmax_tile<BK>(sc, m, l, corr, tile_ref(c.s, c.cached, c.w.tile_begin + t).valid, a.scale_log2, lane);
+    softmax_tiles<BK>(sc, m, l, corr, valid, a.scale_log2, lane);
 
-    wgmma_wait<0>();  // P V of tile t - 1: its stage is free
+    wgmma_wait<0>();  // P V of step t - 1: its stage is free
     fence_regs(o);
     fence_regs(pa);
     fence_regs(qf);
-    if (t - 1 + STAGES < n) named_barrier_arrive(empty_id(t - 1), kEmptyThreads);
+    if (t - 1 + STAGES < ns) named_barrier_arrive(empty_id(t - 1), kEmptyThreads);
     rescale_rows<HD>(o, corr);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
   }
 
-  if (n > 0) WgMma::pv_packed<HD, BK>(o, pa, key_tile(n - 1) + kTileBytes);  // P V of the last tile
+  if (ns > 0) WgMma::pv_packed<HD, BK>(o, pa, value_tile(ns - 1, 0));  // P V of the last step
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 
-template <int STAGES>
+template <int STAGES, int TPS = 1>
 struct WsAttention {
   template <int HD, int BQ>
   static constexpr auto kernel() {
-    return attention_ws_kernel<Fp16PageFormat, HD, BQ, STAGES>;
+    return attention_ws_kernel<Fp16PageFormat, HD, BQ, STAGES, TPS>;
   }
   static constexpr int threads(int bq) { return ws_threads(bq); }
-  static constexpr size_t smem(int32_t hd, int32_t bq) { return overlap_smem(hd, bq, STAGES); }
+  static constexpr size_t smem(int32_t hd, int32_t bq) { return ws_smem(hd, bq, STAGES, TPS); }
 };
 
 }  // namespace wm::cuda

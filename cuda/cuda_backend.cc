@@ -141,7 +141,9 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     ws_ready_ = sm90_ready_;
     for (int32_t hd : {64, 128})
       for (int32_t bq : {64, 128})
-        for (int32_t st : {3, 4}) ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st) > 0;
+        for (int32_t st : {3, 4})
+          for (int32_t keys : {64, 128})
+            ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys) > 0;
     cudaGetLastError();
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
@@ -166,6 +168,13 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
           absl::StrCat("WM_CUDA_ATTENTION_STAGES='", e, "': use 0 (the default), 3, 4 or 5"));
     default_attention_stages_ = stages;
   }
+  if (const char* e = std::getenv("WM_CUDA_ATTENTION_WS_KEYS"); e != nullptr && *e != '\0') {
+    int32_t keys = 0;
+    if (!absl::SimpleAtoi(e, &keys) || (keys != 0 && !attention_sm90_ws_keys_valid(keys)))
+      return absl::InvalidArgumentError(
+          absl::StrCat("WM_CUDA_ATTENTION_WS_KEYS='", e, "': use 0 (the default), 64 or 128"));
+    default_attention_ws_keys_ = keys;
+  }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION_PINGPONG"); e != nullptr && *e != '\0') {
     const absl::string_view v(e);
     if (v != "0" && v != "1")
@@ -182,6 +191,11 @@ int32_t CudaBackend::overlap_stages() const {
   return s != 0 ? s : kDefaultStages;
 }
 
+int32_t CudaBackend::ws_keys(int32_t block_q) const {
+  const int32_t k = attention_ws_keys_ != 0 ? attention_ws_keys_ : default_attention_ws_keys_;
+  return k != 0 ? k : (block_q == 128 ? 128 : 64);
+}
+
 // what the occupancy calculator says of each kernel at this device, for the planner
 void CudaBackend::measure_ctas_per_sm() {
   for (size_t i = 0; i < kHeadDims.size(); ++i)
@@ -193,7 +207,7 @@ void CudaBackend::measure_ctas_per_sm() {
           attention_ctas_per_sm(hd, bq),
           sm90_ready_ && attention_sm90_supports(hd, 0) ? attention_sm90_ctas_per_sm(hd, bq, 0) : 0,
           sm90 ? attention_sm90_ctas_per_sm(hd, bq, stages) : 0,
-          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, stages) : 0};
+          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, stages, ws_keys(bq)) : 0};
       for (size_t k = 0; k < n.size(); ++k) ctas_per_sm_[k][i][static_cast<size_t>(j)] = n[k] > 0 ? n[k] : fallback;
     }
 }
@@ -247,6 +261,11 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
       return absl::InvalidArgumentError("attention.stages: 0 (default), 3, 4 or 5");
     attention_stages_ = static_cast<int32_t>(value);
     measure_ctas_per_sm();
+  } else if (key == "attention.ws_keys") {
+    if (value != 0 && value != 64 && value != 128)
+      return absl::InvalidArgumentError("attention.ws_keys: 0 (default), 64 or 128");
+    attention_ws_keys_ = static_cast<int32_t>(value);
+    measure_ctas_per_sm();
   } else if (key == "attention.pingpong") {
     if (value < -1 || value > 1) return absl::InvalidArgumentError("attention.pingpong: -1 (default), 0 or 1");
     attention_pingpong_ = static_cast<int32_t>(value);
@@ -285,6 +304,9 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   // not a count: the K/V stages of the overlapped kernel now
   if (name == "attention.stages") return int64_t{overlap_stages()};
   if (name == "attention.pingpong") return int64_t{pingpong()};
+  // not a count: the warp-specialised kernel's keys per step now, for 128- and 64-query tiles
+  if (name == "attention.ws_keys.block_q_128") return int64_t{ws_keys(128)};
+  if (name == "attention.ws_keys.block_q_64") return int64_t{ws_keys(64)};
   // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped), 0 if none
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
     int32_t hd = 0;
@@ -837,7 +859,8 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWs) {
     ++sm90_launches_;
     ++ws_launches_;
-    WM_CUDA_RETURN_IF_ERROR(launch_attention_sm90_ws(a, view, p.head_dim, items, overlap_stages(), stream_));
+    WM_CUDA_RETURN_IF_ERROR(
+        launch_attention_sm90_ws(a, view, p.head_dim, items, overlap_stages(), ws_keys(p.block_q), stream_));
   } else if (kernel == kWgmma || kernel == kOverlap) {
     ++sm90_launches_;
     if (kernel == kOverlap) ++overlap_launches_;

@@ -191,6 +191,12 @@ class CudaBackend {
   int32_t attention_pingpong_ = -1, default_attention_pingpong_ = kDefaultPingpong;
   int32_t pingpong() const { return attention_pingpong_ >= 0 ? attention_pingpong_ : default_attention_pingpong_; }
   int32_t overlap_stages() const;
+  // kernel 4's keys per step for a plan of block_q ("attention.ws_keys" 64
+  // or 128; 0: the default, WM_CUDA_ATTENTION_WS_KEYS at start-up, else 128
+  // for 128-query tiles and 64 for 64-query ones, whose 3 stages of 64 keys
+  // leave room for two CTAs per SM)
+  int32_t attention_ws_keys_ = 0, default_attention_ws_keys_ = 0;
+  int32_t ws_keys(int32_t block_q) const;
   void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
   bool ws_ready_ = false;    // and the occupancy calculator fits every warp-specialised instantiation

@@ -26,7 +26,8 @@
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
 #   mg2_stages  the same with the fastest of those, where it is not the default
-#   attention_ws, mg2_ws  the warp-specialised kernel's attention and forward
+#   attention_ws, mg2_ws, mg2_ws64  the warp-specialised kernel's attention and
+#               forward (128 and 64 keys a step)
 #   torch_mg2   ../shared/research/torch_mg2_step.py
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
 #               model, how many players hold 20 frames/s with p99 < 100 ms
@@ -145,7 +146,7 @@ stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
   stage attention_stages 50 .gpu/bin/wm_attention_bench --kernel=overlap --stages=3,4,5 --pingpong=0,1
 # the warp-specialised kernel (not the default: measured here first), where its parity cases passed
 [ "$attention_kernels" = all ] && passed ws &&
-  stage attention_ws 40 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1
+  stage attention_ws 60 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1 --ws_keys=64,128
 # where the overlapped kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware counters)
 if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
   stage ncu 60 "$ncu" --clock-control none -k regex:attention_overlap --launch-skip 2 --launch-count 1 \
@@ -167,11 +168,14 @@ if [ -n "$best" ] && [ "$best" != "3 1" ]; then
   stage mg2_stages 80 env WM_CUDA_ATTENTION_STAGES="${best% *}" WM_CUDA_ATTENTION_PINGPONG="${best#* }" \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 fi
-# the forward with the warp-specialised kernel, where its parity cases passed; 4 stages (with 3 its
-# producer keeps one tile in flight)
-[ "$attention_kernels" = all ] && passed ws &&
-  stage mg2_ws 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_STAGES=4 .gpu/bin/wm_mg2_bench \
-    --config=configs/mg2-shape.json --sessions=1,8
+# the forward with the warp-specialised kernel, where its parity cases passed: 128 keys a step (its
+# default for these 128-query tiles, 3 stages), then 64 keys with 4 stages (with 3 its producer keeps
+# one tile in flight)
+if [ "$attention_kernels" = all ] && passed ws; then
+  stage mg2_ws 80 env WM_CUDA_ATTENTION=ws .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+  stage mg2_ws64 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_STAGES=4 WM_CUDA_ATTENTION_WS_KEYS=64 \
+    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+fi
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
 # 6 s a step: with 3 s the same kernels gave 30 to 52 sessions in three runs
 stage serving 110 env BUDGET_S=90 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \

@@ -124,10 +124,12 @@ def compare(results):
 
 
 def kernel_label(r):
-    """the attention kernel of a bench row, with the overlapped kernel's K/V stages"""
+    """the attention kernel of a bench row, with its K/V stages (and keys a step)"""
     k = r.get("kernel")
     if r.get("stages"):
         k = "%s/%d" % (k, r["stages"])
+    if r.get("ws_keys"):
+        k = "%s/%dkeys" % (k, r["ws_keys"])
     return k + "/pingpong" if r.get("pingpong") else k
 
 
@@ -154,7 +156,8 @@ def collect(raw, out_path, build_info):
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
     results["mg2_stages"] = (json_lines(os.path.join(raw, "mg2_stages.out")) +
-                             json_lines(os.path.join(raw, "mg2_ws.out")))
+                             json_lines(os.path.join(raw, "mg2_ws.out")) +
+                             json_lines(os.path.join(raw, "mg2_ws64.out")))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
     serving = json_lines(os.path.join(raw, "serving.out"))
@@ -206,10 +209,11 @@ def summary(path):
                if "ffn_fusion_speedup" in m else ""))
     for m in r.get("mg2_stages", []):
         if "fps_aggregate" in m:
-            print("mg2 B=%s W=%s %s with %s stages, ping-pong %s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (
+            print("mg2 B=%s W=%s %s with %s stages, ping-pong %s%s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (
                 m.get("sessions_batched"), m.get("window_latent_frames"), m.get("attention_kernel"),
                 m.get("attention_stages", "?"),
                 m.get("attention_pingpong", "?"),
+                ", %s keys a step" % m["attention_ws_keys"] if "attention_ws_keys" in m else "",
                 m.get("forward_ms"), m.get("fps_aggregate"), m.get("attention_ms_per_forward"),
                 m.get("attention_TFLOPs")))
     sv = r.get("serving") or {}

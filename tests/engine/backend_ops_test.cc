@@ -521,7 +521,7 @@ std::vector<OpCase> all_cases() {
   // wgmma kernels (kernel2 plain, kernel3 overlapped; skipped where the GPU is not compute capability 9.0)
   // (kernel2 at head_dim 128 only: it is not built for 64), kernel3 with 3, 4 and 5 K/V stages
   // (the default and the other two) and with its ping-pong setting flipped, and kernel4
-  // (warp-specialised) with 3 and 4 stages and ping-pong flipped
+  // (warp-specialised) with 3 and 4 stages, ping-pong flipped and 64 and 128 keys a step
   auto per_kernel = [&](AttnSpec a) {
     const auto base = a.tuning;
     for (int64_t kernel : {1, 2, 3, 4}) {
@@ -541,6 +541,14 @@ std::vector<OpCase> all_cases() {
         a.tuning.emplace_back("attention.kernel", kernel);
         a.tuning.emplace_back("attention.pingpong", 1 - kPingpongDefault);
         cases.push_back(attention_case(a));
+      }
+      if (kernel == 4) {  // 64 and 128 keys a step, whatever the query tile
+        for (int64_t keys : {64, 128}) {
+          a.tuning = base;
+          a.tuning.emplace_back("attention.kernel", kernel);
+          a.tuning.emplace_back("attention.ws_keys", keys);
+          cases.push_back(attention_case(a));
+        }
       }
     }
   };
@@ -1085,6 +1093,17 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
     EXPECT_EQ(pb->set_tuning("attention.stages", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   for (int64_t bad : {int64_t{-2}, int64_t{2}, (int64_t{1} << 32) + 1})
     EXPECT_EQ(pb->set_tuning("attention.pingpong", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  // the warp-specialised kernel's keys per step: 128 for 128-query tiles, 64 for 64-query ones by default
+  for (int64_t bad : {int64_t{-1}, int64_t{32}, int64_t{96}, int64_t{256}, (int64_t{1} << 32) + 64})
+    EXPECT_EQ(pb->set_tuning("attention.ws_keys", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  if (std::getenv("WM_CUDA_ATTENTION_WS_KEYS") == nullptr) {
+    EXPECT_EQ(counter("attention.ws_keys.block_q_128"), 128);
+    EXPECT_EQ(counter("attention.ws_keys.block_q_64"), 64);
+  }
+  {
+    Tuning t(b, {{"attention.ws_keys", 128}});
+    EXPECT_EQ(counter("attention.ws_keys.block_q_64"), 128);
+  }
   {
     Tuning t(b, {{"attention.stages", 5}, {"attention.pingpong", 1 - pingpong0}});
     EXPECT_EQ(counter("attention.stages"), 5);

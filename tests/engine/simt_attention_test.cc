@@ -39,8 +39,9 @@ namespace {
 using simt::Schedule;
 
 // kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong);
-// kWs: the warp-specialised kernel, 4 stages, ping-pong; kWs3: 3 stages, no ping-pong
-enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3 };
+// kWs: the warp-specialised kernel, 4 stages, ping-pong; kWs3: 3 stages, no ping-pong; kWs128: 128 keys a
+// step (3 stages), ping-pong
+enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3, kWs128 };
 
 const char* name(Kernel k) {
   switch (k) {
@@ -58,6 +59,8 @@ const char* name(Kernel k) {
       return "ws";
     case Kernel::kWs3:
       return "ws3";
+    case Kernel::kWs128:
+      return "ws128";
   }
   return "?";
 }
@@ -81,9 +84,11 @@ void run_kernel(const AttentionArgs& a, const PagedKvFp16View& kv) {
   } else if constexpr (K == Kernel::kOverlapPingPong) {
     attention_overlap_kernel<Fp16PageFormat, HD, BQ, 4>(a, kv);
   } else if constexpr (K == Kernel::kWs) {
-    attention_ws_kernel<Fp16PageFormat, HD, BQ, 4>(a, kv);
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 4, 1>(a, kv);
+  } else if constexpr (K == Kernel::kWs3) {
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 1>(a, kv);
   } else {
-    attention_ws_kernel<Fp16PageFormat, HD, BQ, 3>(a, kv);
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 2>(a, kv);
   }
 }
 
@@ -109,9 +114,12 @@ KernelLaunch kernel_launch() {
   } else if constexpr (K == Kernel::kWs) {
     l.threads = WsAttention<4>::threads(BQ);
     l.smem = WsAttention<4>::smem(HD, BQ);
-  } else {
+  } else if constexpr (K == Kernel::kWs3) {
     l.threads = WsAttention<3>::threads(BQ);
     l.smem = WsAttention<3>::smem(HD, BQ);
+  } else {
+    l.threads = WsAttention<3, 2>::threads(BQ);
+    l.smem = WsAttention<3, 2>::smem(HD, BQ);
   }
   return l;
 }
@@ -143,6 +151,8 @@ KernelLaunch kernel_launch(Kernel k, int hd, int bq) {
       return kernel_launch<Kernel::kWs>(hd, bq);
     case Kernel::kWs3:
       return kernel_launch<Kernel::kWs3>(hd, bq);
+    case Kernel::kWs128:
+      return kernel_launch<Kernel::kWs128>(hd, bq);
   }
   return {};
 }
@@ -205,7 +215,7 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   a.layer = layer;
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
-  a.pingpong = k == Kernel::kOverlapPingPong || k == Kernel::kWs ? 1 : 0;
+  a.pingpong = k == Kernel::kOverlapPingPong || k == Kernel::kWs || k == Kernel::kWs128 ? 1 : 0;
   PagedKvFp16View kv;
   kv.pool = c.pool.data();
   kv.page_table = p.page_tables.data();
@@ -371,6 +381,12 @@ TEST(SimtAttention, CombineOfMoreThan32Ranges) {
     EXPECT_GT(most, 32) << cs.what;
   }
   run_cases(Kernel::kMma, cases, {Schedule::kRoundRobin, Schedule::kWarpsReversed}, {0});
+}
+// 128 keys a step: odd tile counts (a zero-filled second half), a partial cache tile and the block's own keys
+// in one step, 12 key tiles through 3 stages of 2
+TEST(SimtAttention, WarpSpecialisedKernel128KeysAStep) {
+  run_cases(Kernel::kWs128, cases_for(64), kAllSchedules, {0, 16});
+  run_cases(Kernel::kWs128, cases_for(128), kAllSchedules, {16});
 }
 // the ping-pong changes only block_q 128 (two warpgroups): cases_for's last two cases
 TEST(SimtAttention, OverlapKernelPingPong) {
