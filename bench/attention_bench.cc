@@ -144,12 +144,13 @@ int run(int argc, char** argv) {
           dev.sync();
           const std::string ran = dev.plugin == nullptr ? "cpu" : dev.plugin->attention_kernel(hd);
           const bool staged = ran == "overlap" || ran == "ws";
-          const int64_t stages = staged ? dev.plugin->counter("attention.stages").value_or(0) : 0;
+          const char* bq = tq == 64 ? "block_q_64" : "block_q_128";  // the planner's tile for these shapes
+          const int64_t stages =
+              !staged ? 0
+                      : dev.plugin->counter(ran == "ws" ? std::string("attention.ws_stages.") + bq : "attention.stages")
+                            .value_or(0);
           const int64_t pingpong = staged ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
-          const int64_t ws_keys =
-              ran == "ws" ? dev.plugin->counter(tq == 64 ? "attention.ws_keys.block_q_64" : "attention.ws_keys.block_q_128")
-                                .value_or(0)
-                          : 0;
+          const int64_t ws_keys = ran == "ws" ? dev.plugin->counter(std::string("attention.ws_keys.") + bq).value_or(0) : 0;
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {

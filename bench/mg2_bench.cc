@@ -228,7 +228,8 @@ int run(int argc, char** argv) {
           j["attention_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
           j["attention_kernel"] = kernel;
           if (kernel == "overlap" || kernel == "ws") {
-            j["attention_stages"] = count("attention.stages");
+            // Matrix-Game-2's 2640-query blocks run 128-query tiles
+            j["attention_stages"] = count(kernel == "ws" ? "attention.ws_stages.block_q_128" : "attention.stages");
             j["attention_pingpong"] = count("attention.pingpong");
           }
           if (kernel == "ws") j["attention_ws_keys"] = count("attention.ws_keys.block_q_128");

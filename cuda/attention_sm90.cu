@@ -19,7 +19,7 @@ using WsKernels = AttentionKernels<WsAttention<S, TPS>, 64, 128>;
 template <class F>
 auto with_ws(int32_t stages, int32_t keys, F&& f) {
   if (keys == 128) return f(WsKernels<3, 2>{});
-  if (stages == 3) return f(WsKernels<3>{});
+  if (attention_sm90_ws_stages(stages, keys) == 3) return f(WsKernels<3>{});
   return f(WsKernels<4>{});
 }
 
@@ -47,6 +47,8 @@ bool attention_sm90_supports(int32_t head_dim, int32_t stages) {
 bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
 
 bool attention_sm90_ws_keys_valid(int32_t keys) { return keys == 64 || keys == 128; }
+
+int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys) { return keys == 128 || stages == 3 ? 3 : 4; }
 
 cudaError_t attention_sm90_prepare() {
   cudaError_t e = Kernels::prepare();

@@ -307,6 +307,9 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   // not a count: the warp-specialised kernel's keys per step now, for 128- and 64-query tiles
   if (name == "attention.ws_keys.block_q_128") return int64_t{ws_keys(128)};
   if (name == "attention.ws_keys.block_q_64") return int64_t{ws_keys(64)};
+  // and its K/V stages (3 with 128 keys a step, whatever attention.stages says)
+  if (name == "attention.ws_stages.block_q_128") return int64_t{attention_sm90_ws_stages(overlap_stages(), ws_keys(128))};
+  if (name == "attention.ws_stages.block_q_64") return int64_t{attention_sm90_ws_stages(overlap_stages(), ws_keys(64))};
   // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped), 0 if none
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
     int32_t hd = 0;

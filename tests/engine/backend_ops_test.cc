@@ -1100,9 +1100,14 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
     EXPECT_EQ(counter("attention.ws_keys.block_q_128"), 128);
     EXPECT_EQ(counter("attention.ws_keys.block_q_64"), 64);
   }
-  {
-    Tuning t(b, {{"attention.ws_keys", 128}});
+  {  // 128 keys a step run 3 stages whatever attention.stages says; 64 keys run 3 or 4 (5 runs 4)
+    Tuning t(b, {{"attention.ws_keys", 128}, {"attention.stages", 4}});
     EXPECT_EQ(counter("attention.ws_keys.block_q_64"), 128);
+    EXPECT_EQ(counter("attention.ws_stages.block_q_64"), 3);
+  }
+  {
+    Tuning t(b, {{"attention.ws_keys", 64}, {"attention.stages", 5}});
+    EXPECT_EQ(counter("attention.ws_stages.block_q_128"), 4);
   }
   {
     Tuning t(b, {{"attention.stages", 5}, {"attention.pingpong", 1 - pingpong0}});
