@@ -1,10 +1,13 @@
 // wmserve: the inference server. `wmserve --help` lists the flags;
-// docs/API.md describes the API, docs/SERVING.md how it runs.
+// docs/API.md describes the API, docs/ARCHITECTURE.md how it runs.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <string>
@@ -83,9 +86,24 @@ int wait_signal(const sigset_t& set, int ms) {
   return sig > 0 ? sig : 0;
 }
 
+// The OpenMP runtime reads OMP_WAIT_POLICY when it loads, before main. Its
+// default lets the CPU engine's idle workers spin, which starves the gRPC,
+// JPEG and OpenBLAS threads on a busy machine (10-50x slower steps,
+// docs/PERFORMANCE.md). So when the environment does not choose, wmserve
+// runs itself again with the passive policy; an explicit choice is kept.
+// Returns only if that failed (the server then runs with the default).
+void reexec_with_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "wmserve: could not restart with OMP_WAIT_POLICY=passive (%s); OpenMP's default applies\n",
+               std::strerror(errno));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  reexec_with_passive_openmp(argv);
   absl::SetProgramUsageMessage(
       "the wmserve inference server: serves one world model over gRPC (wmserve.v1.WorldModel).\n"
       "  wmserve [--model DIR] [--port 50051] [--metrics_port 9464] [--kv_budget_bytes N] ...\n"

@@ -2,8 +2,12 @@
 // random checkpoint, driven by the real client library (clients/).
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -999,6 +1003,46 @@ TEST(ServerIntegration, TheMetricsPortAnswersStrayRequestsAndStaysUp) {
   const auto m = testing::parse_prometheus(testing::http_get(server->metrics_port(), "/metrics", &code));
   EXPECT_EQ(code, 200);
   EXPECT_EQ(m.at("wm_frames_sent_total"), static_cast<double>(r.frames.size()));
+}
+
+// the environment a process started with (after its last exec)
+std::vector<std::string> environment_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::vector<std::string> vars;
+  std::string v;
+  while (std::getline(f, v, '\0')) vars.push_back(v);
+  return vars;
+}
+
+bool has(const std::vector<std::string>& vars, const std::string& var) {
+  return std::find(vars.begin(), vars.end(), var) != vars.end();
+}
+
+TEST(ServerIntegration, OpenMpWaitsPassivelyUnlessTheEnvironmentChooses) {
+  const char* outer = std::getenv("OMP_WAIT_POLICY");
+  const std::optional<std::string> saved = outer != nullptr ? std::optional<std::string>(outer) : std::nullopt;
+  unsetenv("OMP_WAIT_POLICY");
+  {  // not chosen: the server restarts itself with the passive policy (a plain setenv would not reach
+     // the OpenMP runtime, nor /proc/PID/environ)
+    auto server = ServerProcess::start(tiny_model());
+    ASSERT_NE(server, nullptr);
+    EXPECT_TRUE(has(environment_of(server->pid()), "OMP_WAIT_POLICY=passive"));
+    const PlayResult r = client::play(channel(*server), per_action(3, script_actions()));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  {  // chosen: kept
+    auto server = ServerProcess::start(tiny_model());
+    ASSERT_NE(server, nullptr);
+    const auto vars = environment_of(server->pid());
+    EXPECT_TRUE(has(vars, "OMP_WAIT_POLICY=active"));
+    EXPECT_FALSE(has(vars, "OMP_WAIT_POLICY=passive"));
+  }
+  if (saved) {
+    setenv("OMP_WAIT_POLICY", saved->c_str(), 1);
+  } else {
+    unsetenv("OMP_WAIT_POLICY");
+  }
 }
 
 TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
