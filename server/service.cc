@@ -30,6 +30,15 @@ absl::Status parse(grpc::ByteBuffer* bytes, M* out) {
       absl::StrCat("a message of ", n, " bytes that does not parse as ", M::descriptor()->full_name()));
 }
 
+// a unary request's bytes parsed as M; on failure the call is finished with the reason and false returned
+template <class M>
+bool parse_unary(const grpc::ByteBuffer* request, M* out, grpc::ServerUnaryReactor* reactor) {
+  grpc::ByteBuffer bytes(*request);
+  const absl::Status s = parse(&bytes, out);
+  if (!s.ok()) reactor->Finish(to_grpc(s));
+  return s.ok();
+}
+
 // a response's bytes
 template <class M>
 grpc::Status serialize(const M& msg, grpc::ByteBuffer* out) {
@@ -523,12 +532,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PlayService::Play(g
 grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  grpc::ByteBuffer bytes(*request);
   v1::ListModelsRequest req;
-  if (const absl::Status s = parse(&bytes, &req); !s.ok()) {
-    reactor->Finish(to_grpc(s));
-    return reactor;
-  }
+  if (!parse_unary(request, &req, reactor)) return reactor;
   v1::ListModelsResponse msg;
   fill_model_info(model_, msg.add_models());
   reactor->Finish(serialize(msg, response));
@@ -538,12 +543,8 @@ grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  grpc::ByteBuffer bytes(*request);
   v1::GetServerInfoRequest req;
-  if (const absl::Status s = parse(&bytes, &req); !s.ok()) {
-    reactor->Finish(to_grpc(s));
-    return reactor;
-  }
+  if (!parse_unary(request, &req, reactor)) return reactor;
   v1::ServerInfo info;
   info.set_version(config_.version);
   info.add_models(model_.config.name);

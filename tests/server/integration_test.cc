@@ -113,16 +113,16 @@ grpc::Status play_status(const ServerProcess& s, const std::vector<v1::PlayReque
   return stream.finish();
 }
 
-// a Play stream of raw messages (any bytes), half-closed after the last;
-// returns its status and collects what the server sent
-grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::string>& messages,
-                             std::vector<v1::PlayResponse>* responses) {
+// a bidi stream of `method` with raw messages (any bytes), half-closed after
+// the last; returns its status and the bytes of every message the server sent
+grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method,
+                               const std::vector<std::string>& messages, std::vector<std::string>* responses) {
   auto ch = channel(s);
   grpc::GenericStub generic(ch);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   grpc::CompletionQueue cq;
-  auto call = generic.PrepareCall(&ctx, "/wmserve.v1.WorldModel/Play", &cq);
+  auto call = generic.PrepareCall(&ctx, method, &cq);
   auto next = [&](intptr_t want) {
     void* tag = nullptr;
     bool ok = false;
@@ -147,9 +147,11 @@ grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::stri
     grpc::ByteBuffer in;
     call->Read(&in, reinterpret_cast<void*>(4));
     if (!next(4)) break;
-    v1::PlayResponse r;
-    EXPECT_TRUE(grpc::SerializationTraits<v1::PlayResponse>::Deserialize(&in, &r).ok());
-    if (responses != nullptr) responses->push_back(r);
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(in.Dump(&slices).ok());
+    std::string bytes;
+    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    responses->push_back(std::move(bytes));
   }
   grpc::Status st;
   call->Finish(&st, reinterpret_cast<void*>(5));
@@ -158,6 +160,19 @@ grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::stri
   void* tag;
   bool ok;
   while (cq.Next(&tag, &ok)) {
+  }
+  return st;
+}
+
+// a Play stream of raw messages; *responses (if given) gets what the server sent
+grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::string>& messages,
+                             std::vector<v1::PlayResponse>* responses) {
+  std::vector<std::string> got;
+  const grpc::Status st = raw_stream_status(s, "/wmserve.v1.WorldModel/Play", messages, &got);
+  for (const std::string& bytes : got) {
+    v1::PlayResponse r;
+    EXPECT_TRUE(r.ParseFromString(bytes));
+    if (responses != nullptr) responses->push_back(std::move(r));
   }
   return st;
 }
@@ -253,42 +268,13 @@ TEST(ServerIntegration, ServesModelsInfoHealthAndReflection) {
   EXPECT_EQ(client::health_check(ch, "no.such.service").status.error_code(), grpc::StatusCode::NOT_FOUND);
 
   // reflection: list the services with a hand-made ServerReflectionRequest{list_services: ""}
-  grpc::GenericStub generic(ch);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  auto call = generic.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  auto wait = [&](intptr_t want) {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
-    return ok;
-  };
-  call->StartCall(reinterpret_cast<void*>(1));
-  ASSERT_TRUE(wait(1));
-  const std::string req("\x3a\x00", 2);
-  grpc::Slice slice(req);
-  grpc::ByteBuffer out(&slice, 1), in;
-  call->Write(out, reinterpret_cast<void*>(2));
-  ASSERT_TRUE(wait(2));
-  call->Read(&in, reinterpret_cast<void*>(3));
-  ASSERT_TRUE(wait(3));
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(in.Dump(&slices).ok());
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_TRUE(absl::StrContains(bytes, "wmserve.v1.WorldModel")) << bytes;
-  EXPECT_TRUE(absl::StrContains(bytes, "grpc.health.v1.Health")) << bytes;
-  ctx.TryCancel();
-  grpc::Status st;
-  call->Finish(&st, reinterpret_cast<void*>(4));
-  wait(4);
-  cq.Shutdown();
-  void* tag;
-  bool ok;
-  while (cq.Next(&tag, &ok)) {
-  }
+  std::vector<std::string> got;
+  const grpc::Status st = raw_stream_status(*server, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                            {std::string("\x3a\x00", 2)}, &got);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(got[0], "wmserve.v1.WorldModel")) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0], "grpc.health.v1.Health")) << got[0];
 }
 
 TEST(ServerIntegration, OneSessionIsByteIdenticalToTheOfflineRollout) {
