@@ -57,7 +57,8 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   constexpr int BK = kTileKeys * TPS, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
   constexpr int kAhead = STAGES - 2;  // steps landed and signalled behind the newest issued one
   constexpr int kFullThreads = kProducer + 128, kEmptyThreads = kProducer + NC, kTurnThreads = 256;
-  constexpr uint32_t kTileBytes = kTileKeys * HD * 2, kStepBytes = 2 * TPS * kTileBytes;
+  // a step's tiles sit WgMma::kTileBytes apart, as its issue_s / issue_pv read them
+  constexpr uint32_t kTileBytes = WgMma::kTileBytes<HD>, kStepBytes = 2 * TPS * kTileBytes;
   static_assert(kTileBytes % WgMma::kAlign == 0, "every tile starts on a swizzle boundary");
   // a stage: the step's TPS K tiles, then its TPS V tiles
   const uint32_t stages = (dynamic_smem_addr() + WgMma::kAlign - 1) & ~(WgMma::kAlign - 1);
