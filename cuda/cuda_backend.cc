@@ -296,6 +296,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.fallback_calls") return gemm_ != nullptr ? gemm_->fallback_calls() : 0;
   if (name == "gemm.gelu_epilogue_calls") return gemm_ != nullptr ? gemm_->gelu_epilogue_calls() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
+  if (name == "kv.append_launches") return append_launches_;
   if (name == "attention.plans") return plans_made_;
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
@@ -647,70 +648,106 @@ void CudaBackend::kv_destroy(std::unique_ptr<DeviceKvCache> kv) {
 
 absl::Status CudaBackend::kv_append(DeviceKvCache& kv, int32_t layer, const float* k, const float* v,
                                     int64_t first_frame, int32_t frames) {
-  auto plan = kv.pages.plan_append(layer, first_frame, frames);
-  if (!plan.ok()) return plan.status();
-  const KvAppendPlan& p = *plan;
-  const PagedGeometry& g = kv.pages.geometry();
-  if (!p.slot.empty()) {
+  const KvWriteRequest w{&kv, first_frame, 0, frames};
+  return kv_append(layer, std::span<const KvWriteRequest>(&w, 1), k, v);
+}
+
+absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteRequest> writes, const float* k,
+                                    const float* v) {
+  if (writes.empty()) return absl::OkStatus();
+  const size_t n = writes.size();
+  for (size_t i = 0; i < n; ++i) {
+    const KvWriteRequest& w = writes[i];
+    if (w.kv == nullptr) return absl::InvalidArgumentError("kv append: null cache");
+    if (w.batch_frame < 0) return absl::InvalidArgumentError("kv append: negative batch frame");
+    const PagedGeometry &a = writes[0].kv->pages.geometry(), &b = w.kv->pages.geometry();
+    if (a.heads != b.heads || a.head_dim != b.head_dim || a.tokens_per_frame != b.tokens_per_frame ||
+        a.page_tokens != b.page_tokens)
+      return absl::InvalidArgumentError("kv append: the caches of one batch differ in geometry");
+    for (size_t j = 0; j < i; ++j)
+      if (writes[j].kv == w.kv) return absl::InvalidArgumentError("kv append: a cache appears twice in one batch");
+  }
+  std::vector<KvAppendPlan> plans;
+  plans.reserve(n);
+  bool any_write = false;
+  for (const KvWriteRequest& w : writes) {
+    auto plan = w.kv->pages.plan_append(layer, w.first_frame, w.frames);
+    if (!plan.ok()) return plan.status();
+    any_write = any_write || !plan->slot.empty();
+    plans.push_back(*std::move(plan));
+  }
+  if (any_write) {
     absl::Status s = need(k, "kv append keys");
     if (s.ok()) s = need(v, "kv append values");
     if (!s.ok()) return s;
     if (!aligned16(k) || !aligned16(v)) return absl::InvalidArgumentError("kv append: k, v must be 16-byte aligned");
   }
-  std::vector<int32_t> new_pages;
-  new_pages.reserve(static_cast<size_t>(g.heads) * p.new_pages_per_head);
-  for (int64_t i = 0; i < static_cast<int64_t>(g.heads) * p.new_pages_per_head; ++i) {
-    auto page = pool_.take(kv.owner);
-    if (!page.ok()) {  // cannot happen: the reservation covers the worst case
-      pool_.put_back(kv.owner, new_pages).IgnoreError();
-      return page.status();
+  const PagedGeometry& g = writes[0].kv->pages.geometry();
+  std::vector<std::vector<int32_t>> new_pages(n);
+  const auto hand_back = [&] {
+    for (size_t i = 0; i < n; ++i) pool_.put_back(writes[i].kv->owner, new_pages[i]).IgnoreError();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    new_pages[i].reserve(static_cast<size_t>(g.heads) * plans[i].new_pages_per_head);
+    for (int64_t j = 0; j < static_cast<int64_t>(g.heads) * plans[i].new_pages_per_head; ++j) {
+      auto page = pool_.take(writes[i].kv->owner);
+      if (!page.ok()) {  // cannot happen: the reservation covers the worst case
+        hand_back();
+        return page.status();
+      }
+      new_pages[i].push_back(*page);
     }
-    new_pages.push_back(*page);
   }
   // the pages count only once the device write is under way: a failure hands them back
   const absl::Status launched = [&]() -> absl::Status {
-    const int32_t pph = kv.pages.pages_per_head(layer) + p.new_pages_per_head;
-    if (!p.slot.empty()) {
-      // one upload: the layer's page table after the append [heads][pph], then the writes [n][2]
-      std::vector<int32_t> host(static_cast<size_t>(g.heads) * pph + 2 * p.slot.size());
+    if (!any_write) return absl::OkStatus();
+    // one upload: the frame writes, then each written cache's page table after the append [heads][pph]
+    std::vector<KvFrameWrite> frame_writes;
+    std::vector<int32_t> tables;
+    for (size_t i = 0; i < n; ++i) {
+      const KvAppendPlan& p = plans[i];
+      if (p.slot.empty()) continue;
+      const DeviceKvCache& kv = *writes[i].kv;
+      const int32_t pph = kv.pages.pages_per_head(layer) + p.new_pages_per_head;
+      const int32_t table = static_cast<int32_t>(tables.size());
       for (int32_t h = 0; h < g.heads; ++h) {
         const auto& old = kv.pages.pages(layer, h);
-        int32_t* row = host.data() + static_cast<size_t>(h) * pph;
-        std::copy(old.begin(), old.end(), row);
-        for (int32_t i = 0; i < p.new_pages_per_head; ++i)
-          row[old.size() + i] = new_pages[static_cast<size_t>(h) * p.new_pages_per_head + i];
+        tables.insert(tables.end(), old.begin(), old.end());
+        for (int32_t j = 0; j < p.new_pages_per_head; ++j)
+          tables.push_back(new_pages[i][static_cast<size_t>(h) * p.new_pages_per_head + j]);
       }
-      int32_t* writes = host.data() + static_cast<size_t>(g.heads) * pph;
-      for (size_t w = 0; w < p.slot.size(); ++w) {
-        writes[2 * w] = p.src_frame[w];
-        writes[2 * w + 1] = p.slot[w];
-      }
-      absl::Status s = append_scratch_.reserve(host.size() * sizeof(int32_t));
-      if (!s.ok()) return s;
-      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(append_scratch_.get(), host.data(), host.size() * sizeof(int32_t),
-                                              cudaMemcpyHostToDevice, stream_));
-      KvAppendArgs a;
-      a.k = k;
-      a.v = v;
-      a.pool = pool_memory_.as<uint16_t>();
-      a.page_elems = page_bytes_ / 2;
-      a.page_tokens = g.page_tokens;
-      a.head_dim = g.head_dim;
-      a.heads = g.heads;
-      a.tokens_per_frame = g.tokens_per_frame;
-      a.page_table = append_scratch_.as<int32_t>();
-      a.pages_per_head = pph;
-      a.writes = append_scratch_.as<int32_t>() + static_cast<size_t>(g.heads) * pph;
-      a.n_writes = static_cast<int32_t>(p.slot.size());
-      WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
+      for (size_t w = 0; w < p.slot.size(); ++w)
+        frame_writes.push_back({writes[i].batch_frame + p.src_frame[w], p.slot[w], table, pph});
     }
+    const size_t write_bytes = frame_writes.size() * sizeof(KvFrameWrite);
+    std::vector<uint8_t> host(write_bytes + tables.size() * sizeof(int32_t));
+    std::memcpy(host.data(), frame_writes.data(), write_bytes);
+    std::memcpy(host.data() + write_bytes, tables.data(), tables.size() * sizeof(int32_t));
+    absl::Status s = append_scratch_.reserve(host.size());
+    if (!s.ok()) return s;
+    WM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(append_scratch_.get(), host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
+    KvAppendArgs a;
+    a.k = k;
+    a.v = v;
+    a.pool = pool_memory_.as<uint16_t>();
+    a.page_elems = page_bytes_ / 2;
+    a.page_tokens = g.page_tokens;
+    a.head_dim = g.head_dim;
+    a.heads = g.heads;
+    a.tokens_per_frame = g.tokens_per_frame;
+    a.writes = reinterpret_cast<const KvFrameWrite*>(append_scratch_.get());
+    a.n_writes = static_cast<int32_t>(frame_writes.size());
+    a.page_tables = reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(append_scratch_.get()) + write_bytes);
+    WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
+    ++append_launches_;
     return absl::OkStatus();
   }();
   if (!launched.ok()) {
-    pool_.put_back(kv.owner, new_pages).IgnoreError();
+    hand_back();
     return launched;
   }
-  kv.pages.commit_append(p, new_pages);
+  for (size_t i = 0; i < n; ++i) writes[i].kv->pages.commit_append(plans[i], new_pages[i]);
   return absl::OkStatus();
 }
 

@@ -46,6 +46,15 @@ struct DeviceKvCache {
       : id(i), format(std::move(f)), geometry(g), pages(pg), owner(o) {}
 };
 
+// one cache's part of a batched append: frames [batch_frame, batch_frame +
+// frames) of the batch's k, v become its frames first_frame, ...
+struct KvWriteRequest {
+  DeviceKvCache* kv = nullptr;
+  int64_t first_frame = 0;
+  int32_t batch_frame = 0;
+  int32_t frames = 0;
+};
+
 // the RoPE frequency of every channel pair, on the device (rms_norm_rope.cuh's RopeFreq [head_dim / 2])
 struct RopeFreqTable {
   DeviceBuffer freqs;
@@ -101,6 +110,9 @@ class CudaBackend {
   void kv_destroy(std::unique_ptr<DeviceKvCache> kv);
   absl::Status kv_append(DeviceKvCache& kv, int32_t layer, const float* k, const float* v, int64_t first_frame,
                          int32_t frames);
+  // the write pass of one layer for several caches (one geometry, none
+  // twice): one upload and one launch; all or nothing
+  absl::Status kv_append(int32_t layer, std::span<const KvWriteRequest> writes, const float* k, const float* v);
   int64_t kv_bytes(const DeviceKvCache& kv) const { return kv.pages.pages_held() * page_bytes_; }
   // host k, v [tokens, heads, head_dim] in frame order
   absl::Status kv_reconstruct(const DeviceKvCache& kv, int32_t layer, std::vector<float>* k, std::vector<float>* v);
@@ -161,6 +173,7 @@ class CudaBackend {
 
   // attention
   DeviceBuffer append_scratch_;
+  int64_t append_launches_ = 0;
   DeviceBuffer plan_memory_;
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;

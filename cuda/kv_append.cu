@@ -28,11 +28,12 @@ __global__ void kv_append_kernel(const KvAppendArgs a, int64_t total) {
     const int32_t h = static_cast<int32_t>(rest - r2 * static_cast<uint32_t>(a.heads));
     const uint32_t w = r2 / static_cast<uint32_t>(a.tokens_per_frame);
     const int32_t t = static_cast<int32_t>(r2 - w * static_cast<uint32_t>(a.tokens_per_frame));
-    const int32_t src_frame = a.writes[2 * w];
-    const int32_t slot = a.writes[2 * w + 1];
-    const int64_t src = ((static_cast<int64_t>(src_frame) * a.tokens_per_frame + t) * a.heads + h) * a.head_dim + c * 8;
-    const int64_t logical = static_cast<int64_t>(slot) * a.tokens_per_frame + t;
-    const int32_t page = a.page_table[static_cast<int64_t>(h) * a.pages_per_head + logical / a.page_tokens];
+    const KvFrameWrite fw = a.writes[w];
+    const int64_t src =
+        ((static_cast<int64_t>(fw.src_frame) * a.tokens_per_frame + t) * a.heads + h) * a.head_dim + c * 8;
+    const int64_t logical = static_cast<int64_t>(fw.slot) * a.tokens_per_frame + t;
+    const int32_t page =
+        a.page_tables[fw.table + static_cast<int64_t>(h) * fw.pages_per_head + logical / a.page_tokens];
     const int32_t row = static_cast<int32_t>(logical % a.page_tokens);
     const int64_t dk = static_cast<int64_t>(page) * a.page_elems + static_cast<int64_t>(row) * a.head_dim + c * 8;
     const int64_t dv = dk + static_cast<int64_t>(a.page_tokens) * a.head_dim;

@@ -301,6 +301,20 @@ int32_t api_kv_append(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const f
   });
 }
 
+int32_t api_kv_append_batch(WmPluginBackend* b, int32_t layer, const WmKvWrite* writes, int32_t count,
+                            const float* k, const float* v) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (count < 0 || (count > 0 && writes == nullptr)) return absl::InvalidArgumentError("kv append: bad write list");
+    std::vector<wm::cuda::KvWriteRequest> w(static_cast<size_t>(count));
+    for (int32_t i = 0; i < count; ++i) {
+      const WmKvWrite& x = writes[i];
+      if (x.cache == nullptr || x.cache->impl == nullptr) return absl::InvalidArgumentError("kv append: null cache");
+      w[static_cast<size_t>(i)] = {x.cache->impl.get(), x.first_frame, x.batch_frame, x.frames};
+    }
+    return c.kv_append(layer, w, k, v);
+  });
+}
+
 int32_t api_kv_bytes(WmPluginBackend* b, WmPluginKv* kv, int64_t* bytes) {
   return guarded(b, true, [&](CudaBackend& c) {
     if (kv == nullptr || kv->impl == nullptr || bytes == nullptr) return absl::InvalidArgumentError("null argument");
@@ -391,6 +405,7 @@ const WmPluginApi* build_api() {
   api.kv_create = api_kv_create;
   api.kv_destroy = api_kv_destroy;
   api.kv_append = api_kv_append;
+  api.kv_append_batch = api_kv_append_batch;
   api.kv_bytes = api_kv_bytes;
   api.kv_frames = api_kv_frames;
   api.kv_reconstruct = api_kv_reconstruct;

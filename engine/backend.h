@@ -127,6 +127,24 @@ class Backend {
     return kv_format_max_bytes(format, g, options);
   }
   virtual BackendMemory memory() const { return {}; }
+  // the write pass of one layer for every session of a batch: session i's
+  // frames of k, v ([tokens, heads, head_dim], sessions' tokens in batch
+  // order) become its cache's frames first_frames[i], ... (one launch where
+  // the backend can). The default appends each session's cache in turn.
+  virtual absl::Status kv_append(int layer, std::span<const SessionSlice> sessions,
+                                 std::span<const int64_t> first_frames, int tokens_per_frame, const float* k,
+                                 const float* v) {
+    if (first_frames.size() != sessions.size())
+      return absl::InvalidArgumentError("kv_append: sessions and first frames differ in count");
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const SessionSlice& s = sessions[i];
+      const KvGeometry& g = s.cache->geometry();
+      const size_t off = static_cast<size_t>(s.batch_frame) * tokens_per_frame * g.heads * g.head_dim;
+      absl::Status st = s.cache->append(layer, k + off, v + off, first_frames[i], s.frames);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
   // attention of one layer for every session of a batch (one launch where the
   // backend can); q, k, v, out: [tokens, heads, head_dim], sessions' tokens in
   // batch order. The default runs each session's cache in turn.

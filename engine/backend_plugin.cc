@@ -192,6 +192,30 @@ class PluginBackendImpl final : public PluginBackend {
     return out;
   }
 
+  // the plugin caches of the batch in one call; any other cache appends itself
+  absl::Status kv_append(int layer, std::span<const SessionSlice> sessions, std::span<const int64_t> first_frames,
+                         int tokens_per_frame, const float* k, const float* v) override {
+    if (first_frames.size() != sessions.size())
+      return absl::InvalidArgumentError("kv_append: sessions and first frames differ in count");
+    std::vector<WmKvWrite> writes;
+    std::vector<SessionSlice> others;
+    std::vector<int64_t> others_first;
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const SessionSlice& s = sessions[i];
+      auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
+      if (pc != nullptr && pc->handle() != nullptr) {
+        writes.push_back({pc->handle(), first_frames[i], s.batch_frame, s.frames});
+      } else {
+        others.push_back(s);
+        others_first.push_back(first_frames[i]);
+      }
+    }
+    absl::Status st = Backend::kv_append(layer, others, others_first, tokens_per_frame, k, v);
+    if (!st.ok() || writes.empty()) return st;
+    return result(api_.kv_append_batch(b_, layer, writes.data(), static_cast<int32_t>(writes.size()), k, v),
+                  "kv_append");
+  }
+
   // plugin caches of the batch in one launch; any other cache (a wrapper
   // around one) runs through its own attend()
   void attention(int layer, std::span<const SessionSlice> sessions, int tokens_per_frame, const float* q,

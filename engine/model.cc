@@ -155,6 +155,9 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
     (*trace)(name, host_trace.data(), count);
   };
 
+  std::vector<int64_t> first_frames;  // the write pass: each session's first frame
+  for (const SessionSlice& s : in.sessions)
+    first_frames.push_back(in.frame_index[static_cast<size_t>(s.batch_frame)]);
   t0 = Clock::now();
   backend_.linear(weights_.patch_embed, in.tokens, N, h);
   tm.gemm += seconds_since(t0);
@@ -178,11 +181,7 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
     tm.attention += seconds_since(t0);
     if (in.write_pass) {
       t0 = Clock::now();
-      for (const SessionSlice& s : in.sessions) {
-        const size_t off = static_cast<size_t>(s.batch_frame) * T * Q;
-        WM_RETURN_IF_ERROR(s.cache->append(l, k + off, v + off, in.frame_index[static_cast<size_t>(s.batch_frame)],
-                                           s.frames));
-      }
+      WM_RETURN_IF_ERROR(backend_.kv_append(l, in.sessions, first_frames, T, k, v));
       tm.other += seconds_since(t0);
       // the last layer's output feeds nothing once its K/V are cached
       if (l == L - 1) break;

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define WM_PLUGIN_ABI_VERSION 3u
+#define WM_PLUGIN_ABI_VERSION 4u
 #define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
 
 /* absl::StatusCode numbering */
@@ -90,6 +90,15 @@ typedef struct WmSessionRows {
   int32_t row0;
   int32_t rows;
 } WmSessionRows;
+
+/* one cache's part of a batched append (version 4): frames [batch_frame,
+ * batch_frame + frames) of the batch's k, v become its frames first_frame, ... */
+typedef struct WmKvWrite {
+  WmPluginKv* cache;
+  int64_t first_frame;
+  int32_t batch_frame;
+  int32_t frames;
+} WmKvWrite;
 
 typedef struct WmMemoryStats {
   int64_t device_total, device_free;  /* cudaMemGetInfo */
@@ -179,6 +188,12 @@ typedef struct WmPluginApi {
    * scratch whose contents afterwards are unspecified */
   int32_t (*ffn)(WmPluginBackend* b, const void* w0, const float* b0, const void* w2, const float* b2, int32_t in,
                  int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden, float* y);
+
+  /* the write pass of one layer for several caches in one launch (version 4):
+   * k, v device [batch frames * tokens_per_frame, heads, head_dim]; the caches
+   * share one geometry and none appears twice; on failure no cache changes */
+  int32_t (*kv_append_batch)(WmPluginBackend* b, int32_t layer, const WmKvWrite* writes, int32_t count,
+                             const float* k, const float* v);
 } WmPluginApi;
 
 typedef const WmPluginApi* (*WmPluginEntryFn)(void);

@@ -38,7 +38,7 @@ absl::Status check_table(const WmPluginApi& a, const std::string& path) {
       reinterpret_cast<const void*>(a.kv_destroy),     reinterpret_cast<const void*>(a.kv_append),
       reinterpret_cast<const void*>(a.kv_bytes),       reinterpret_cast<const void*>(a.kv_frames),
       reinterpret_cast<const void*>(a.kv_reconstruct), reinterpret_cast<const void*>(a.attention),
-      reinterpret_cast<const void*>(a.ffn),
+      reinterpret_cast<const void*>(a.ffn),            reinterpret_cast<const void*>(a.kv_append_batch),
   };
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); ++i)
     if (fns[i] == nullptr)

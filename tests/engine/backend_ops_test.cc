@@ -915,6 +915,70 @@ int64_t counter(const char* name) {
   return v.ok() ? *v : -1;
 }
 
+// the write pass of a batch in one call: sessions of different lengths (one
+// wrapping its window), each layer one launch, bit-exact with the CPU's
+// append of one cache at a time; a bad batch changes no cache
+TEST(CudaKvCache, BatchedAppendMatchesOneCacheAtATime) {
+  WM_REQUIRE_CUDA();
+  AttnSpec a;
+  a.cached = {0, 3, 6};
+  const std::vector<int> frames = {2, 1, 2};
+  const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
+  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
+  Buffers cpu_buf(cpu_b), cuda_buf(cuda_b);
+  auto cpu = filled_caches(cpu_b, cpu_buf, a, 9);
+  auto cuda = filled_caches(cuda_b, cuda_buf, a, 9);
+  ASSERT_EQ(cuda.size(), a.cached.size());
+  std::vector<SessionSlice> cpu_slices, cuda_slices;
+  std::vector<int64_t> first;
+  int batch = 0;
+  for (size_t s = 0; s < a.cached.size(); ++s) {
+    cpu_slices.push_back({cpu[s].get(), batch, frames[s]});
+    cuda_slices.push_back({cuda[s].get(), batch, frames[s]});
+    first.push_back(a.cached[s]);
+    batch += frames[s];
+  }
+  const auto kh = randn(frame_vals * batch, 71), vh = randn(frame_vals * batch, 72);
+  float *ck = cpu_buf.put(kh), *cv = cpu_buf.put(vh), *gk = cuda_buf.put(kh), *gv = cuda_buf.put(vh);
+  const int64_t launches = counter("kv.append_launches");
+  for (int l = 0; l < a.layers; ++l) {
+    ASSERT_TRUE(cpu_b.kv_append(l, cpu_slices, first, a.tokens_per_frame, ck, cv).ok());
+    const absl::Status st = cuda_b.kv_append(l, cuda_slices, first, a.tokens_per_frame, gk, gv);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  EXPECT_EQ(counter("kv.append_launches") - launches, a.layers) << "one launch per layer for the whole batch";
+  for (size_t s = 0; s < cpu.size(); ++s)
+    for (int l = 0; l < a.layers; ++l) {
+      EXPECT_EQ(cuda[s]->frames(l), cpu[s]->frames(l)) << "session " << s << " layer " << l;
+      std::vector<float> k0, v0, k1, v1;
+      cpu[s]->reconstruct(l, &k0, &v0);
+      cuda[s]->reconstruct(l, &k1, &v1);
+      EXPECT_EQ(k1, k0) << "session " << s << " layer " << l;
+      EXPECT_EQ(v1, v0) << "session " << s << " layer " << l;
+    }
+
+  // all or nothing: a session out of order, or one cache twice, fails the whole batch
+  const BackendMemory before = cuda_b.memory();
+  std::vector<int64_t> next;
+  for (size_t s = 0; s < a.cached.size(); ++s) next.push_back(a.cached[s] + frames[s]);
+  std::vector<int64_t> skewed = next;
+  skewed[2] += 1;
+  EXPECT_EQ(cuda_b.kv_append(0, cuda_slices, skewed, a.tokens_per_frame, gk, gv).code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<SessionSlice> twice = cuda_slices;
+  twice[2].cache = twice[0].cache;
+  EXPECT_EQ(cuda_b.kv_append(0, twice, next, a.tokens_per_frame, gk, gv).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda_b.kv_append(0, cuda_slices, std::span<const int64_t>(next).first(2), a.tokens_per_frame, gk, gv)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda_b.memory().kv_pool_used, before.kv_pool_used);
+  for (size_t s = 0; s < cpu.size(); ++s) EXPECT_EQ(cuda[s]->frames(0), cpu[s]->frames(0)) << "session " << s;
+  // and the batch still goes in afterwards
+  EXPECT_TRUE(cuda_b.kv_append(0, cuda_slices, next, a.tokens_per_frame, gk, gv).ok());
+  EXPECT_EQ(cuda[0]->frames(0).size(), 4u);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 TEST(CudaCounters, UnknownNamesAreNotFound) {
   WM_REQUIRE_CUDA();
   EXPECT_EQ(backends().cuda->counter("no.such.counter").status().code(), absl::StatusCode::kNotFound);

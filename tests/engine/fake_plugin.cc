@@ -86,6 +86,10 @@ int32_t ffn(WmPluginBackend*, const void*, const float*, const void*, const floa
   return WM_UNIMPLEMENTED;
 }
 
+int32_t kv_append_batch(WmPluginBackend*, int32_t, const WmKvWrite*, int32_t, const float*, const float*) {
+  return WM_UNIMPLEMENTED;
+}
+
 WmPluginApi make_api() {
   WmPluginApi a{};
   a.abi_version = WM_FAKE_ABI;
@@ -126,6 +130,7 @@ WmPluginApi make_api() {
   a.kv_reconstruct = kv_reconstruct;
   a.attention = attention;
   a.ffn = ffn;
+  a.kv_append_batch = kv_append_batch;
   return a;
 }
 
