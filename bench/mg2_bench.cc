@@ -7,7 +7,8 @@
 // ../shared/research/torch_mg2_step.py, which tools/gpu-run.sh runs beside it.
 //
 // On a device it also times every layer's attention alone over the same
-// sessions and caches: attention_ms_per_forward, its share and TFLOP/s.
+// sessions and caches: attention_ms_per_forward, its share and TFLOP/s, and
+// a forward run from a recorded CUDA graph (forward_ms_graph).
 //
 // A block is what Engine::step does on the device: 3 x (forward + Euler),
 // unpatchify, the frames' download, then the write pass. The caches are
@@ -202,6 +203,29 @@ int run(int argc, char** argv) {
           if (!dev.plugin->set_tuning("ffn.fused", 1).ok()) return 1;
           j["forward_ms_ffn_unfused"] = std::round(unfused_s * 1e5) / 100;
           j["ffn_fusion_speedup"] = std::round(unfused_s / forward_s * 1000) / 1000;
+        }
+        // a denoising forward run from a recorded graph (EngineOptions::device_graphs): the host's
+        // part, then one graph launch instead of the ops
+        {
+          const ForwardInput gin = input(cfg.sigmas[0], false);
+          bool recorded = model->prepare_forward(gin, nullptr).ok() &&
+                          b.prepare_attention(gin.sessions, T).ok() && b.graph_begin();
+          if (recorded) {
+            const absl::Status pass = model->run_forward(gin, vel, nullptr);
+            recorded = b.graph_end().ok() && pass.ok();
+          }
+          if (recorded) {
+            dev.sync();
+            const double g0 = now_s();
+            for (int r = 0; r < reps; ++r)
+              if (!model->prepare_forward(gin, nullptr).ok() || !b.graph_launch().ok()) return 1;
+            dev.sync();
+            const double graph_s = (now_s() - g0) / reps;
+            j["forward_ms_graph"] = std::round(graph_s * 1e5) / 100;
+            j["graph_speedup"] = std::round(forward_s / graph_s * 1000) / 1000;
+          } else {
+            j["forward_ms_graph"] = nullptr;  // the recording failed: the ops ran as usual
+          }
         }
         j["device_used_bytes"] = m.device_total - m.device_free;
         j["kv_pool_used_bytes"] = m.kv_pool_used;

@@ -124,6 +124,15 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   WM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   WM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timer_begin_));
   WM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&timer_end_));
+  if (cudaHostAlloc(&staging_host_, kStagingBytes, cudaHostAllocDefault) == cudaSuccess) {
+    staging_events_.assign(kStagingEvents, nullptr);
+    for (cudaEvent_t& e : staging_events_)
+      WM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    staging_ = std::make_unique<StagingRing>(kStagingBytes, kStagingEvents);
+  } else {
+    staging_host_ = nullptr;
+    cudaGetLastError();  // not sticky: uploads copy from pageable memory instead
+  }
   if (pages > 0) {
     s = pool_memory_.reserve(static_cast<size_t>(pages * page_bytes_));
     if (!s.ok()) return s;
@@ -213,11 +222,20 @@ void CudaBackend::measure_ctas_per_sm() {
 }
 
 CudaBackend::~CudaBackend() {
+  if (recording_) {
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g != nullptr) cudaGraphDestroy(g);
+    t_recording_graph = false;
+  }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
   for (auto& w : weights_) cudaFree(w->data);
   gemm_.reset();
   if (timer_begin_ != nullptr) cudaEventDestroy(timer_begin_);
   if (timer_end_ != nullptr) cudaEventDestroy(timer_end_);
+  for (cudaEvent_t e : staging_events_)
+    if (e != nullptr) cudaEventDestroy(e);
+  if (staging_host_ != nullptr) cudaFreeHost(staging_host_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -297,6 +315,11 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.gelu_epilogue_calls") return gemm_ != nullptr ? gemm_->gelu_epilogue_calls() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "kv.append_launches") return append_launches_;
+  if (name == "graph.recorded") return graphs_recorded_;
+  if (name == "graph.recordings_failed") return graph_recordings_failed_;
+  if (name == "graph.launches") return graph_launches_;
+  if (name == "upload.staged") return staged_uploads_;
+  if (name == "upload.pageable") return pageable_uploads_;
   if (name == "attention.plans") return plans_made_;
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
@@ -346,8 +369,32 @@ absl::Status CudaBackend::upload(void* dst, const void* host, size_t bytes) {
   absl::Status s = need(dst, "upload destination");
   if (s.ok()) s = need(host, "upload source");
   if (!s.ok()) return s;
-  // pageable source: the call returns once the bytes are staged, in stream order
-  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  return copy_to_device(dst, host, bytes);
+}
+
+absl::Status CudaBackend::copy_to_device(void* dst, const void* host, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  // a recorded copy would read the staging memory when the graph runs, long after it was reused
+  if (recording_) return absl::FailedPreconditionError("an upload while a graph is recorded");
+  if (staging_ == nullptr || bytes > staging_->capacity()) {
+    // pageable source: the call returns once the driver has staged the bytes
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    ++pageable_uploads_;
+    return absl::OkStatus();
+  }
+  // at most kStagingEvents regions are in flight and fences are consecutive,
+  // so fence % kStagingEvents names an event no busy region still uses
+  cudaError_t waited = cudaSuccess;
+  const StagingRing::Placement p = staging_->place(bytes, [&](uint64_t fence) {
+    const cudaError_t e = cudaEventSynchronize(staging_events_[fence % staging_events_.size()]);
+    if (waited == cudaSuccess) waited = e;
+  });
+  WM_CUDA_RETURN_IF_ERROR(waited);
+  uint8_t* at = static_cast<uint8_t*>(staging_host_) + p.offset;
+  std::memcpy(at, host, bytes);
+  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream_));
+  WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_events_[p.fence % staging_events_.size()], stream_));
+  ++staged_uploads_;
   return absl::OkStatus();
 }
 
@@ -358,6 +405,59 @@ absl::Status CudaBackend::download(void* host, const void* src, size_t bytes) {
   if (!s.ok()) return s;
   WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
   return synchronize();
+}
+
+absl::Status CudaBackend::graph_begin() {
+  if (recording_) return absl::FailedPreconditionError("a graph is being recorded already");
+  // relaxed: a kernel's first launch may load its module while recording
+  WM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  recording_ = true;
+  recording_broken_ = false;
+  t_recording_graph = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::graph_end() {
+  if (!recording_) return absl::FailedPreconditionError("no graph is being recorded");
+  recording_ = false;
+  t_recording_graph = false;
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+  const auto failed = [&](absl::string_view why) {
+    if (g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();  // not sticky: the ops run again without a graph
+    ++graph_recordings_failed_;
+    return absl::FailedPreconditionError(absl::StrCat("recording a graph failed (", why, "): nothing ran"));
+  };
+  if (e != cudaSuccess) return failed(cudaGetErrorName(e));
+  if (recording_broken_ || g == nullptr) return failed("an op could not be recorded");
+  if (graph_exec_ != nullptr) {
+    // same shape of work (the next forward of a batch): new parameters in place
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(graph_exec_, g, &info) != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphExecDestroy(graph_exec_);
+      graph_exec_ = nullptr;
+    }
+  }
+  if (graph_exec_ == nullptr) {
+    const cudaError_t ie = cudaGraphInstantiate(&graph_exec_, g, 0);
+    if (ie != cudaSuccess) {
+      graph_exec_ = nullptr;
+      return failed(cudaGetErrorName(ie));
+    }
+  }
+  cudaGraphDestroy(g);
+  ++graphs_recorded_;
+  return graph_launch();
+}
+
+absl::Status CudaBackend::graph_launch() {
+  if (recording_) return absl::FailedPreconditionError("a graph cannot run while one is recorded");
+  if (graph_exec_ == nullptr) return absl::FailedPreconditionError("no graph recorded");
+  WM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph_exec_, stream_));
+  ++graph_launches_;
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::synchronize() {
@@ -486,6 +586,26 @@ absl::Status CudaBackend::ffn(const DeviceWeight* w0, const float* b0, const Dev
 absl::Status CudaBackend::layer_norm_modulate(const float* x, int32_t n, int32_t d, const float* shift,
                                               const float* scale, int32_t mod_stride, int32_t tokens_per_frame,
                                               float eps, float* y) {
+  // without a residual the kernel only reads x
+  return norm_modulate(const_cast<float*>(x), nullptr, nullptr, 0, n, d, tokens_per_frame, shift, scale, mod_stride,
+                       eps, y);
+}
+
+absl::Status CudaBackend::gated_residual_norm(float* h, const float* y, const float* gate, int32_t gate_stride,
+                                              int32_t n, int32_t d, int32_t tokens_per_frame, const float* shift,
+                                              const float* scale, int32_t mod_stride, float eps, float* u) {
+  if (n > 0) {
+    absl::Status s = need(y, "gated_residual_norm argument");
+    if (s.ok()) s = need(gate, "gated_residual_norm argument");
+    if (!s.ok()) return s;
+    if (u == h || y == h) return absl::InvalidArgumentError("gated_residual_norm: h aliases y or the output");
+  }
+  return norm_modulate(h, y, gate, gate_stride, n, d, tokens_per_frame, shift, scale, mod_stride, eps, u);
+}
+
+absl::Status CudaBackend::norm_modulate(float* x, const float* ry, const float* gate, int32_t gate_stride, int32_t n,
+                                        int32_t d, int32_t tokens_per_frame, const float* shift, const float* scale,
+                                        int32_t mod_stride, float eps, float* y) {
   if (n < 0 || d <= 0 || tokens_per_frame <= 0) return absl::InvalidArgumentError("layer_norm_modulate: bad shape");
   if (n == 0) return absl::OkStatus();
   for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(shift), static_cast<const void*>(scale),
@@ -500,8 +620,13 @@ absl::Status CudaBackend::layer_norm_modulate(const float* x, int32_t n, int32_t
     if (!s.ok()) return s;
     shadow = shadow_memory_.as<uint16_t>();
   }
-  WM_CUDA_RETURN_IF_ERROR(launch_layer_norm_modulate(x, n, d, shift, scale, mod_stride, tokens_per_frame, eps, y,
-                                                     shadow, ld, stream_));
+  if (ry == nullptr) {
+    WM_CUDA_RETURN_IF_ERROR(launch_layer_norm_modulate(x, n, d, shift, scale, mod_stride, tokens_per_frame, eps, y,
+                                                       shadow, ld, stream_));
+  } else {
+    WM_CUDA_RETURN_IF_ERROR(launch_gated_residual_norm(x, ry, gate, gate_stride, n, d, shift, scale, mod_stride,
+                                                       tokens_per_frame, eps, y, shadow, ld, stream_));
+  }
   if (shadow != nullptr) shadow_ = Shadow{true, y, n, d, ld};
   return absl::OkStatus();
 }
@@ -523,24 +648,37 @@ absl::StatusOr<const RopeFreqTable*> CudaBackend::rope_table(const WmRopeParams&
   auto t = std::make_unique<RopeFreqTable>();
   absl::Status s = t->freqs.reserve(std::max<size_t>(16, host.size() * sizeof(RopeFreq)));
   if (!s.ok()) return s;
-  if (!host.empty())
-    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t->freqs.get(), host.data(), host.size() * sizeof(RopeFreq),
-                                            cudaMemcpyHostToDevice, stream_));
+  if (!host.empty()) {
+    s = copy_to_device(t->freqs.get(), host.data(), host.size() * sizeof(RopeFreq));
+    if (!s.ok()) return s;
+  }
   return rope_tables_.emplace(key, std::move(t)).first->second.get();
 }
 
 absl::Status CudaBackend::rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
                                         const float* norm_w, const int32_t* pos, const WmRopeParams& rope, float eps) {
+  return rms_norm_rope_qk(x, norm_w, nullptr, nullptr, n, heads, head_dim, row_stride, pos, rope, eps);
+}
+
+absl::Status CudaBackend::rms_norm_rope_qk(float* q, const float* q_norm, float* k, const float* k_norm, int32_t n,
+                                           int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
+                                           const WmRopeParams& rope, float eps) {
   if (n < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 || row_stride < heads * head_dim)
     return absl::InvalidArgumentError("rms_norm_rope: bad shape");
   if (n == 0) return absl::OkStatus();
-  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(norm_w), static_cast<const void*>(pos)}) {
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(q_norm), static_cast<const void*>(pos)}) {
     absl::Status s = need(p, "rms_norm_rope argument");
     if (!s.ok()) return s;
   }
+  if (k != nullptr) {
+    absl::Status s = need(k, "rms_norm_rope argument");
+    if (s.ok()) s = need(k_norm, "rms_norm_rope argument");
+    if (!s.ok()) return s;
+    if (k == q) return absl::InvalidArgumentError("rms_norm_rope: q and k are one tensor");
+  }
   auto table = rope_table(rope, head_dim);
   if (!table.ok()) return table.status();
-  WM_CUDA_RETURN_IF_ERROR(launch_rms_norm_rope(x, n, heads, head_dim, row_stride, norm_w, pos,
+  WM_CUDA_RETURN_IF_ERROR(launch_rms_norm_rope(q, q_norm, k, k_norm, n, heads, head_dim, row_stride, pos,
                                                (*table)->freqs.as<RopeFreq>(), eps, stream_));
   return absl::OkStatus();
 }
@@ -725,8 +863,8 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
     std::memcpy(host.data() + write_bytes, tables.data(), tables.size() * sizeof(int32_t));
     absl::Status s = append_scratch_.reserve(host.size());
     if (!s.ok()) return s;
-    WM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(append_scratch_.get(), host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
+    s = copy_to_device(append_scratch_.get(), host.data(), host.size());
+    if (!s.ok()) return s;
     KvAppendArgs a;
     a.k = k;
     a.v = v;
@@ -825,8 +963,8 @@ absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std:
   const std::vector<uint8_t> blob = plan_.blob();
   absl::Status s = plan_memory_.reserve(blob.size());
   if (!s.ok()) return s;
-  WM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(plan_memory_.get(), blob.data(), blob.size(), cudaMemcpyHostToDevice, stream_));
+  s = copy_to_device(plan_memory_.get(), blob.data(), blob.size());
+  if (!s.ok()) return s;
   PlanKey key;
   key.tuning = tuning_generation_;
   for (size_t i = 0; i < caches.size(); ++i) {
@@ -835,6 +973,31 @@ absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std:
   }
   plan_key_ = std::move(key);
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::reserve_attention_workspaces() {
+  const AttentionPlan& p = plan_;
+  const size_t one = static_cast<size_t>(p.heads) * p.rows_total * p.head_dim;
+  absl::Status s = qkv16_.reserve(3 * one * sizeof(uint16_t));
+  if (!s.ok() || p.partials <= 0) return s;
+  const size_t partial_rows = static_cast<size_t>(p.partials) * p.heads * p.block_q;
+  return partials_.reserve(partial_rows * (p.head_dim + 2) * sizeof(float));
+}
+
+absl::Status CudaBackend::prepare_attention(std::span<DeviceKvCache* const> caches,
+                                            std::span<const WmSessionRows> rows) {
+  if (caches.empty()) return absl::OkStatus();
+  if (caches.size() != rows.size()) return absl::InvalidArgumentError("attention: caches and rows differ in count");
+  for (DeviceKvCache* c : caches)
+    if (c == nullptr) return absl::InvalidArgumentError("attention: a session has no device cache");
+  const int32_t layers = caches[0]->pages.geometry().layers;
+  for (int32_t l = 0; l < layers; ++l)
+    if (!plan_fits(l, caches, rows)) {
+      absl::Status s = make_plan(caches, rows);
+      if (!s.ok()) return s;
+      break;
+    }
+  return plan_.items.empty() ? absl::OkStatus() : reserve_attention_workspaces();
 }
 
 absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* const> caches,
@@ -859,18 +1022,13 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   const AttentionPlan& p = plan_;
   if (p.items.empty()) return absl::OkStatus();
   ++attention_launches_;
+  absl::Status s = reserve_attention_workspaces();
+  if (!s.ok()) return s;
   const int64_t H = p.heads, Dh = p.head_dim, R = p.rows_total;
   const size_t one = static_cast<size_t>(H * R * Dh);
-  absl::Status s = qkv16_.reserve(3 * one * sizeof(uint16_t));
-  if (!s.ok()) return s;
   uint16_t* q16 = qkv16_.as<uint16_t>();
   WM_CUDA_RETURN_IF_ERROR(launch_attention_inputs(q, k, v, static_cast<int32_t>(R), static_cast<int32_t>(H),
                                                   static_cast<int32_t>(Dh), q16, q16 + one, q16 + 2 * one, stream_));
-  const size_t partial_rows = static_cast<size_t>(p.partials) * H * p.block_q;
-  if (p.partials > 0) {
-    s = partials_.reserve(partial_rows * (Dh + 2) * sizeof(float));
-    if (!s.ok()) return s;
-  }
   auto* base = plan_memory_.as<uint8_t>();
   AttentionArgs a;
   a.q16 = q16;
@@ -878,6 +1036,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.v16 = q16 + 2 * one;
   a.out = out;
   a.partial_o = p.partials > 0 ? partials_.as<float>() : nullptr;
+  const size_t partial_rows = static_cast<size_t>(p.partials) * H * p.block_q;
   a.partial_ml = p.partials > 0 ? partials_.as<float>() + partial_rows * Dh : nullptr;
   a.sessions = reinterpret_cast<const PlanSession*>(base + plan_layout_.sessions);
   a.cached = reinterpret_cast<const int32_t*>(base + plan_layout_.cached) + static_cast<size_t>(layer) * caches.size();

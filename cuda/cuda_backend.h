@@ -25,6 +25,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kv_pages.h"
 #include "cuda/page_pool.h"
+#include "cuda/staging_ring.h"
 #include "engine/plugin_api.h"
 
 namespace wm::cuda {
@@ -94,12 +95,20 @@ class CudaBackend {
                                    int32_t mod_stride, int32_t tokens_per_frame, float eps, float* y);
   absl::Status rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
                              const float* norm_w, const int32_t* pos, const WmRopeParams& rope, float eps);
+  // q and k (each with its norm weight) in one launch; k may be null
+  absl::Status rms_norm_rope_qk(float* q, const float* q_norm, float* k, const float* k_norm, int32_t n,
+                                int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
+                                const WmRopeParams& rope, float eps);
   absl::Status gelu(float* x, int64_t count);
   // y = GELU_tanh(x W0^T + b0) W2^T + b2; hidden [n, hidden_dim] is scratch
   absl::Status ffn(const DeviceWeight* w0, const float* b0, const DeviceWeight* w2, const float* b2, int32_t in,
                    int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden, float* y);
   absl::Status gated_residual(float* h, const float* y, const float* gate, int32_t mod_stride, int32_t n, int32_t d,
                               int32_t tokens_per_frame);
+  // gated_residual, then layer_norm_modulate of the new h into u: one launch
+  absl::Status gated_residual_norm(float* h, const float* y, const float* gate, int32_t gate_stride, int32_t n,
+                                   int32_t d, int32_t tokens_per_frame, const float* shift, const float* scale,
+                                   int32_t mod_stride, float eps, float* u);
   absl::Status patchify(const float* frames, int32_t frames_count, const WmFrameShape& s, float* tokens);
   absl::Status unpatchify(const float* tokens, int32_t frames_count, const WmFrameShape& s, float* frames);
   absl::Status euler_step(float* x, const float* v, const float* dt_per_frame, int32_t frames_count,
@@ -120,6 +129,25 @@ class CudaBackend {
   // caches[i] owns rows [rows[i].row0, + rows[i].rows) (rows[i].cache is not read)
   absl::Status attention(int32_t layer, std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows,
                          const float* q, const float* k, const float* v, float* out);
+  // makes (and uploads) the attention plan for this batch now, if the plan in
+  // use does not fit it, and reserves its workspaces: a graph recorded next
+  // needs neither an upload nor a growing buffer for attention
+  absl::Status prepare_attention(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
+
+  // ---- CUDA graphs over a forward pass (docs/CUDA.md, "Graphs") ----
+  // from now on the stream's work is recorded, not run
+  absl::Status graph_begin();
+  // ends the recording; if every op recorded cleanly the work becomes the
+  // graph (an update of the previous one where the work has the same shape)
+  // and runs once. Else nothing ran: FAILED_PRECONDITION, and the caller runs
+  // the ops again without a graph
+  absl::Status graph_end();
+  // runs the last graph again
+  absl::Status graph_launch();
+  bool recording() const { return recording_; }
+  // an op failed while recording: the graph would lack its work
+  void recording_failed() { recording_broken_ = true; }
+
   // the plan the last attention() ran (tests and benchmarks report it)
   const AttentionPlan& last_plan() const { return plan_; }
   // "gemm.cublaslt_calls", "gemm.fallback_calls", "attention.plans" (made),
@@ -174,6 +202,27 @@ class CudaBackend {
   // attention
   DeviceBuffer append_scratch_;
   int64_t append_launches_ = 0;
+  // uploads of the step path go through pinned memory (staging_ring.h);
+  // without it (cudaHostAlloc refused) they copy from pageable memory
+  static constexpr size_t kStagingBytes = size_t{8} << 20;
+  static constexpr size_t kStagingEvents = 32;
+  void* staging_host_ = nullptr;
+  std::vector<cudaEvent_t> staging_events_;
+  std::unique_ptr<StagingRing> staging_;
+  int64_t staged_uploads_ = 0, pageable_uploads_ = 0;
+  // host -> device in stream order; `host` may change as soon as this returns
+  absl::Status copy_to_device(void* dst, const void* host, size_t bytes);
+  // LayerNorm + modulation of x into y (and its bf16 copy); with ry, first
+  // x += gate_f * ry (the gated residual) in the same launch
+  absl::Status norm_modulate(float* x, const float* ry, const float* gate, int32_t gate_stride, int32_t n, int32_t d,
+                             int32_t tokens_per_frame, const float* shift, const float* scale, int32_t mod_stride,
+                             float eps, float* y);
+  // the current plan's conversion and partial-result buffers
+  absl::Status reserve_attention_workspaces();
+  // graphs
+  bool recording_ = false, recording_broken_ = false;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0;
   DeviceBuffer plan_memory_;
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;

@@ -13,6 +13,11 @@
 
 namespace wm::cuda {
 
+// set while this thread's backend records a graph (cuda_backend.cc): a
+// buffer cannot grow then (the old block's cudaFree would wait for the
+// device, which a recording cannot hold), so reserve() refuses instead
+inline thread_local bool t_recording_graph = false;
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -24,6 +29,8 @@ class DeviceBuffer {
   // at least `bytes` (contents are not kept when it grows)
   absl::Status reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
+    if (t_recording_graph)
+      return absl::FailedPreconditionError("a device buffer would grow while a graph is recorded");
     release();
     if (const cudaError_t e = cudaMalloc(&p_, bytes); e != cudaSuccess) {
       p_ = nullptr;

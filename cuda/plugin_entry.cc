@@ -53,7 +53,10 @@ int32_t guarded(WmPluginBackend* b, bool keeps_shadow, F&& body) {
     const cudaError_t e = cudaSetDevice(b->impl->device());
     if (e != cudaSuccess) return finish(b, wm::cuda::cuda_status(e, "cudaSetDevice", __FILE__, __LINE__));
     if (!keeps_shadow) b->impl->invalidate_shadow();
-    return finish(b, body(*b->impl));
+    absl::Status s = body(*b->impl);
+    // the graph being recorded would lack this op's work
+    if (!s.ok() && b->impl->recording()) b->impl->recording_failed();
+    return finish(b, s);
   } catch (const std::exception& ex) {
     return finish(b, absl::InternalError(std::string("exception in the CUDA plugin: ") + ex.what()));
   } catch (...) {
@@ -238,6 +241,24 @@ int32_t api_gated_residual(WmPluginBackend* b, float* h, const float* y, const f
                  [&](CudaBackend& c) { return c.gated_residual(h, y, gate, mod_stride, n, d, tokens_per_frame); });
 }
 
+int32_t api_gated_residual_norm(WmPluginBackend* b, float* h, const float* y, const float* gate, int32_t gate_stride,
+                                int32_t n, int32_t d, int32_t tokens_per_frame, const float* shift,
+                                const float* scale, int32_t mod_stride, float eps, float* u) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    return c.gated_residual_norm(h, y, gate, gate_stride, n, d, tokens_per_frame, shift, scale, mod_stride, eps, u);
+  });
+}
+
+int32_t api_rms_norm_rope_qk(WmPluginBackend* b, float* q, const float* q_norm, float* k, const float* k_norm,
+                             int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
+                             const WmRopeParams* rope, float eps) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (rope == nullptr) return absl::InvalidArgumentError("null rope params");
+    if (k == nullptr) return absl::InvalidArgumentError("rms_norm_rope_qk: null k");
+    return c.rms_norm_rope_qk(q, q_norm, k, k_norm, n, heads, head_dim, row_stride, pos, *rope, eps);
+  });
+}
+
 int32_t api_patchify(WmPluginBackend* b, const float* frames, int32_t frames_count, const WmFrameShape* s,
                      float* tokens) {
   return guarded(b, false, [&](CudaBackend& c) {
@@ -351,19 +372,46 @@ int32_t api_kv_reconstruct(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, fl
   });
 }
 
+// the device caches behind a session list
+absl::StatusOr<std::vector<wm::cuda::DeviceKvCache*>> caches_of(const WmSessionRows* sessions, int32_t count) {
+  if (count < 0 || (count > 0 && sessions == nullptr)) return absl::InvalidArgumentError("bad session list");
+  std::vector<wm::cuda::DeviceKvCache*> caches(static_cast<size_t>(count));
+  for (int32_t i = 0; i < count; ++i) {
+    WmPluginKv* kv = sessions[i].cache;
+    if (kv == nullptr || kv->impl == nullptr) return absl::InvalidArgumentError("a session has no device cache");
+    caches[static_cast<size_t>(i)] = kv->impl.get();
+  }
+  return caches;
+}
+
 int32_t api_attention(WmPluginBackend* b, int32_t layer, const WmSessionRows* sessions, int32_t count,
                       const float* q, const float* k, const float* v, float* out) {
   return guarded(b, false, [&](CudaBackend& c) {
-    if (count < 0 || (count > 0 && sessions == nullptr)) return absl::InvalidArgumentError("bad session list");
-    std::vector<wm::cuda::DeviceKvCache*> caches(static_cast<size_t>(count));
-    for (int32_t i = 0; i < count; ++i) {
-      WmPluginKv* kv = sessions[i].cache;
-      if (kv == nullptr || kv->impl == nullptr) return absl::InvalidArgumentError("a session has no device cache");
-      caches[static_cast<size_t>(i)] = kv->impl.get();
-    }
-    return c.attention(layer, caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)), q, k, v,
+    auto caches = caches_of(sessions, count);
+    if (!caches.ok()) return caches.status();
+    return c.attention(layer, *caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)), q, k, v,
                        out);
   });
+}
+
+int32_t api_prepare_attention(WmPluginBackend* b, const WmSessionRows* sessions, int32_t count) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    auto caches = caches_of(sessions, count);
+    if (!caches.ok()) return caches.status();
+    return c.prepare_attention(*caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)));
+  });
+}
+
+int32_t api_graph_begin(WmPluginBackend* b) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.graph_begin(); });
+}
+
+int32_t api_graph_end(WmPluginBackend* b) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.graph_end(); });
+}
+
+int32_t api_graph_launch(WmPluginBackend* b) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.graph_launch(); });
 }
 
 #define WM_STR2(x) #x
@@ -406,6 +454,12 @@ const WmPluginApi* build_api() {
   api.kv_destroy = api_kv_destroy;
   api.kv_append = api_kv_append;
   api.kv_append_batch = api_kv_append_batch;
+  api.gated_residual_norm = api_gated_residual_norm;
+  api.prepare_attention = api_prepare_attention;
+  api.graph_begin = api_graph_begin;
+  api.graph_end = api_graph_end;
+  api.graph_launch = api_graph_launch;
+  api.rms_norm_rope_qk = api_rms_norm_rope_qk;
   api.kv_bytes = api_kv_bytes;
   api.kv_frames = api_kv_frames;
   api.kv_reconstruct = api_kv_reconstruct;

@@ -10,9 +10,13 @@ constexpr int kVectorsPerBlock = kThreads / 32;
 // one warp per (token, head) vector. The sum of squares is taken in double
 // and the angle reduced in double, as the CPU reference computes them, so
 // that late frames (large time positions) rotate as accurately as early ones.
-__global__ void rms_norm_rope_kernel(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
-                                     const float* __restrict__ norm_w, const int32_t* __restrict__ pos,
+// blockIdx.y picks the tensor (q, or k of the same launch).
+__global__ void rms_norm_rope_kernel(float* x0, const float* __restrict__ norm_w0, float* x1,
+                                     const float* __restrict__ norm_w1, int32_t n, int32_t heads, int32_t head_dim,
+                                     int32_t row_stride, const int32_t* __restrict__ pos,
                                      const RopeFreq* __restrict__ table, float eps) {
+  float* x = blockIdx.y == 0 ? x0 : x1;
+  const float* __restrict__ norm_w = blockIdx.y == 0 ? norm_w0 : norm_w1;
   const int lane = threadIdx.x & 31;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kVectorsPerBlock + (threadIdx.x >> 5);
   if (idx >= static_cast<int64_t>(n) * heads) return;
@@ -42,14 +46,14 @@ __global__ void rms_norm_rope_kernel(float* x, int32_t n, int32_t heads, int32_t
 
 }  // namespace
 
-cudaError_t launch_rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
-                                 const float* norm_w, const int32_t* pos, const RopeFreq* table, float eps,
-                                 cudaStream_t stream) {
+cudaError_t launch_rms_norm_rope(float* x, const float* norm_w, float* x2, const float* norm_w2, int32_t n,
+                                 int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
+                                 const RopeFreq* table, float eps, cudaStream_t stream) {
   const int64_t vectors = static_cast<int64_t>(n) * heads;
   if (vectors <= 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((vectors + kVectorsPerBlock - 1) / kVectorsPerBlock);
-  return launch_kernel(rms_norm_rope_kernel, blocks, kThreads, 0, stream, x, n, heads, head_dim, row_stride, norm_w,
-                       pos, table, eps);
+  const dim3 grid(static_cast<unsigned>((vectors + kVectorsPerBlock - 1) / kVectorsPerBlock), x2 != nullptr ? 2 : 1);
+  return launch_kernel(rms_norm_rope_kernel, grid, kThreads, 0, stream, x, norm_w, x2, norm_w2, n, heads, head_dim,
+                       row_stride, pos, table, eps);
 }
 
 }  // namespace wm::cuda

@@ -14,9 +14,10 @@ struct RopeFreq {
   int32_t pad = 0;
 };
 
-// table: device [head_dim / 2]
-cudaError_t launch_rms_norm_rope(float* x, int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride,
-                                 const float* norm_w, const int32_t* pos, const RopeFreq* table, float eps,
-                                 cudaStream_t stream);
+// table: device [head_dim / 2]. x2 (with its own norm_w2) is a second
+// tensor of the same shape done by the same launch (k beside q), or null.
+cudaError_t launch_rms_norm_rope(float* x, const float* norm_w, float* x2, const float* norm_w2, int32_t n,
+                                 int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
+                                 const RopeFreq* table, float eps, cudaStream_t stream);
 
 }  // namespace wm::cuda

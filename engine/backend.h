@@ -94,6 +94,13 @@ class Backend {
   // per-head RMSNorm with weight norm_w [head_dim], then 3-D RoPE at pos [n, 3] (t, row, col)
   virtual void rms_norm_rope(float* x, int n, int heads, int head_dim, int row_stride, const float* norm_w,
                              const int32_t* pos, const RopeParams& rope, float eps) = 0;
+  // rms_norm_rope of q with q_norm and of k with k_norm (same shape, distinct
+  // tensors) in one pass where the backend can; the default runs it twice
+  virtual void rms_norm_rope_qk(float* q, const float* q_norm, float* k, const float* k_norm, int n, int heads,
+                                int head_dim, int row_stride, const int32_t* pos, const RopeParams& rope, float eps) {
+    rms_norm_rope(q, n, heads, head_dim, row_stride, q_norm, pos, rope, eps);
+    rms_norm_rope(k, n, heads, head_dim, row_stride, k_norm, pos, rope, eps);
+  }
   // x = GELU_tanh(x), count values
   virtual void gelu(float* x, int64_t count) = 0;
   // the feed-forward block: y[n, w2.out] = GELU_tanh(x W0^T + b0) W2^T + b2.
@@ -108,6 +115,15 @@ class Backend {
   // h[n, d] += gate_f * y[n, d], gate rows of frame f at gate + f * mod_stride
   virtual void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
                               int tokens_per_frame) = 0;
+  // gated_residual(h, y, gate, gate_stride, ...), then layer_norm_modulate of
+  // the new h into u [n, d] (shift/scale rows at mod_stride): one pass over h
+  // where the backend can. u, y and h are distinct. The default runs the two ops.
+  virtual void gated_residual_norm(float* h, const float* y, const float* gate, int gate_stride, int n, int d,
+                                   int tokens_per_frame, const float* shift, const float* scale, int mod_stride,
+                                   float eps, float* u) {
+    gated_residual(h, y, gate, gate_stride, n, d, tokens_per_frame);
+    layer_norm_modulate(h, n, d, shift, scale, mod_stride, tokens_per_frame, eps, u);
+  }
   // frames [frames, H, W, C] -> tokens [frames * T, P]
   virtual void patchify(const float* frames, int frames_count, const FrameShape& s, float* tokens) = 0;
   virtual void unpatchify(const float* tokens, int frames_count, const FrameShape& s, float* frames) = 0;
@@ -145,6 +161,23 @@ class Backend {
     }
     return absl::OkStatus();
   }
+  // ---- recording a forward pass once and running it again (CUDA graphs) ----
+  // What attention needs for this batch, made now (before a recording): its
+  // plan and workspaces. The default has nothing to prepare.
+  virtual absl::Status prepare_attention(std::span<const SessionSlice> sessions, int tokens_per_frame) {
+    (void)sessions;
+    (void)tokens_per_frame;
+    return absl::OkStatus();
+  }
+  // from now on the ops are recorded instead of run; false where the backend
+  // cannot record (the default), and then nothing changes
+  virtual bool graph_begin() { return false; }
+  // stops recording. OK: the recorded ops ran once and are kept; else none
+  // of them ran and the caller runs them again without a recording
+  virtual absl::Status graph_end() { return absl::UnimplementedError("this backend records no graphs"); }
+  // runs the kept recording again
+  virtual absl::Status graph_launch() { return absl::UnimplementedError("this backend records no graphs"); }
+
   // attention of one layer for every session of a batch (one launch where the
   // backend can); q, k, v, out: [tokens, heads, head_dim], sessions' tokens in
   // batch order. The default runs each session's cache in turn.

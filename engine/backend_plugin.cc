@@ -67,10 +67,15 @@ class PluginBackendImpl final : public PluginBackend {
   const WmPluginApi& api() const { return api_; }
   WmPluginBackend* handle() const { return b_; }
 
-  // an op's result: fatal by default (see PluginBackendOptions)
+  // an op's result: fatal by default (see PluginBackendOptions); while a
+  // graph is recorded the failure only fails the recording (graph_end)
   void check(int32_t code, const char* what) const {
     if (code == WM_OK) return;
     const absl::Status s = from_code(code, what, api_.last_error(b_));
+    if (recording_) {
+      if (recording_status_.ok()) recording_status_ = s;
+      return;
+    }
     if (abort_on_error_) {
       std::fprintf(stderr, "wmserve: fatal: %s\n", s.ToString().c_str());
       std::abort();
@@ -139,6 +144,12 @@ class PluginBackendImpl final : public PluginBackend {
     const WmRopeParams r{rope.theta, rope.t_pairs, rope.h_pairs, rope.w_pairs};
     check(api_.rms_norm_rope(b_, x, n, heads, head_dim, row_stride, norm_w, pos, &r, eps), "rms_norm_rope");
   }
+  void rms_norm_rope_qk(float* q, const float* q_norm, float* k, const float* k_norm, int n, int heads, int head_dim,
+                        int row_stride, const int32_t* pos, const RopeParams& rope, float eps) override {
+    const WmRopeParams r{rope.theta, rope.t_pairs, rope.h_pairs, rope.w_pairs};
+    check(api_.rms_norm_rope_qk(b_, q, q_norm, k, k_norm, n, heads, head_dim, row_stride, pos, &r, eps),
+          "rms_norm_rope_qk");
+  }
   void gelu(float* x, int64_t count) override { check(api_.gelu(b_, x, count), "gelu"); }
   void ffn(const LinearWeight& w0, const LinearWeight& w2, const float* x, int n, float* hidden,
            float* y) override {
@@ -148,6 +159,13 @@ class PluginBackendImpl final : public PluginBackend {
   void gated_residual(float* h, const float* y, const float* gate, int mod_stride, int n, int d,
                       int tokens_per_frame) override {
     check(api_.gated_residual(b_, h, y, gate, mod_stride, n, d, tokens_per_frame), "gated_residual");
+  }
+  void gated_residual_norm(float* h, const float* y, const float* gate, int gate_stride, int n, int d,
+                           int tokens_per_frame, const float* shift, const float* scale, int mod_stride, float eps,
+                           float* u) override {
+    check(api_.gated_residual_norm(b_, h, y, gate, gate_stride, n, d, tokens_per_frame, shift, scale, mod_stride, eps,
+                                   u),
+          "gated_residual_norm");
   }
   void patchify(const float* frames, int frames_count, const FrameShape& s, float* tokens) override {
     const WmFrameShape c{s.height, s.width, s.channels, s.patch};
@@ -191,6 +209,38 @@ class PluginBackendImpl final : public PluginBackend {
     out.kv_pool_used = m.kv_pool_used;
     return out;
   }
+
+  // the plugin caches of a batch, as the plugin's session list; false if any
+  // cache is not the plugin's own (a wrapper around one)
+  bool plugin_rows(std::span<const SessionSlice> sessions, int tokens_per_frame, std::vector<WmSessionRows>* rows) {
+    rows->clear();
+    for (const SessionSlice& s : sessions) {
+      auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
+      if (pc == nullptr || pc->handle() == nullptr) return false;
+      rows->push_back({pc->handle(), s.batch_frame * tokens_per_frame, s.frames * tokens_per_frame});
+    }
+    return true;
+  }
+
+  absl::Status prepare_attention(std::span<const SessionSlice> sessions, int tokens_per_frame) override {
+    std::vector<WmSessionRows> rows;
+    if (!plugin_rows(sessions, tokens_per_frame, &rows) || rows.empty()) return absl::OkStatus();
+    return result(api_.prepare_attention(b_, rows.data(), static_cast<int32_t>(rows.size())), "prepare_attention");
+  }
+  bool graph_begin() override {
+    if (recording_ || api_.graph_begin(b_) != WM_OK) return false;
+    recording_ = true;
+    recording_status_ = absl::OkStatus();
+    return true;
+  }
+  absl::Status graph_end() override {
+    if (!recording_) return absl::FailedPreconditionError("no graph is being recorded");
+    recording_ = false;
+    const absl::Status ended = result(api_.graph_end(b_), "graph_end");
+    // an op that failed while recording says why better than the recording does
+    return recording_status_.ok() ? ended : std::exchange(recording_status_, absl::OkStatus());
+  }
+  absl::Status graph_launch() override { return result(api_.graph_launch(b_), "graph_launch"); }
 
   // the plugin caches of the batch in one call; any other cache appends itself
   absl::Status kv_append(int layer, std::span<const SessionSlice> sessions, std::span<const int64_t> first_frames,
@@ -243,6 +293,8 @@ class PluginBackendImpl final : public PluginBackend {
   const WmPluginApi& api_;
   WmPluginBackend* b_;
   bool abort_on_error_;
+  bool recording_ = false;
+  mutable absl::Status recording_status_;  // the first op that failed while recording
   WmPluginDeviceInfo info_{};
   mutable absl::Status status_;
 };

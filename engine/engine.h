@@ -49,6 +49,10 @@ struct EngineOptions {
   // server flushes right after handing the frames out: the frames reach the
   // players one forward earlier, and no computation changes.
   bool defer_writes = false;
+  // on a device that can (CUDA): the first denoising pass of a step is
+  // recorded as a graph and the others run that recording, which skips the
+  // host's work of issuing every op again (docs/CUDA.md, "Graphs")
+  bool device_graphs = false;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
   uint64_t random_seed = 0;
@@ -116,6 +120,8 @@ class Engine {
   const std::string& device_note() const { return device_note_; }
   // GPU memory and the device KV pool (zeros on the CPU)
   BackendMemory device_memory() const { return backend_->memory(); }
+  // the device plugin behind the engine (its counters), null on the CPU
+  const PluginBackend* device_plugin() const { return plugin_; }
   std::vector<std::string> cache_formats() const;
   int64_t parameter_count() const { return config().parameter_count(); }
 

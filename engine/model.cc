@@ -103,10 +103,14 @@ void Model::conditioning(const std::vector<float>& sigma, const std::vector<Acti
 }
 
 absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace) {
+  WM_RETURN_IF_ERROR(prepare_forward(in, times, trace));
+  return run_forward(in, out, times, trace);
+}
+
+absl::Status Model::prepare_forward(const ForwardInput& in, OpTimes* times, const TraceFn* trace) {
   const ModelConfig& c = config_;
   const int frames = static_cast<int>(in.sigma.size());
-  const int T = c.tokens_per_frame(), N = frames * T, D = c.dim, Q = c.qkv_dim(), H = c.heads, Dh = c.head_dim;
-  const int L = c.layers, P = c.patch_dim();
+  const int T = c.tokens_per_frame(), N = frames * T, D = c.dim, L = c.layers;
   if (in.actions.size() != static_cast<size_t>(frames) || in.frame_index.size() != static_cast<size_t>(frames))
     return absl::InvalidArgumentError("forward: sigma, actions and frame_index differ in length");
   WM_RETURN_IF_ERROR(reserve(N, frames));
@@ -142,6 +146,20 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
     }
   backend_.upload(pos_, pos.data(), pos.size() * sizeof(int32_t));
   tm.other += seconds_since(t0);
+  return absl::OkStatus();
+}
+
+absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace) {
+  const ModelConfig& c = config_;
+  const int frames = static_cast<int>(in.sigma.size());
+  const int T = c.tokens_per_frame(), N = frames * T, D = c.dim, Q = c.qkv_dim(), H = c.heads, Dh = c.head_dim;
+  const int L = c.layers, P = c.patch_dim();
+  if (N > capacity_tokens_ || frames > capacity_frames_)
+    return absl::FailedPreconditionError("run_forward: prepare_forward was not called for this batch");
+  const size_t per_layer = static_cast<size_t>(frames) * 6 * D;
+  OpTimes local;
+  OpTimes& tm = times != nullptr ? *times : local;
+  auto t0 = Clock::now();
 
   float *h = buf(kH), *u = buf(kU), *q = buf(kQ), *k = buf(kK), *v = buf(kV), *att = buf(kAtt), *y = buf(kY),
         *ff = buf(kF);
@@ -161,20 +179,21 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
   t0 = Clock::now();
   backend_.linear(weights_.patch_embed, in.tokens, N, h);
   tm.gemm += seconds_since(t0);
+  const float* head_mod = mods_ + per_layer * L;
+  // layer 0's first norm; every later norm runs fused with the residual add before it
+  t0 = Clock::now();
+  backend_.layer_norm_modulate(h, N, D, mods_, mods_ + D, stride6, T, c.norm_eps, u);
+  tm.other += seconds_since(t0);
   for (int l = 0; l < L; ++l) {
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     const float* m = mods_ + per_layer * l;
-    t0 = Clock::now();
-    backend_.layer_norm_modulate(h, N, D, m, m + D, stride6, T, c.norm_eps, u);
-    tm.other += seconds_since(t0);
     t0 = Clock::now();
     backend_.linear(lw.q, u, N, q);
     backend_.linear(lw.k, u, N, k);
     backend_.linear(lw.v, u, N, v);
     tm.gemm += seconds_since(t0);
     t0 = Clock::now();
-    backend_.rms_norm_rope(q, N, H, Dh, Q, lw.q_norm, pos_, rope, c.norm_eps);
-    backend_.rms_norm_rope(k, N, H, Dh, Q, lw.k_norm, pos_, rope, c.norm_eps);
+    backend_.rms_norm_rope_qk(q, lw.q_norm, k, lw.k_norm, N, H, Dh, Q, pos_, rope, c.norm_eps);
     tm.other += seconds_since(t0);
     t0 = Clock::now();
     backend_.attention(l, in.sessions, T, q, k, v, att);
@@ -190,22 +209,23 @@ absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, 
     backend_.linear(lw.o, att, N, y);
     tm.gemm += seconds_since(t0);
     t0 = Clock::now();
-    backend_.gated_residual(h, y, m + 2 * D, stride6, N, D, T);
-    backend_.layer_norm_modulate(h, N, D, m + 3 * D, m + 4 * D, stride6, T, c.norm_eps, u);
+    backend_.gated_residual_norm(h, y, m + 2 * D, stride6, N, D, T, m + 3 * D, m + 4 * D, stride6, c.norm_eps, u);
     tm.other += seconds_since(t0);
     t0 = Clock::now();
     backend_.ffn(lw.ffn0, lw.ffn2, u, N, ff, y);
     tm.gemm += seconds_since(t0);
+    // the residual, then the next norm: the next layer's first, or the head's
     t0 = Clock::now();
-    backend_.gated_residual(h, y, m + 5 * D, stride6, N, D, T);
+    if (l + 1 < L) {
+      const float* next = m + per_layer;
+      backend_.gated_residual_norm(h, y, m + 5 * D, stride6, N, D, T, next, next + D, stride6, c.norm_eps, u);
+    } else {
+      backend_.gated_residual_norm(h, y, m + 5 * D, stride6, N, D, T, head_mod, head_mod + D, 2 * D, c.norm_eps, u);
+    }
     tm.other += seconds_since(t0);
     emit(absl::StrCat("layer", l), h, static_cast<int64_t>(N) * D);
   }
   if (in.write_pass) return absl::OkStatus();
-  const float* hm = mods_ + per_layer * L;
-  t0 = Clock::now();
-  backend_.layer_norm_modulate(h, N, D, hm, hm + D, 2 * D, T, c.norm_eps, u);
-  tm.other += seconds_since(t0);
   t0 = Clock::now();
   backend_.linear(weights_.head, u, N, out);
   tm.gemm += seconds_since(t0);

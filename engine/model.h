@@ -53,8 +53,15 @@ class Model {
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
 
-  // velocity [frames * T, P] into `out` (backend memory) unless write_pass
+  // velocity [frames * T, P] into `out` (backend memory) unless write_pass:
+  // prepare_forward, then run_forward
   absl::Status forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace = nullptr);
+  // the host's part: checks, buffers, conditioning and modulation, positions
+  // (its uploads); everything run_forward reads that changes between passes
+  absl::Status prepare_forward(const ForwardInput& in, OpTimes* times, const TraceFn* trace = nullptr);
+  // the backend's ops of the pass, after prepare_forward of the same input;
+  // they upload nothing, so a backend can record them once and run them again
+  absl::Status run_forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace = nullptr);
 
   // for every frame: c_f [frames, D] and e_f = cond_proj(SiLU(c_f)) [frames, 6D], on the host
   void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e) const;

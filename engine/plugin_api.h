@@ -194,6 +194,27 @@ typedef struct WmPluginApi {
    * share one geometry and none appears twice; on failure no cache changes */
   int32_t (*kv_append_batch)(WmPluginBackend* b, int32_t layer, const WmKvWrite* writes, int32_t count,
                              const float* k, const float* v);
+  /* gated_residual of h, then layer_norm_modulate of the new h into u, in one
+   * pass (version 4); gate rows at gate_stride, shift/scale rows at mod_stride */
+  int32_t (*gated_residual_norm)(WmPluginBackend* b, float* h, const float* y, const float* gate,
+                                 int32_t gate_stride, int32_t n, int32_t d, int32_t tokens_per_frame,
+                                 const float* shift, const float* scale, int32_t mod_stride, float eps, float* u);
+  /* rms_norm_rope of q and of k (same shape, own norm weights) in one pass (version 4) */
+  int32_t (*rms_norm_rope_qk)(WmPluginBackend* b, float* q, const float* q_norm, float* k, const float* k_norm,
+                              int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
+                              const WmRopeParams* rope, float eps);
+
+  /* makes the attention plan for a batch now, as the first attention call of
+   * a step would (version 4): a graph recorded next then needs no upload */
+  int32_t (*prepare_attention)(WmPluginBackend* b, const WmSessionRows* sessions, int32_t count);
+  /* graphs over a forward pass (version 4; docs/CUDA.md "Graphs"): after
+   * graph_begin the backend's work is recorded instead of run; graph_end stops
+   * and, if every op recorded cleanly, keeps the work as its graph and runs it
+   * once, else nothing ran (WM_FAILED_PRECONDITION; run the ops again);
+   * graph_launch runs the kept graph again */
+  int32_t (*graph_begin)(WmPluginBackend* b);
+  int32_t (*graph_end)(WmPluginBackend* b);
+  int32_t (*graph_launch)(WmPluginBackend* b);
 } WmPluginApi;
 
 typedef const WmPluginApi* (*WmPluginEntryFn)(void);

@@ -39,6 +39,9 @@ absl::Status check_table(const WmPluginApi& a, const std::string& path) {
       reinterpret_cast<const void*>(a.kv_bytes),       reinterpret_cast<const void*>(a.kv_frames),
       reinterpret_cast<const void*>(a.kv_reconstruct), reinterpret_cast<const void*>(a.attention),
       reinterpret_cast<const void*>(a.ffn),            reinterpret_cast<const void*>(a.kv_append_batch),
+      reinterpret_cast<const void*>(a.gated_residual_norm), reinterpret_cast<const void*>(a.rms_norm_rope_qk),
+      reinterpret_cast<const void*>(a.prepare_attention), reinterpret_cast<const void*>(a.graph_begin),
+      reinterpret_cast<const void*>(a.graph_end),      reinterpret_cast<const void*>(a.graph_launch),
   };
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); ++i)
     if (fns[i] == nullptr)

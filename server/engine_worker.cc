@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/plugin_loader.h"
 
 namespace wm::server {
 
@@ -458,6 +459,14 @@ void EngineWorker::publish_gauges(int queued) {
       metrics_->set_drift(format, d.drift(), static_cast<double>(d.queries));
     const BackendMemory mem = engine_->device_memory();
     metrics_->set_gpu_memory(mem.device_total, mem.device_free);
+    if (const PluginBackend* p = engine_->device_plugin(); p != nullptr) {
+      const auto count = [p](const char* name) {
+        const absl::StatusOr<int64_t> v = p->counter(name);
+        return v.ok() ? *v : 0;
+      };
+      metrics_->set_device_graphs(count("graph.recorded"), count("graph.recordings_failed"),
+                                  count("graph.launches"));
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+
 namespace wm::server {
 
 namespace pm = prometheus;
@@ -78,6 +80,12 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
                             .Help("the accelerator's memory: total, and used by everything on it (absent on the CPU)")
                             .Register(r);
 
+  graph_family_ = &pm::BuildCounter()
+                       .Name("wm_device_graph_events_total")
+                       .Help("denoising passes recorded as a device graph, recordings that failed (the pass ran as "
+                             "usual), and passes run from a graph (--device_graphs)")
+                       .Register(r);
+
   sessions_started = counter(r, "wm_sessions_started_total", "sessions admitted and opened");
   auto& ended = pm::BuildCounter().Name("wm_sessions_ended_total").Help("sessions ended, by reason").Register(r);
   for (EndReason e : {EndReason::kClientClosed, EndReason::kCancelled, EndReason::kIdleTtl, EndReason::kShutdown,
@@ -149,6 +157,16 @@ void Metrics::set_gpu_memory(int64_t total, int64_t free) {
   if (total <= 0) return;
   gpu_memory_family_->Add({{"kind", "total"}}).Set(static_cast<double>(total));
   gpu_memory_family_->Add({{"kind", "used"}}).Set(static_cast<double>(total - free));
+}
+
+void Metrics::set_device_graphs(int64_t recorded, int64_t recording_failed, int64_t launched) {
+  const std::array<int64_t, 3> now = {recorded, recording_failed, launched};
+  constexpr std::array<const char*, 3> kEvents = {"recorded", "recording_failed", "launched"};
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (now[i] > graph_seen_[i])
+      graph_family_->Add({{"event", kEvents[i]}}).Increment(static_cast<double>(now[i] - graph_seen_[i]));
+    graph_seen_[i] = std::max(graph_seen_[i], now[i]);
+  }
 }
 
 void Metrics::set_drift(const std::string& format, double ratio, double queries) {

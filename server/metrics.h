@@ -6,6 +6,7 @@
 // them. Labelled children are looked up once here, never per event.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,6 +42,9 @@ class Metrics {
   void set_drift(const std::string& format, double ratio, double queries);
   // the accelerator's memory (no series on the CPU, which reports none)
   void set_gpu_memory(int64_t total, int64_t free);
+  // the device's graph totals so far (EngineOptions::device_graphs): the
+  // counters move by what they grew since the last call
+  void set_device_graphs(int64_t recorded, int64_t recording_failed, int64_t launched);
 
   // counters
   prometheus::Counter* sessions_started;
@@ -76,6 +80,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* drift_family_;
   prometheus::Family<prometheus::Gauge>* drift_queries_family_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_family_;
+  prometheus::Family<prometheus::Counter>* graph_family_;
+  std::array<int64_t, 3> graph_seen_{};  // recorded, recording_failed, launched at the last call
   prometheus::Counter* rejected_other_;
   prometheus::Counter* invalid_other_;
 };

@@ -32,6 +32,8 @@ ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0: any free port; 
 ABSL_FLAG(std::string, port_file, "", "write {\"port\": P, \"metrics_port\": M} here once listening");
 ABSL_FLAG(std::string, device, "cpu",
           "engine device: cpu, cuda (the CUDA plugin and a GPU, or an error) or auto (cuda if possible)");
+ABSL_FLAG(bool, device_graphs, false,
+          "on the GPU: record each step's first denoising pass as a CUDA graph and run the others from it");
 ABSL_FLAG(std::string, cuda_plugin, "", "path of libwm_cuda.so (default: beside wmserve, then the loader's path)");
 ABSL_FLAG(int, threads, 0, "engine CPU threads (0: the libraries' default, all cores)");
 ABSL_FLAG(int64_t, kv_budget_bytes, int64_t{2} << 30,
@@ -138,6 +140,7 @@ int main(int argc, char** argv) {
   o.keepalive.min_client_ping_interval_s = absl::GetFlag(FLAGS_min_client_ping_interval_s);
   o.worker.engine.model_dir = model;
   o.worker.engine.device = absl::GetFlag(FLAGS_device);
+  o.worker.engine.device_graphs = absl::GetFlag(FLAGS_device_graphs);
   o.worker.engine.cuda_plugin = absl::GetFlag(FLAGS_cuda_plugin);
   o.worker.engine.threads = absl::GetFlag(FLAGS_threads);
   o.worker.engine.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_bytes);

@@ -31,6 +31,7 @@
 #   torch_mg2   ../shared/research/torch_mg2_step.py
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
 #               model, how many players hold 20 frames/s with p99 < 100 ms
+#   serving_graphs  the same with --device_graphs
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
 # parsed, with the PyTorch ratios) and parity.json.
 # WM_GPU_STAGES="parity e2e" runs only the stages named (a rerun after a fix).
@@ -135,7 +136,7 @@ stage e2e 120 env OMP_NUM_THREADS=8 .gpu/bin/backend_ops_tests --gtest_filter='C
 if [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
     stage "$tool" 45 "$sanitizer" --tool "$tool" --error-exitcode 7 --print-limit 30 \
-      .gpu/bin/backend_ops_tests --gtest_filter='CudaSanitizerSmoke.*'
+      .gpu/bin/backend_ops_tests --gtest_filter='CudaSanitizerSmoke.*:CudaKvCache.Batched*'
   done
 else
   echo "=== memcheck, racecheck: no compute-sanitizer found" | tee -a "$log"
@@ -178,9 +179,14 @@ if [ "$attention_kernels" = all ] && passed ws; then
 fi
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
 # 6 s a step: with 3 s the same kernels gave 30 to 52 sessions in three runs
-stage serving 110 env BUDGET_S=90 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
+stage serving 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
   bash tools/serving_capacity.sh .gpu/bin --device cuda --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4
 cp "$raw/capacity/wmserve.log" "$OUT/serving-wmserve.log" 2>/dev/null
+# the same with each step's denoising passes run from a recorded CUDA graph
+stage serving_graphs 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity_graphs" \
+  LADDER="1 2 4 8 16 32 64 128 256" bash tools/serving_capacity.sh .gpu/bin --device cuda --device_graphs \
+  --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4
+cp "$raw/capacity_graphs/wmserve.log" "$OUT/serving-graphs-wmserve.log" 2>/dev/null
 
 results
 echo "=== done in $(( $(date +%s) - start ))s; summary:" | tee -a "$log"

@@ -160,9 +160,10 @@ def collect(raw, out_path, build_info):
                              json_lines(os.path.join(raw, "mg2_ws64.out")))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
-    serving = json_lines(os.path.join(raw, "serving.out"))
-    results["serving"] = {"runs": [r for r in serving if r.get("bench") == "serving_run"],
-                          "capacity": next((r for r in serving if r.get("bench") == "serving_capacity"), None)}
+    for name in ("serving", "serving_graphs"):
+        serving = json_lines(os.path.join(raw, name + ".out"))
+        results[name] = {"runs": [r for r in serving if r.get("bench") == "serving_run"],
+                         "capacity": next((r for r in serving if r.get("bench") == "serving_capacity"), None)}
     results["comparison"] = compare(results)
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
@@ -216,13 +217,14 @@ def summary(path):
                 ", %s keys a step" % m["attention_ws_keys"] if "attention_ws_keys" in m else "",
                 m.get("forward_ms"), m.get("fps_aggregate"), m.get("attention_ms_per_forward"),
                 m.get("attention_TFLOPs")))
-    sv = r.get("serving") or {}
-    for run in sv.get("runs", []):
-        print("serving %(sessions)s sessions at %(fps)s fps: holds=%(holds)s, slowest %(session_fps_min)s fps, "
-              "p50 %(p50_ms)s ms, p99 %(p99_ms)s ms, step %(server_model_ms_mean)s ms" % run)
-    if sv.get("capacity"):
-        print("serving capacity: %(max_sessions)s sessions hold %(fps)s fps with p99 < %(p99_ms_bound)s ms "
-              "(first failing: %(first_failing)s)" % sv["capacity"])
+    for name in ("serving", "serving_graphs"):
+        sv = r.get(name) or {}
+        for run in sv.get("runs", []):
+            print(name + " %(sessions)s sessions at %(fps)s fps: holds=%(holds)s, slowest %(session_fps_min)s fps, "
+                  "p50 %(p50_ms)s ms, p99 %(p99_ms)s ms, step %(server_model_ms_mean)s ms" % run)
+        if sv.get("capacity"):
+            print(name + " capacity: %(max_sessions)s sessions hold %(fps)s fps with p99 < %(p99_ms_bound)s ms "
+                  "(first failing: %(first_failing)s)" % sv["capacity"])
 
 
 def best_stages(path):

@@ -259,6 +259,22 @@ OpCase layer_norm_case(int n, int d, int tokens_per_frame) {
   return c;
 }
 
+// (t, row, col) of n tokens from frame t0 on, and RoPE pairs split over the three axes
+std::vector<int32_t> rope_positions(int n, int32_t t0) {
+  std::vector<int32_t> pos(static_cast<size_t>(n) * 3);
+  for (int i = 0; i < n; ++i) {
+    pos[3 * i] = t0 + i / 7;
+    pos[3 * i + 1] = (i / 3) % 11;
+    pos[3 * i + 2] = i % 13;
+  }
+  return pos;
+}
+
+RopeParams rope_of(int head_dim) {
+  const int pairs = head_dim / 2, tp = pairs / 3 + pairs % 3, hp = pairs / 3;
+  return RopeParams{10000.0f, tp, hp, pairs - tp - hp};
+}
+
 OpCase rms_norm_rope_case(int n, int heads, int head_dim, int extra_stride, int32_t t0) {
   OpCase c;
   c.name = "rms_norm_rope_n" + std::to_string(n) + "_h" + std::to_string(heads) + "_hd" + std::to_string(head_dim) +
@@ -269,16 +285,9 @@ OpCase rms_norm_rope_case(int n, int heads, int head_dim, int extra_stride, int3
     const int stride = heads * head_dim + extra_stride;
     const auto x = randn(static_cast<size_t>(n) * stride, seed, 1.5f);
     const auto w = randn(static_cast<size_t>(head_dim), seed + 1, 0.2f, 1.0f);
-    std::vector<int32_t> pos(static_cast<size_t>(n) * 3);
-    for (int i = 0; i < n; ++i) {
-      pos[3 * i] = t0 + i / 7;
-      pos[3 * i + 1] = (i / 3) % 11;
-      pos[3 * i + 2] = i % 13;
-    }
-    const int pairs = head_dim / 2, tp = pairs / 3 + pairs % 3, hp = pairs / 3;
-    const RopeParams rope{10000.0f, tp, hp, pairs - tp - hp};
     float* xd = buf.put(x);
-    b.rms_norm_rope(xd, n, heads, head_dim, stride, buf.put(w), buf.put(pos), rope, 1e-6f);
+    b.rms_norm_rope(xd, n, heads, head_dim, stride, buf.put(w), buf.put(rope_positions(n, t0)), rope_of(head_dim),
+                    1e-6f);
     return buf.get(xd, x.size());
   };
   return c;
@@ -335,6 +344,55 @@ OpCase gated_residual_case(int n, int d, int tokens_per_frame) {
     float* hd = buf.put(h);
     b.gated_residual(hd, buf.put(y), buf.put(gate) + 2 * d, stride, n, d, tokens_per_frame);
     return buf.get(hd, h.size());
+  };
+  return c;
+}
+
+// the residual add and the next norm in one op: h afterwards, then u; the
+// gate's rows and the norm's shift/scale rows at different strides (the
+// head's norm follows the last layer's residual)
+OpCase gated_residual_norm_case(int n, int d, int tokens_per_frame, int mod_stride) {
+  OpCase c;
+  c.name = "gated_residual_norm_n" + std::to_string(n) + "_d" + std::to_string(d) + "_T" +
+           std::to_string(tokens_per_frame) + "_mod" + std::to_string(mod_stride);
+  c.tol = {1e-4, 0, 1e-4};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const int frames = (n + tokens_per_frame - 1) / tokens_per_frame, stride = 6 * d;
+    const auto h = randn(static_cast<size_t>(n) * d, seed, 2.0f, 0.5f), y = randn(h.size(), seed + 1);
+    const auto gate = randn(static_cast<size_t>(frames) * stride, seed + 2);
+    const auto mod = randn(static_cast<size_t>(frames) * mod_stride, seed + 3, 0.3f);
+    float *hd = buf.put(h), *m = buf.put(mod), *u = buf.zeros(h.size());
+    b.gated_residual_norm(hd, buf.put(y), buf.put(gate) + 5 * d, stride, n, d, tokens_per_frame, m, m + d,
+                          mod_stride, 1e-6f, u);
+    auto out = buf.get(hd, h.size());
+    const auto uh = buf.get(u, h.size());
+    out.insert(out.end(), uh.begin(), uh.end());
+    return out;
+  };
+  return c;
+}
+
+// q and k normed and rotated by one call, each with its own weights: q, then k
+OpCase rms_norm_rope_qk_case(int n, int heads, int head_dim, int extra_stride, int32_t t0) {
+  OpCase c;
+  c.name = "rms_norm_rope_qk_n" + std::to_string(n) + "_h" + std::to_string(heads) + "_hd" +
+           std::to_string(head_dim) + "_stride" + std::to_string(heads * head_dim + extra_stride) + "_t" +
+           std::to_string(t0);
+  c.tol = {1e-4, 0, 1e-4};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const int stride = heads * head_dim + extra_stride;
+    const auto q = randn(static_cast<size_t>(n) * stride, seed, 1.5f), k = randn(q.size(), seed + 1, 0.7f);
+    const auto qw = randn(static_cast<size_t>(head_dim), seed + 2, 0.2f, 1.0f);
+    const auto kw = randn(static_cast<size_t>(head_dim), seed + 3, 0.2f, 0.5f);
+    float *qd = buf.put(q), *kd = buf.put(k);
+    b.rms_norm_rope_qk(qd, buf.put(qw), kd, buf.put(kw), n, heads, head_dim, stride, buf.put(rope_positions(n, t0)),
+                       rope_of(head_dim), 1e-6f);
+    auto out = buf.get(qd, q.size());
+    const auto kh = buf.get(kd, k.size());
+    out.insert(out.end(), kh.begin(), kh.end());
+    return out;
   };
   return c;
 }
@@ -492,6 +550,8 @@ std::vector<OpCase> all_cases() {
     cases.push_back(rms_norm_rope_case(9, 3, hd, 16, 5000));  // late frames, rows with a gap
   }
   cases.push_back(rms_norm_rope_case(100, 12, 128, 0, 123));
+  cases.push_back(rms_norm_rope_qk_case(33, 3, 64, 0, 7));
+  cases.push_back(rms_norm_rope_qk_case(20, 12, 128, 8, 4000));
   for (int64_t n : {1, 7, 1000, 65539}) cases.push_back(gelu_case(n));
   // ffn: odd widths (a hidden layer of 13 pads its bf16 rows to 16), no first bias (the plain GELU
   // epilogue), the default model's 256 -> 1024 -> 256 and Matrix-Game-2's 1536 -> 8960 -> 1536
@@ -503,6 +563,9 @@ std::vector<OpCase> all_cases() {
   cases.push_back(ffn_case(97, 1536, 8960, 1536, true, true));
   for (auto [n, d, T] : std::vector<std::tuple<int, int, int>>{{1, 5, 1}, {70, 256, 64}, {9, 33, 4}})
     cases.push_back(gated_residual_case(n, d, T));
+  for (auto [n, d, T, ms] : std::vector<std::tuple<int, int, int, int>>{
+           {1, 64, 1, 6 * 64}, {70, 256, 64, 2 * 256}, {9, 1000, 4, 6 * 1000}, {300, 1536, 880, 6 * 1536}})
+    cases.push_back(gated_residual_norm_case(n, d, T, ms));
   for (bool inv : {false, true}) {
     cases.push_back(patchify_case({8, 12, 3, 4}, 2, inv));
     cases.push_back(patchify_case({44, 80, 16, 2}, 3, inv));
@@ -979,6 +1042,45 @@ TEST(CudaKvCache, BatchedAppendMatchesOneCacheAtATime) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// uploads go through the pinned staging ring: one host buffer reused and
+// changed right after every upload, 200 uploads that wrap the ring several
+// times, each device buffer must hold what was uploaded to it
+TEST(CudaUploads, StagedUploadsKeepEachCopysBytes) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  std::mt19937 rng(3);
+  std::vector<uint32_t> host;
+  std::vector<std::pair<void*, std::vector<uint32_t>>> sent;
+  const int64_t staged = counter("upload.staged"), pageable = counter("upload.pageable");
+  for (int i = 0; i < 200; ++i) {
+    const size_t n = 1 + rng() % (256u << 10);  // up to 1 MiB
+    host.resize(n);
+    for (uint32_t& x : host) x = static_cast<uint32_t>(rng());
+    void* d = b.alloc(n * sizeof(uint32_t));
+    ASSERT_NE(d, nullptr);
+    b.upload(d, host.data(), n * sizeof(uint32_t));
+    sent.emplace_back(d, host);
+    std::fill(host.begin(), host.end(), 0xdeadbeefu);  // the caller's buffer is free again at once
+  }
+  // one larger than the ring copies from pageable memory
+  std::vector<uint32_t> big(3u << 20, 7u);
+  void* dbig = b.alloc(big.size() * sizeof(uint32_t));
+  b.upload(dbig, big.data(), big.size() * sizeof(uint32_t));
+  EXPECT_EQ(counter("upload.staged") - staged, 200);
+  EXPECT_EQ(counter("upload.pageable") - pageable, 1);
+  for (auto& [d, want] : sent) {
+    std::vector<uint32_t> got(want.size());
+    b.download(got.data(), d, got.size() * sizeof(uint32_t));
+    EXPECT_EQ(got, want);
+    b.free(d);
+  }
+  std::vector<uint32_t> got(big.size());
+  b.download(got.data(), dbig, got.size() * sizeof(uint32_t));
+  EXPECT_EQ(got, big);
+  b.free(dbig);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 TEST(CudaCounters, UnknownNamesAreNotFound) {
   WM_REQUIRE_CUDA();
   EXPECT_EQ(backends().cuda->counter("no.such.counter").status().code(), absl::StatusCode::kNotFound);
@@ -1195,7 +1297,8 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
   std::vector<OpCase> small = {linear_case(5, 64, 96, true), linear_case(5, 7, 3, true, true),
                                layer_norm_case(7, 100, 3), rms_norm_rope_case(9, 3, 64, 16, 5000), gelu_case(1003),
                                ffn_case(5, 7, 13, 3, false, true), ffn_case(9, 64, 96, 64, true, true),
-                               gated_residual_case(9, 33, 4), patchify_case({8, 12, 3, 4}, 2, false),
+                               gated_residual_case(9, 33, 4), gated_residual_norm_case(9, 33, 4, 6 * 33),
+                               rms_norm_rope_qk_case(9, 3, 64, 16, 5000), patchify_case({8, 12, 3, 4}, 2, false),
                                patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true)};
   // head_dim 128 runs the mma.sync kernel split, the plain wgmma kernel with one warpgroup and the default
   // kernel (overlapped wgmma on compute capability 9.0) with two; head_dim 32 runs mma.sync throughout
@@ -1248,9 +1351,11 @@ std::string block_config_path() {
   return path;
 }
 
-std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& config, bool defer_writes = false) {
+std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& config, bool defer_writes = false,
+                                  bool graphs = false) {
   EngineOptions o;
   o.defer_writes = defer_writes;
+  o.device_graphs = graphs;
   o.random_weights = true;
   o.random_seed = 3;
   o.config_path = config;
@@ -1335,6 +1440,98 @@ TEST(CudaEndToEnd, DeferredWritesMatchTheCpu) {
 TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
   WM_REQUIRE_CUDA();
   expect_same_rollouts(block_config_path(), 8);
+}
+
+// ---- graphs: a denoising pass recorded once, run again ----------------------------
+
+// the same sessions with and without graphs give the same frames bit for bit
+// (the same kernels in the same order); sessions join at different steps, so
+// some recordings meet a growing buffer, fail, and the pass runs as usual
+TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
+  WM_REQUIRE_CUDA();
+  const std::string config = test::source_file("configs/default.json");
+  auto plain = engine_on("cuda", config, true), graphed = engine_on("cuda", config, true, /*graphs=*/true);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(graphed, nullptr);
+  ASSERT_NE(graphed->device_plugin(), nullptr);
+  const int B = plain->config().frames_per_block, steps = 6;
+  const int64_t passes = static_cast<int64_t>(plain->config().sigmas.size());
+  std::vector<SessionId> pi, gi;
+  for (uint64_t seed : {4u, 5u, 6u}) {
+    SessionOptions so;
+    so.seed = seed;
+    pi.push_back(*plain->open_session(so));
+    gi.push_back(*graphed->open_session(so));
+  }
+  for (int step = 0; step < steps; ++step) {
+    std::vector<StepRequest> rp, rg;
+    for (size_t k = 0; k < pi.size(); ++k) {
+      if (step < 2 * static_cast<int>(k)) continue;  // session k joins at step 2k
+      std::vector<Action> acts;
+      for (int b = 0; b < B; ++b) acts.push_back(act(step * B + b + static_cast<int>(k)));
+      rp.push_back({pi[k], acts, {}});
+      rg.push_back({gi[k], acts, {}});
+    }
+    auto op = plain->step(rp), og = graphed->step(rg);
+    ASSERT_TRUE(op.ok()) << op.status();
+    ASSERT_TRUE(og.ok()) << og.status();
+    ASSERT_EQ(op->size(), og->size());
+    for (size_t r = 0; r < op->size(); ++r)
+      for (size_t f = 0; f < (*op)[r].frames.size(); ++f)
+        ASSERT_EQ((*op)[r].frames[f].rgb, (*og)[r].frames[f].rgb) << "step " << step << " session " << r;
+    ASSERT_TRUE(graphed->flush_writes().ok());
+    ASSERT_TRUE(plain->flush_writes().ok());
+  }
+  const PluginBackend& pb = *graphed->device_plugin();
+  const int64_t recorded = *pb.counter("graph.recorded"), failed = *pb.counter("graph.recordings_failed");
+  const int64_t launches = *pb.counter("graph.launches");
+  EXPECT_EQ(recorded + failed, steps) << "one recording a step";
+  EXPECT_GE(recorded, 2) << "steps whose batch did not grow record";
+  EXPECT_EQ(launches, recorded * passes) << "a recorded step runs every denoising pass from the graph";
+  EXPECT_EQ(*plain->device_plugin()->counter("graph.launches"), 0);
+}
+
+// a recording runs the ops once and again on demand: GELU twice
+TEST(CudaGraphs, ARecordingRunsAgain) {
+  WM_REQUIRE_CUDA();
+  Backend &cpu = *backends().cpu, &cuda = *backends().cuda;
+  const auto x = randn(1003, 21, 3.0f);
+  Buffers cb(cpu), gb(cuda);
+  float *xc = cb.put(x), *xg = gb.put(x);
+  cpu.gelu(xc, 1003);
+  cpu.gelu(xc, 1003);
+  cuda.gelu(gb.zeros(1003), 1003);  // its bf16 copy's buffer grows now: a recording cannot grow one
+  ASSERT_TRUE(cuda.graph_begin());
+  cuda.gelu(xg, 1003);  // recorded: graph_end runs it once, graph_launch again
+  ASSERT_TRUE(cuda.graph_end().ok());
+  ASSERT_TRUE(cuda.graph_launch().ok());
+  EXPECT_TRUE(close(cb.get(xc, 1003), gb.get(xg, 1003), {1e-5, 0, 1e-5}));
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// an op a recording cannot hold (an upload) fails the recording: nothing of
+// it ran, the backend reports no error afterwards and runs ops as before
+TEST(CudaGraphs, AFailedRecordingRunsNothingAndHarmsNothing) {
+  WM_REQUIRE_CUDA();
+  Backend& cuda = *backends().cuda;
+  const auto x = randn(257, 22, 2.0f), y = randn(64, 23);
+  Buffers gb(cuda);
+  float *xg = gb.put(x), *yg = gb.zeros(64);
+  const int64_t failed = counter("graph.recordings_failed");
+  ASSERT_TRUE(cuda.graph_begin());
+  EXPECT_FALSE(cuda.graph_begin()) << "one recording at a time";
+  cuda.gelu(xg, 257);
+  cuda.upload(yg, y.data(), y.size() * sizeof(float));
+  const absl::Status ended = cuda.graph_end();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kFailedPrecondition) << ended;
+  EXPECT_EQ(counter("graph.recordings_failed") - failed, 1);
+  EXPECT_EQ(gb.get(xg, 257), x) << "nothing ran";
+  EXPECT_EQ(gb.get(yg, 64), std::vector<float>(64, 0.0f));
+  EXPECT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+  EXPECT_EQ(cuda.graph_end().code(), absl::StatusCode::kFailedPrecondition) << "no recording to end";
+  cuda.upload(yg, y.data(), y.size() * sizeof(float));
+  EXPECT_EQ(gb.get(yg, 64), y);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "cuda/kv_pages.h"
 #include "cuda/mma_layout.h"
 #include "cuda/page_pool.h"
+#include "cuda/staging_ring.h"
 #include "paged_attention_case.h"
 #include "ptx_model.h"
 #include "quant/frame_window.h"
@@ -135,6 +136,74 @@ PagedGeometry small_geometry(int T = 17, int W = 3, int S = 1, int page_tokens =
   g.sink_frames = S;
   g.page_tokens = page_tokens;
   return g;
+}
+
+// ---- the upload staging ring ----------------------------------------------------
+
+TEST(StagingRing, WaitsOnlyForTheRegionsInTheWay) {
+  StagingRing r(100, 8);
+  std::vector<uint64_t> waited;
+  const auto wait = [&](uint64_t f) { waited.push_back(f); };
+  EXPECT_EQ(r.place(40, wait).offset, 0u);   // fence 0: [0, 40)
+  EXPECT_EQ(r.place(40, wait).offset, 40u);  // fence 1: [40, 80)
+  EXPECT_TRUE(waited.empty());
+  // 30 bytes do not fit after 80: wrap to 0, which fence 0 still holds
+  const auto p = r.place(30, wait);
+  EXPECT_EQ(p.offset, 0u);
+  EXPECT_EQ(p.fence, 2u);
+  EXPECT_EQ(waited, (std::vector<uint64_t>{0}));
+  // [30, 40) is free, but 20 bytes are not: fence 1 first
+  EXPECT_EQ(r.place(20, wait).offset, 30u);
+  EXPECT_EQ(waited, (std::vector<uint64_t>{0, 1}));
+  // the whole ring: everything still busy is waited for, oldest first
+  EXPECT_EQ(r.place(100, wait).offset, 0u);
+  EXPECT_EQ(waited, (std::vector<uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(r.in_flight(), 1u);
+}
+
+TEST(StagingRing, BoundsTheRegionsInFlight) {
+  StagingRing r(1000, 2);
+  std::vector<uint64_t> waited;
+  const auto wait = [&](uint64_t f) { waited.push_back(f); };
+  r.place(1, wait);
+  r.place(1, wait);
+  EXPECT_TRUE(waited.empty());
+  r.place(1, wait);  // room, but only two events
+  EXPECT_EQ(waited, (std::vector<uint64_t>{0}));
+  EXPECT_EQ(r.in_flight(), 2u);
+}
+
+// random sizes against a model of the device: a placed region never overlaps
+// one whose fence has not been waited for, and waits come oldest first
+TEST(StagingRing, RandomPlacementsNeverOverlapBusyRegions) {
+  std::mt19937 rng(7);
+  for (size_t cap : {64u, 1000u, 4096u}) {
+    StagingRing r(cap, 5);
+    std::map<uint64_t, std::pair<size_t, size_t>> busy;  // fence -> [begin, end)
+    uint64_t last_waited = 0;
+    bool any_waited = false;
+    for (int i = 0; i < 5000; ++i) {
+      const size_t n = 1 + rng() % (rng() % 4 == 0 ? cap : cap / 3 + 1);
+      const auto p = r.place(n, [&](uint64_t f) {
+        ASSERT_TRUE(busy.count(f)) << "waited for a fence twice or never placed";
+        if (any_waited) {
+          EXPECT_GT(f, last_waited) << "oldest first";
+        }
+        EXPECT_EQ(busy.begin()->first, f) << "oldest first";
+        last_waited = f;
+        any_waited = true;
+        busy.erase(f);
+      });
+      ASSERT_LE(p.offset + n, cap);
+      for (const auto& [f, span] : busy)
+        ASSERT_TRUE(p.offset + n <= span.first || span.second <= p.offset)
+            << "region [" << p.offset << ", " << p.offset + n << ") overlaps busy fence " << f;
+      busy[p.fence] = {p.offset, p.offset + n};
+      ASSERT_LE(busy.size(), 5u);
+      ASSERT_EQ(busy.size(), r.in_flight());
+      // the device finishes some copies on its own; the ring learns of it only by waiting
+    }
+  }
 }
 
 TEST(KvPages, FollowsTheCachePolicyAcrossEviction) {

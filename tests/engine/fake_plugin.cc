@@ -90,6 +90,18 @@ int32_t kv_append_batch(WmPluginBackend*, int32_t, const WmKvWrite*, int32_t, co
   return WM_UNIMPLEMENTED;
 }
 
+int32_t gated_residual_norm(WmPluginBackend*, float*, const float*, const float*, int32_t, int32_t, int32_t, int32_t,
+                            const float*, const float*, int32_t, float, float*) {
+  return WM_UNIMPLEMENTED;
+}
+int32_t rms_norm_rope_qk(WmPluginBackend*, float*, const float*, float*, const float*, int32_t, int32_t, int32_t,
+                         int32_t, const int32_t*, const WmRopeParams*, float) {
+  return WM_UNIMPLEMENTED;
+}
+
+int32_t prepare_attention(WmPluginBackend*, const WmSessionRows*, int32_t) { return WM_UNIMPLEMENTED; }
+int32_t graph_op(WmPluginBackend*) { return WM_UNIMPLEMENTED; }
+
 WmPluginApi make_api() {
   WmPluginApi a{};
   a.abi_version = WM_FAKE_ABI;
@@ -131,6 +143,12 @@ WmPluginApi make_api() {
   a.attention = attention;
   a.ffn = ffn;
   a.kv_append_batch = kv_append_batch;
+  a.gated_residual_norm = gated_residual_norm;
+  a.rms_norm_rope_qk = rms_norm_rope_qk;
+  a.prepare_attention = prepare_attention;
+  a.graph_begin = graph_op;
+  a.graph_end = graph_op;
+  a.graph_launch = graph_op;
   return a;
 }
 

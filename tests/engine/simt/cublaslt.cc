@@ -25,6 +25,8 @@
 #include <set>
 #include <vector>
 
+#include "device_runtime.h"
+
 struct cublasLtContext {
   int unused = 0;
 };
@@ -126,6 +128,10 @@ std::vector<float> op_rows(const uint16_t* x, const Layout& l, bool trans, uint6
     }
   return m;
 }
+
+// the product itself (below cublasLtMatmul, which runs it now or records it)
+void matmul(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, float al, float be,
+            const void* A, const void* B, const void* C, void* D);
 
 }  // namespace
 
@@ -288,16 +294,34 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                         static_cast<const void*>(bdesc), static_cast<const void*>(cdesc),
                         static_cast<const void*>(ddesc)})
     check_alive(p, "cublasLtMatmul");
-  const Desc& d = *reinterpret_cast<Desc*>(op);
-  const Layout &a = *reinterpret_cast<Layout*>(adesc), &b = *reinterpret_cast<Layout*>(bdesc),
-               &c = *reinterpret_cast<Layout*>(cdesc), &dl = *reinterpret_cast<Layout*>(ddesc);
+  // the descriptors and scalars as they are now: a recorded matmul runs later with these
+  const Desc d = *reinterpret_cast<Desc*>(op);
+  const Layout a = *reinterpret_cast<Layout*>(adesc), b = *reinterpret_cast<Layout*>(bdesc),
+               c = *reinterpret_cast<Layout*>(cdesc), dl = *reinterpret_cast<Layout*>(ddesc);
   const cublasStatus_t st = check_problem(d, a, b, c, dl);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   const bool has_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
-  const bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
   if (has_bias && d.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-  const cudaDataType_t bias_type = d.bias_type_set ? d.bias_type : dl.type;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  auto run = [=] {
+    matmul(d, a, b, c, dl, al, be, A, B, C, D);
+    return cudaSuccess;
+  };
+  if (wm::simt::recording()) {
+    wm::simt::record(run);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  run();
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+
+void matmul(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl, float al, float be,
+            const void* A, const void* B, const void* C, void* D) {
+  const bool has_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU || d.epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const cudaDataType_t bias_type = d.bias_type_set ? d.bias_type : dl.type;
   uint64_t m = 0, ka = 0, n = 0, kb = 0;
   // op(A) as rows of k; op(B)^T as rows of k, so every dot product reads both contiguously
   const std::vector<float> opa = op_rows(static_cast<const uint16_t*>(A), a, d.transa == CUBLAS_OP_T, &m, &ka);
@@ -324,5 +348,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       else
         static_cast<float*>(D)[di] = v;
     }
-  return CUBLAS_STATUS_SUCCESS;
 }
+
+}  // namespace

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "simt_runtime.h"
 
@@ -22,6 +23,15 @@ struct Device {
   cudaError_t last = cudaSuccess;    // cleared by cudaGetLastError
   cudaError_t sticky = cudaSuccess;  // a kernel fault: every call fails from then on
   std::map<const void*, size_t> smem_limits;
+  // the stream capture in progress, if any
+  cudaStream_t recording_stream = nullptr;
+  bool recording = false, recording_broken = false;
+  std::vector<std::function<cudaError_t()>> recorded;
+};
+
+// a captured graph and an instantiated one: the operations in order
+struct Graph {
+  std::vector<std::function<cudaError_t()>> ops;
 };
 
 Device& device() {
@@ -57,20 +67,10 @@ struct Event {
 
 }  // namespace
 
-cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t smem,
-                             const std::function<void()>& thread_body) {
-  Device& d = device();
-  std::lock_guard<std::mutex> lock(d.mu);
-  if (d.sticky != cudaSuccess) return d.sticky;
-  const unsigned long long threads = static_cast<unsigned long long>(block.x) * block.y * block.z;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || threads == 0 ||
-      threads > kMaxThreadsPerBlock || block.z > 64)
-    return fail_with(cudaErrorInvalidConfiguration);
-  if (smem > smem_allowed(d, kernel)) return fail_with(cudaErrorInvalidValue);
-  LaunchConfig cfg;
-  cfg.grid = grid;
-  cfg.block = block;
-  cfg.dynamic_smem = smem;
+namespace {
+
+// runs a kernel now, on one of the three schedules in turn
+cudaError_t run_launch(Device& d, LaunchConfig cfg, const std::function<void()>& thread_body) {
   // the launches take turns at the three schedules, so that a suite's many
   // launches of each kernel meet all of them (deterministically)
   static unsigned launches = 0;
@@ -83,6 +83,33 @@ cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t s
     return fail_with(cudaErrorLaunchFailure);
   }
   return cudaSuccess;
+}
+
+}  // namespace
+
+bool recording() { return device().recording; }
+
+void record(std::function<cudaError_t()> op) { device().recorded.push_back(std::move(op)); }
+
+cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t smem,
+                             std::function<void()> thread_body) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.sticky != cudaSuccess) return d.sticky;
+  const unsigned long long threads = static_cast<unsigned long long>(block.x) * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || threads == 0 ||
+      threads > kMaxThreadsPerBlock || block.z > 64)
+    return fail_with(cudaErrorInvalidConfiguration);
+  if (smem > smem_allowed(d, kernel)) return fail_with(cudaErrorInvalidValue);
+  LaunchConfig cfg;
+  cfg.grid = grid;
+  cfg.block = block;
+  cfg.dynamic_smem = smem;
+  if (d.recording) {
+    d.recorded.push_back([&d, cfg, body = std::move(thread_body)] { return run_launch(d, cfg, body); });
+    return cudaSuccess;
+  }
+  return run_launch(d, cfg, thread_body);
 }
 
 cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes) {
@@ -113,6 +140,16 @@ using wm::simt::fail_with;
   do {                                                            \
     if (device().sticky != cudaSuccess) return device().sticky;   \
   } while (0)
+
+namespace {
+
+// a call a recording cannot hold: it fails and so does the recording
+cudaError_t unsupported_while_recording() {
+  device().recording_broken = true;
+  return fail_with(cudaErrorStreamCaptureUnsupported);
+}
+
+}  // namespace
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
@@ -191,6 +228,18 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
+// page-locked host memory is plain host memory here
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  WM_SIMT_STICKY();
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  return *p != nullptr ? cudaSuccess : fail_with(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
   WM_SIMT_STICKY();
   if (bytes == 0) return cudaSuccess;
@@ -203,11 +252,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     std::fprintf(stderr, "simt: cudaMemcpyAsync of %zu bytes outside device memory\n", bytes);
     return fail_with(cudaErrorInvalidValue);
   }
+  if (device().recording) {
+    // a graph copies when it runs, from wherever src points then
+    device().recorded.push_back([=] {
+      std::memmove(dst, src, bytes);
+      return cudaSuccess;
+    });
+    return cudaSuccess;
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (device().recording) return unsupported_while_recording();
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 
@@ -215,6 +273,13 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
   WM_SIMT_STICKY();
   std::lock_guard<std::mutex> lock(device().mu);
   if (bytes > 0 && !wm::simt::inside_allocation(dst, bytes)) return fail_with(cudaErrorInvalidValue);
+  if (device().recording) {
+    device().recorded.push_back([=] {
+      std::memset(dst, value, bytes);
+      return cudaSuccess;
+    });
+    return cudaSuccess;
+  }
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
@@ -232,11 +297,97 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   WM_SIMT_STICKY();
+  if (device().recording) return unsupported_while_recording();
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize() {
   WM_SIMT_STICKY();
+  if (device().recording) return unsupported_while_recording();
+  return cudaSuccess;
+}
+
+// ---- stream capture and graphs ----
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode) {
+  WM_SIMT_STICKY();
+  auto& d = device();
+  if (d.recording) return fail_with(cudaErrorIllegalState);
+  d.recording = true;
+  d.recording_broken = false;
+  d.recording_stream = stream;
+  d.recorded.clear();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  auto& d = device();
+  if (!d.recording || stream != d.recording_stream) return fail_with(cudaErrorIllegalState);
+  d.recording = false;
+  *graph = nullptr;
+  if (d.recording_broken) {
+    d.recorded.clear();
+    return fail_with(cudaErrorStreamCaptureInvalidated);
+  }
+  auto* g = new wm::simt::Graph();
+  g->ops = std::move(d.recorded);
+  d.recorded.clear();
+  *graph = reinterpret_cast<cudaGraph_t>(g);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  auto& d = device();
+  *status = !d.recording || stream != d.recording_stream ? cudaStreamCaptureStatusNone
+            : d.recording_broken                          ? cudaStreamCaptureStatusInvalidated
+                                                          : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  WM_SIMT_STICKY();
+  if (graph == nullptr) return fail_with(cudaErrorInvalidValue);
+  *exec = reinterpret_cast<cudaGraphExec_t>(new wm::simt::Graph(*reinterpret_cast<wm::simt::Graph*>(graph)));
+  return cudaSuccess;
+}
+
+// the same number of operations updates the parameters; anything else is a
+// topology change the caller answers by instantiating anew
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo* info) {
+  WM_SIMT_STICKY();
+  if (exec == nullptr || graph == nullptr) return fail_with(cudaErrorInvalidValue);
+  auto* e = reinterpret_cast<wm::simt::Graph*>(exec);
+  const auto* g = reinterpret_cast<wm::simt::Graph*>(graph);
+  if (info != nullptr) *info = cudaGraphExecUpdateResultInfo{};
+  if (e->ops.size() != g->ops.size()) {
+    if (info != nullptr) info->result = cudaGraphExecUpdateErrorTopologyChanged;
+    return fail_with(cudaErrorGraphExecUpdateFailure);
+  }
+  e->ops = g->ops;
+  if (info != nullptr) info->result = cudaGraphExecUpdateSuccess;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  WM_SIMT_STICKY();
+  if (exec == nullptr) return fail_with(cudaErrorInvalidValue);
+  auto& d = device();
+  if (d.recording) return unsupported_while_recording();
+  for (const auto& op : reinterpret_cast<wm::simt::Graph*>(exec)->ops) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    const cudaError_t e = op();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<wm::simt::Graph*>(exec);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<wm::simt::Graph*>(graph);
   return cudaSuccess;
 }
 
@@ -245,6 +396,8 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(new wm::simt::Event());
   return cudaSuccess;
 }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<wm::simt::Event*>(e);
@@ -261,6 +414,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
   WM_SIMT_STICKY();
+  if (device().recording) return unsupported_while_recording();
   return cudaSuccess;
 }
 

@@ -21,7 +21,13 @@ namespace wm::simt {
 // a launch as the runtime does it: the configuration against the device's
 // limits and the kernel's shared-memory attribute, then the kernel
 cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t smem,
-                             const std::function<void()>& thread_body);
+                             std::function<void()> thread_body);
+// stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): while a
+// stream records, its work is kept for a graph instead of run; calls a
+// recording cannot hold (synchronization, a synchronous copy) fail with
+// cudaErrorStreamCaptureUnsupported and invalidate the recording, as on a GPU
+bool recording();
+void record(std::function<cudaError_t()> op);
 // cudaFuncAttributeMaxDynamicSharedMemorySize
 cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes);
 // CTAs of a kernel one SM holds at once, from threads and shared memory
