@@ -208,11 +208,11 @@ int run(int argc, char** argv) {
         // part, then one graph launch instead of the ops
         {
           const ForwardInput gin = input(cfg.sigmas[0], false);
-          bool recorded = model->prepare_forward(gin, nullptr).ok() &&
-                          b.prepare_attention(gin.sessions, T).ok() && b.graph_begin();
+          bool recorded = model->prepare_forward(gin, nullptr).ok() && b.prepare_recording(gin.sessions, T) &&
+                          b.graph_begin();
           if (recorded) {
             const absl::Status pass = model->run_forward(gin, vel, nullptr);
-            recorded = b.graph_end().ok() && pass.ok();
+            recorded = b.graph_end(pass.ok()).ok() && pass.ok();
           }
           if (recorded) {
             dev.sync();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/half.h"
+#include "cuda/add_rows.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/attention_combine.cuh"
 #include "cuda/attention_inputs.cuh"
@@ -21,6 +22,7 @@
 #include "cuda/gelu.cuh"
 #include "cuda/kv_append.cuh"
 #include "cuda/layer_norm_modulate.cuh"
+#include "cuda/noise.cuh"
 #include "cuda/patchify.cuh"
 #include "cuda/rms_norm_rope.cuh"
 
@@ -359,6 +361,12 @@ absl::StatusOr<void*> CudaBackend::alloc(size_t bytes) {
 
 void CudaBackend::free(void* p) {
   if (p == nullptr) return;
+  if (recording_) {
+    // a recorded op may use it: freed once the recording ends, which fails
+    frees_after_recording_.push_back(p);
+    recording_broken_ = true;
+    return;
+  }
   // queued kernels may still read it (rare: buffers grow or die)
   cudaStreamSynchronize(stream_);
   cudaFree(p);
@@ -393,12 +401,18 @@ absl::Status CudaBackend::copy_to_device(void* dst, const void* host, size_t byt
   uint8_t* at = static_cast<uint8_t*>(staging_host_) + p.offset;
   std::memcpy(at, host, bytes);
   WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream_));
-  WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_events_[p.fence % staging_events_.size()], stream_));
+  if (const cudaError_t re = cudaEventRecord(staging_events_[p.fence % staging_events_.size()], stream_);
+      re != cudaSuccess) {
+    // the region would look free while its copy runs: wait for the copy instead
+    cudaStreamSynchronize(stream_);
+    WM_CUDA_RETURN_IF_ERROR(re);
+  }
   ++staged_uploads_;
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::download(void* host, const void* src, size_t bytes) {
+  if (recording_) return absl::FailedPreconditionError("a download while a graph is recorded");
   if (bytes == 0) return synchronize();
   absl::Status s = need(host, "download destination");
   if (s.ok()) s = need(src, "download source");
@@ -417,12 +431,13 @@ absl::Status CudaBackend::graph_begin() {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::graph_end() {
+absl::Status CudaBackend::graph_end(bool keep) {
   if (!recording_) return absl::FailedPreconditionError("no graph is being recorded");
   recording_ = false;
   t_recording_graph = false;
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+  for (void* p : std::exchange(frees_after_recording_, {})) free(p);
   const auto failed = [&](absl::string_view why) {
     if (g != nullptr) cudaGraphDestroy(g);
     cudaGetLastError();  // not sticky: the ops run again without a graph
@@ -430,6 +445,7 @@ absl::Status CudaBackend::graph_end() {
     return absl::FailedPreconditionError(absl::StrCat("recording a graph failed (", why, "): nothing ran"));
   };
   if (e != cudaSuccess) return failed(cudaGetErrorName(e));
+  if (!keep) return failed("the caller's pass failed");
   if (recording_broken_ || g == nullptr) return failed("an op could not be recorded");
   if (graph_exec_ != nullptr) {
     // same shape of work (the next forward of a batch): new parameters in place
@@ -461,17 +477,20 @@ absl::Status CudaBackend::graph_launch() {
 }
 
 absl::Status CudaBackend::synchronize() {
+  if (recording_) return absl::FailedPreconditionError("a synchronization while a graph is recorded");
   WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   WM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::timer_start() {
+  if (recording_) return absl::FailedPreconditionError("a timer while a graph is recorded");
   WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(timer_begin_, stream_));
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> CudaBackend::timer_stop() {
+  if (recording_) return absl::FailedPreconditionError("a timer while a graph is recorded");
   WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(timer_end_, stream_));
   WM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(timer_end_));
   float ms = 0;
@@ -589,6 +608,40 @@ absl::Status CudaBackend::layer_norm_modulate(const float* x, int32_t n, int32_t
   // without a residual the kernel only reads x
   return norm_modulate(const_cast<float*>(x), nullptr, nullptr, 0, n, d, tokens_per_frame, shift, scale, mod_stride,
                        eps, y);
+}
+
+absl::Status CudaBackend::add_rows(const float* rows, const float* per_block, int32_t n_rows, int32_t blocks,
+                                   int32_t width, float* out) {
+  if (n_rows < 0 || blocks < 0 || width < 0) return absl::InvalidArgumentError("add_rows: bad shape");
+  if (n_rows == 0 || blocks == 0 || width == 0) return absl::OkStatus();
+  if (blocks > 65535) return absl::InvalidArgumentError("add_rows: more than 65535 blocks");
+  for (const void* p : {static_cast<const void*>(rows), static_cast<const void*>(per_block),
+                        static_cast<const void*>(out)}) {
+    absl::Status s = need(p, "add_rows argument");
+    if (!s.ok()) return s;
+  }
+  WM_CUDA_RETURN_IF_ERROR(launch_add_rows(rows, per_block, n_rows, blocks, width, out, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::noise_frames(const uint64_t* seeds, const int64_t* frames, int32_t count,
+                                       int64_t values_per_frame, float* out) {
+  if (count < 0 || values_per_frame < 0) return absl::InvalidArgumentError("noise_frames: bad shape");
+  if (count == 0 || values_per_frame == 0) return absl::OkStatus();
+  if (count > 65535) return absl::InvalidArgumentError("noise_frames: more than 65535 frames in one call");
+  absl::Status s = need(out, "noise_frames output");
+  if (!s.ok()) return s;
+  // one upload: the seeds, then the frame indices
+  std::vector<uint64_t> host(2 * static_cast<size_t>(count));
+  std::copy(seeds, seeds + count, host.begin());
+  for (int32_t i = 0; i < count; ++i) host[static_cast<size_t>(count + i)] = static_cast<uint64_t>(frames[i]);
+  s = noise_scratch_.reserve(host.size() * sizeof(uint64_t));
+  if (s.ok()) s = copy_to_device(noise_scratch_.get(), host.data(), host.size() * sizeof(uint64_t));
+  if (!s.ok()) return s;
+  const uint64_t* d = noise_scratch_.as<uint64_t>();
+  WM_CUDA_RETURN_IF_ERROR(
+      launch_noise_frames(d, reinterpret_cast<const int64_t*>(d + count), count, values_per_frame, out, stream_));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::gated_residual_norm(float* h, const float* y, const float* gate, int32_t gate_stride,

@@ -113,6 +113,11 @@ class CudaBackend {
   absl::Status unpatchify(const float* tokens, int32_t frames_count, const WmFrameShape& s, float* frames);
   absl::Status euler_step(float* x, const float* v, const float* dt_per_frame, int32_t frames_count,
                           int64_t values_per_frame, bool clamp);
+  absl::Status add_rows(const float* rows, const float* per_block, int32_t n_rows, int32_t blocks, int32_t width,
+                        float* out);
+  // seeds, frames: host [count]
+  absl::Status noise_frames(const uint64_t* seeds, const int64_t* frames, int32_t count, int64_t values_per_frame,
+                            float* out);
 
   absl::StatusOr<int64_t> kv_reservation_bytes(absl::string_view format, const WmKvGeometry& g) const;
   absl::StatusOr<std::unique_ptr<DeviceKvCache>> kv_create(absl::string_view format, const WmKvGeometry& g);
@@ -137,11 +142,13 @@ class CudaBackend {
   // ---- CUDA graphs over a forward pass (docs/CUDA.md, "Graphs") ----
   // from now on the stream's work is recorded, not run
   absl::Status graph_begin();
-  // ends the recording; if every op recorded cleanly the work becomes the
-  // graph (an update of the previous one where the work has the same shape)
-  // and runs once. Else nothing ran: FAILED_PRECONDITION, and the caller runs
-  // the ops again without a graph
-  absl::Status graph_end();
+  // ends the recording; if every op recorded cleanly (and the caller keeps
+  // it) the work becomes the graph (an update of the previous one where the
+  // work has the same shape) and runs once. Else nothing ran:
+  // FAILED_PRECONDITION, and the caller runs the ops again without a graph.
+  // While recording, downloads, synchronisation and timers are refused and
+  // frees wait for the end (and fail the recording)
+  absl::Status graph_end(bool keep = true);
   // runs the last graph again
   absl::Status graph_launch();
   bool recording() const { return recording_; }
@@ -201,6 +208,7 @@ class CudaBackend {
 
   // attention
   DeviceBuffer append_scratch_;
+  DeviceBuffer noise_scratch_;  // a batch's seeds and frame indices
   int64_t append_launches_ = 0;
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory
@@ -221,6 +229,7 @@ class CudaBackend {
   absl::Status reserve_attention_workspaces();
   // graphs
   bool recording_ = false, recording_broken_ = false;
+  std::vector<void*> frees_after_recording_;
   cudaGraphExec_t graph_exec_ = nullptr;
   int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0;
   DeviceBuffer plan_memory_;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "cuda/bias_add.cuh"
 #include "cuda/convert.cuh"
 #include "cuda/cuda_check.h"
@@ -133,6 +134,12 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
           WM_CUDA_RETURN_IF_ERROR(launch_bias_add(y, bias, n, out, stream_));
         return absl::OkStatus();
       }
+      // while a graph is recorded a failure may be the recording's (a call that
+      // broke the capture fails every later launch): the plan stays, the
+      // recording fails, and the pass runs again without one
+      if (t_recording_graph)
+        return absl::FailedPreconditionError(absl::StrCat("cublasLtMatmul failed while recording (status ",
+                                                          static_cast<int>(st), ")"));
       // a launch-time refusal retires the plan; the fallback below takes over
       std::fprintf(stderr, "wm_cuda: cublasLtMatmul refused n=%d in=%d out=%d (status %d): CUDA-core fallback GEMM\n",
                    n, in, out, static_cast<int>(st));
@@ -167,6 +174,9 @@ absl::StatusOr<bool> Gemm::run_gelu_bf16(const uint16_t* w, int32_t ld_w, const 
   const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c, &pl.algo,
                                            workspace_.get(), workspace_.size(), stream_);
   if (st != CUBLAS_STATUS_SUCCESS) {
+    if (t_recording_graph)  // perhaps the recording's failure, not the plan's (see run)
+      return absl::FailedPreconditionError(absl::StrCat("cublasLtMatmul failed while recording (status ",
+                                                        static_cast<int>(st), ")"));
     // nothing was written: retire the plan, the caller runs the unfused ops
     std::fprintf(stderr, "wm_cuda: cublasLtMatmul refused the GELU epilogue for n=%d in=%d out=%d (status %d)\n", n,
                  in, out, static_cast<int>(st));

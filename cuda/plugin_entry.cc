@@ -58,8 +58,10 @@ int32_t guarded(WmPluginBackend* b, bool keeps_shadow, F&& body) {
     if (!s.ok() && b->impl->recording()) b->impl->recording_failed();
     return finish(b, s);
   } catch (const std::exception& ex) {
+    if (b->impl->recording()) b->impl->recording_failed();
     return finish(b, absl::InternalError(std::string("exception in the CUDA plugin: ") + ex.what()));
   } catch (...) {
+    if (b->impl->recording()) b->impl->recording_failed();
     return finish(b, absl::InternalError("unknown exception in the CUDA plugin"));
   }
 }
@@ -402,12 +404,26 @@ int32_t api_prepare_attention(WmPluginBackend* b, const WmSessionRows* sessions,
   });
 }
 
+int32_t api_noise_frames(WmPluginBackend* b, const uint64_t* seeds, const int64_t* frames, int32_t count,
+                         int64_t values_per_frame, float* out) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (count < 0 || (count > 0 && (seeds == nullptr || frames == nullptr)))
+      return absl::InvalidArgumentError("noise_frames: bad frame list");
+    return c.noise_frames(seeds, frames, count, values_per_frame, out);
+  });
+}
+
+int32_t api_add_rows(WmPluginBackend* b, const float* rows, const float* per_block, int32_t n_rows, int32_t blocks,
+                     int32_t width, float* out) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.add_rows(rows, per_block, n_rows, blocks, width, out); });
+}
+
 int32_t api_graph_begin(WmPluginBackend* b) {
   return guarded(b, false, [&](CudaBackend& c) { return c.graph_begin(); });
 }
 
-int32_t api_graph_end(WmPluginBackend* b) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.graph_end(); });
+int32_t api_graph_end(WmPluginBackend* b, int32_t keep) {
+  return guarded(b, false, [&](CudaBackend& c) { return c.graph_end(keep != 0); });
 }
 
 int32_t api_graph_launch(WmPluginBackend* b) {
@@ -459,6 +475,8 @@ const WmPluginApi* build_api() {
   api.graph_begin = api_graph_begin;
   api.graph_end = api_graph_end;
   api.graph_launch = api_graph_launch;
+  api.noise_frames = api_noise_frames;
+  api.add_rows = api_add_rows;
   api.rms_norm_rope_qk = api_rms_norm_rope_qk;
   api.kv_bytes = api_kv_bytes;
   api.kv_frames = api_kv_frames;

@@ -10,14 +10,17 @@
 // Threading: a backend is used by one thread at a time (the engine thread).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "engine/noise.h"
 #include "quant/kv_cache.h"
 
 namespace wm {
@@ -101,6 +104,11 @@ class Backend {
     rms_norm_rope(q, n, heads, head_dim, row_stride, q_norm, pos, rope, eps);
     rms_norm_rope(k, n, heads, head_dim, row_stride, k_norm, pos, rope, eps);
   }
+  // out[b, r, :] = rows[r, :] + per_block[b, :] for b < blocks, r < n_rows
+  // (rows [n_rows, width], per_block [blocks, width]): every layer's
+  // modulation from the frame's conditioning and the layer's own vector
+  virtual void add_rows(const float* rows, const float* per_block, int n_rows, int blocks, int width,
+                        float* out) = 0;
   // x = GELU_tanh(x), count values
   virtual void gelu(float* x, int64_t count) = 0;
   // the feed-forward block: y[n, w2.out] = GELU_tanh(x W0^T + b0) W2^T + b2.
@@ -130,6 +138,19 @@ class Backend {
   // x += dt_f * v per frame (values_per_frame each); if clamp, x is clamped to [-1, 1] afterwards
   virtual void euler_step(float* x, const float* v, const float* dt_per_frame, int frames_count,
                           int64_t values_per_frame, bool clamp) = 0;
+
+  // the initial noise of a batch: frame i of seeds.size() is
+  // noise_fill_frame(seeds[i], frames[i]) (engine/noise.h) at out + i *
+  // values_per_frame, out in backend memory. The default fills on the host
+  // and uploads.
+  virtual void noise_frames(std::span<const uint64_t> seeds, std::span<const int64_t> frames,
+                            int64_t values_per_frame, float* out) {
+    const size_t n = std::min(seeds.size(), frames.size());
+    std::vector<float> host(n * static_cast<size_t>(values_per_frame));
+    for (size_t i = 0; i < n; ++i)
+      noise_fill_frame(seeds[i], frames[i], host.data() + i * static_cast<size_t>(values_per_frame), values_per_frame);
+    upload(out, host.data(), host.size() * sizeof(float));
+  }
 
   // a KV cache whose storage lives on this backend (the CPU backend: quant/'s formats)
   virtual absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
@@ -162,19 +183,24 @@ class Backend {
     return absl::OkStatus();
   }
   // ---- recording a forward pass once and running it again (CUDA graphs) ----
-  // What attention needs for this batch, made now (before a recording): its
-  // plan and workspaces. The default has nothing to prepare.
-  virtual absl::Status prepare_attention(std::span<const SessionSlice> sessions, int tokens_per_frame) {
+  // Makes what a recording of a pass over this batch needs now (attention's
+  // plan and workspaces: a recording holds no upload); false where the
+  // backend cannot record this batch: the default, or a cache that is not the
+  // backend's own (a replay would skip its host-side work)
+  virtual bool prepare_recording(std::span<const SessionSlice> sessions, int tokens_per_frame) {
     (void)sessions;
     (void)tokens_per_frame;
-    return absl::OkStatus();
+    return false;
   }
   // from now on the ops are recorded instead of run; false where the backend
   // cannot record (the default), and then nothing changes
   virtual bool graph_begin() { return false; }
-  // stops recording. OK: the recorded ops ran once and are kept; else none
-  // of them ran and the caller runs them again without a recording
-  virtual absl::Status graph_end() { return absl::UnimplementedError("this backend records no graphs"); }
+  // stops recording. OK: the recorded ops ran once and are kept; else (or
+  // with keep false: the caller's pass failed) none of them ran
+  virtual absl::Status graph_end(bool keep = true) {
+    (void)keep;
+    return absl::UnimplementedError("this backend records no graphs");
+  }
   // runs the kept recording again
   virtual absl::Status graph_launch() { return absl::UnimplementedError("this backend records no graphs"); }
 

@@ -3,6 +3,7 @@
 #include <Eigen/Dense>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 
 #include "engine/backend.h"
 #include "engine/blas.h"
+#include "engine/noise.h"
 #include "engine/rope.h"
 
 namespace wm {
@@ -159,6 +161,29 @@ class CpuBackend final : public Backend {
         if (clamp) y = std::fmin(1.0f, std::fmax(-1.0f, y));
         xf[i] = y;
       }
+    }
+  }
+
+  void add_rows(const float* rows, const float* per_block, int n_rows, int blocks, int width, float* out) override {
+    for (int b = 0; b < blocks; ++b)
+      for (int r = 0; r < n_rows; ++r) {
+        const float* in = rows + static_cast<int64_t>(r) * width;
+        const float* p = per_block + static_cast<int64_t>(b) * width;
+        float* o = out + (static_cast<int64_t>(b) * n_rows + r) * width;
+        for (int j = 0; j < width; ++j) o[j] = in[j] + p[j];
+      }
+  }
+
+  void noise_frames(std::span<const uint64_t> seeds, std::span<const int64_t> frames, int64_t values_per_frame,
+                    float* out) override {
+    const int64_t n = static_cast<int64_t>(std::min(seeds.size(), frames.size()));
+    // 4096 values a chunk: each value costs a log and a cos in double
+    const int64_t chunks = (values_per_frame + 4095) / 4096;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n * chunks; ++c) {
+      const int64_t f = c / chunks, e0 = (c % chunks) * 4096, e1 = std::min(values_per_frame, e0 + 4096);
+      float* o = out + f * values_per_frame;
+      for (int64_t e = e0; e < e1; ++e) o[e] = noise_normal(seeds[static_cast<size_t>(f)], frames[static_cast<size_t>(f)], e);
     }
   }
 

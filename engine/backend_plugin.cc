@@ -150,6 +150,9 @@ class PluginBackendImpl final : public PluginBackend {
     check(api_.rms_norm_rope_qk(b_, q, q_norm, k, k_norm, n, heads, head_dim, row_stride, pos, &r, eps),
           "rms_norm_rope_qk");
   }
+  void add_rows(const float* rows, const float* per_block, int n_rows, int blocks, int width, float* out) override {
+    check(api_.add_rows(b_, rows, per_block, n_rows, blocks, width, out), "add_rows");
+  }
   void gelu(float* x, int64_t count) override { check(api_.gelu(b_, x, count), "gelu"); }
   void ffn(const LinearWeight& w0, const LinearWeight& w2, const float* x, int n, float* hidden,
            float* y) override {
@@ -166,6 +169,12 @@ class PluginBackendImpl final : public PluginBackend {
     check(api_.gated_residual_norm(b_, h, y, gate, gate_stride, n, d, tokens_per_frame, shift, scale, mod_stride, eps,
                                    u),
           "gated_residual_norm");
+  }
+  void noise_frames(std::span<const uint64_t> seeds, std::span<const int64_t> frames, int64_t values_per_frame,
+                    float* out) override {
+    const size_t n = std::min(seeds.size(), frames.size());
+    check(api_.noise_frames(b_, seeds.data(), frames.data(), static_cast<int32_t>(n), values_per_frame, out),
+          "noise_frames");
   }
   void patchify(const float* frames, int frames_count, const FrameShape& s, float* tokens) override {
     const WmFrameShape c{s.height, s.width, s.channels, s.patch};
@@ -222,10 +231,11 @@ class PluginBackendImpl final : public PluginBackend {
     return true;
   }
 
-  absl::Status prepare_attention(std::span<const SessionSlice> sessions, int tokens_per_frame) override {
+  bool prepare_recording(std::span<const SessionSlice> sessions, int tokens_per_frame) override {
     std::vector<WmSessionRows> rows;
-    if (!plugin_rows(sessions, tokens_per_frame, &rows) || rows.empty()) return absl::OkStatus();
-    return result(api_.prepare_attention(b_, rows.data(), static_cast<int32_t>(rows.size())), "prepare_attention");
+    if (!plugin_rows(sessions, tokens_per_frame, &rows) || rows.empty()) return false;
+    // a failure here shows again, as an error, when the pass runs as usual
+    return api_.prepare_attention(b_, rows.data(), static_cast<int32_t>(rows.size())) == WM_OK;
   }
   bool graph_begin() override {
     if (recording_ || api_.graph_begin(b_) != WM_OK) return false;
@@ -233,10 +243,11 @@ class PluginBackendImpl final : public PluginBackend {
     recording_status_ = absl::OkStatus();
     return true;
   }
-  absl::Status graph_end() override {
+  absl::Status graph_end(bool keep) override {
     if (!recording_) return absl::FailedPreconditionError("no graph is being recorded");
     recording_ = false;
-    const absl::Status ended = result(api_.graph_end(b_), "graph_end");
+    // an op that failed here (it counted as the recording's failure) fails the recording too
+    const absl::Status ended = result(api_.graph_end(b_, keep && recording_status_.ok() ? 1 : 0), "graph_end");
     // an op that failed while recording says why better than the recording does
     return recording_status_.ok() ? ended : std::exchange(recording_status_, absl::OkStatus());
   }

@@ -294,19 +294,19 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   const int64_t fv = c.frame_values();
   const FrameShape shape{c.height, c.width, c.channels, c.patch};
 
-  // initial noise, a pure function of (seed, frame index)
-  std::vector<float> host(static_cast<size_t>(frames) * fv);
+  // initial noise, a pure function of (seed, frame index), made by the backend
   ForwardInput in;
+  std::vector<uint64_t> seeds;
   for (size_t r = 0; r < requests.size(); ++r) {
     in.sessions.push_back({sess[r]->cache.get(), static_cast<int>(r) * B, B});
     for (int b = 0; b < B; ++b) {
       const int64_t index = sess[r]->generated + b;
-      noise_fill_frame(sess[r]->seed, index, host.data() + (r * B + b) * fv, fv);
+      seeds.push_back(sess[r]->seed);
       in.actions.push_back(requests[r].actions[static_cast<size_t>(b)]);
       in.frame_index.push_back(index);
     }
   }
-  backend_->upload(pixels_, host.data(), host.size() * sizeof(float));
+  backend_->noise_frames(seeds, in.frame_index, fv, pixels_);
   backend_->patchify(pixels_, frames, shape, x_);
   in.tokens = x_;
 
@@ -321,10 +321,9 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
     WM_RETURN_IF_ERROR(model_->prepare_forward(in, &ops, trace));
     bool ran = false;
     if (graphs && i == 0) {
-      WM_RETURN_IF_ERROR(backend_->prepare_attention(in.sessions, c.tokens_per_frame()));
-      if (backend_->graph_begin()) {
+      if (backend_->prepare_recording(in.sessions, c.tokens_per_frame()) && backend_->graph_begin()) {
         const absl::Status pass = model_->run_forward(in, v_, &ops, nullptr);
-        const absl::Status ended = backend_->graph_end();
+        const absl::Status ended = backend_->graph_end(/*keep=*/pass.ok());
         // not recorded: nothing ran, so the pass runs below as usual
         ran = recorded = pass.ok() && ended.ok();
       }
@@ -341,6 +340,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
     backend_->euler_step(x_, v_, dt_, frames, fv, /*clamp=*/i + 1 == steps);
   }
   backend_->unpatchify(x_, frames, shape, pixels_);
+  std::vector<float> host(static_cast<size_t>(frames) * fv);
   backend_->download(host.data(), pixels_, host.size() * sizeof(float));
   if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
 

@@ -52,7 +52,8 @@ absl::Status Model::reserve(int tokens, int frames) {
   const size_t D = config_.dim, Q = config_.qkv_dim(), F = config_.ffn;
   const size_t widths[kCount] = {D, D, Q, Q, Q, Q, std::max(D, static_cast<size_t>(config_.patch_dim())), F};
   for (size_t i = 0; i < kCount; ++i) bufs_.push_back(static_cast<float*>(backend_.alloc(n * widths[i] * sizeof(float))));
-  const size_t mod_floats = (static_cast<size_t>(config_.layers) * 6 + 2) * D * capacity_frames_;
+  // every layer's [frames, 6D], the head's [frames, 2D], then e [frames, 6D]
+  const size_t mod_floats = (static_cast<size_t>(config_.layers) * 6 + 2 + 6) * D * capacity_frames_;
   mods_ = static_cast<float*>(backend_.alloc(mod_floats * sizeof(float)));
   pos_ = static_cast<int32_t*>(backend_.alloc(n * 3 * sizeof(int32_t)));
   const bool failed = mods_ == nullptr || pos_ == nullptr ||
@@ -118,24 +119,21 @@ absl::Status Model::prepare_forward(const ForwardInput& in, OpTimes* times, cons
   OpTimes& tm = times != nullptr ? *times : local;
   auto t0 = Clock::now();
 
-  // conditioning and modulation on the host (tiny), then one upload
+  // the conditioning on the host (small MLPs), then one upload: the head's
+  // modulation [frames, 2D] and e [frames, 6D], which run_forward adds to
+  // every layer's modulation on the backend (L times the bytes otherwise)
   const size_t per_layer = static_cast<size_t>(frames) * 6 * D;
-  std::vector<float> mods(per_layer * L + static_cast<size_t>(frames) * 2 * D);
-  std::vector<float> cond(static_cast<size_t>(frames) * D), e(static_cast<size_t>(frames) * 6 * D);
-  conditioning(in.sigma, in.actions, cond.data(), e.data());
+  std::vector<float> cond(static_cast<size_t>(frames) * D);
+  std::vector<float> tail(static_cast<size_t>(frames) * 2 * D + per_layer);  // head modulation, then e
+  float* e = tail.data() + static_cast<size_t>(frames) * 2 * D;
+  conditioning(in.sigma, in.actions, cond.data(), e);
   for (int f = 0; f < frames; ++f) {
     const float* cf = cond.data() + static_cast<size_t>(f) * D;
-    const float* ef = e.data() + static_cast<size_t>(f) * 6 * D;
-    for (int l = 0; l < L; ++l) {
-      float* m = mods.data() + per_layer * l + static_cast<size_t>(f) * 6 * D;
-      const auto& mod = weights_.layers[static_cast<size_t>(l)].modulation;
-      for (int i = 0; i < 6 * D; ++i) m[i] = ef[i] + mod[static_cast<size_t>(i)];
-    }
-    float* hm = mods.data() + per_layer * L + static_cast<size_t>(f) * 2 * D;
+    float* hm = tail.data() + static_cast<size_t>(f) * 2 * D;
     for (int i = 0; i < 2 * D; ++i) hm[i] = weights_.head_modulation[static_cast<size_t>(i)] + cf[i % D];
   }
   if (trace != nullptr) (*trace)("cond", cond.data(), static_cast<int64_t>(cond.size()));
-  backend_.upload(mods_, mods.data(), mods.size() * sizeof(float));
+  backend_.upload(mods_ + per_layer * L, tail.data(), tail.size() * sizeof(float));
   std::vector<int32_t> pos(static_cast<size_t>(N) * 3);
   for (int f = 0; f < frames; ++f)
     for (int n = 0; n < T; ++n) {
@@ -160,6 +158,10 @@ absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* tim
   OpTimes local;
   OpTimes& tm = times != nullptr ? *times : local;
   auto t0 = Clock::now();
+  // every layer's modulation: e (uploaded behind the head's) + the layer's own
+  backend_.add_rows(mods_ + per_layer * L + static_cast<size_t>(frames) * 2 * D, weights_.modulation, frames, L,
+                    6 * D, mods_);
+  tm.other += seconds_since(t0);
 
   float *h = buf(kH), *u = buf(kU), *q = buf(kQ), *k = buf(kK), *v = buf(kV), *att = buf(kAtt), *y = buf(kY),
         *ff = buf(kF);

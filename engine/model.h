@@ -78,7 +78,7 @@ class Model {
   DeviceWeights weights_;
   int capacity_tokens_ = 0, capacity_frames_ = 0;
   std::vector<float*> bufs_;
-  float* mods_ = nullptr;       // [L, frames, 6D] + head [frames, 2D]
+  float* mods_ = nullptr;       // [L, frames, 6D] + head [frames, 2D] + e [frames, 6D]
   int32_t* pos_ = nullptr;      // [tokens, 3]
 };
 

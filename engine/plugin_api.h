@@ -209,12 +209,20 @@ typedef struct WmPluginApi {
   int32_t (*prepare_attention)(WmPluginBackend* b, const WmSessionRows* sessions, int32_t count);
   /* graphs over a forward pass (version 4; docs/CUDA.md "Graphs"): after
    * graph_begin the backend's work is recorded instead of run; graph_end stops
-   * and, if every op recorded cleanly, keeps the work as its graph and runs it
-   * once, else nothing ran (WM_FAILED_PRECONDITION; run the ops again);
-   * graph_launch runs the kept graph again */
+   * and, if every op recorded cleanly and keep is nonzero, keeps the work as
+   * its graph and runs it once, else nothing ran (WM_FAILED_PRECONDITION; run
+   * the ops again); graph_launch runs the kept graph again */
   int32_t (*graph_begin)(WmPluginBackend* b);
-  int32_t (*graph_end)(WmPluginBackend* b);
+  int32_t (*graph_end)(WmPluginBackend* b, int32_t keep);
   int32_t (*graph_launch)(WmPluginBackend* b);
+  /* the initial noise of a batch (version 4): frame i of count is
+   * engine/noise.h's noise_fill_frame(seeds[i], frames[i]) at out + i *
+   * values_per_frame; seeds, frames host [count], out device */
+  int32_t (*noise_frames)(WmPluginBackend* b, const uint64_t* seeds, const int64_t* frames, int32_t count,
+                          int64_t values_per_frame, float* out);
+  /* out[b, r, :] = rows[r, :] + per_block[b, :] (version 4) */
+  int32_t (*add_rows)(WmPluginBackend* b, const float* rows, const float* per_block, int32_t n_rows, int32_t blocks,
+                      int32_t width, float* out);
 } WmPluginApi;
 
 typedef const WmPluginApi* (*WmPluginEntryFn)(void);

@@ -42,6 +42,7 @@ absl::Status check_table(const WmPluginApi& a, const std::string& path) {
       reinterpret_cast<const void*>(a.gated_residual_norm), reinterpret_cast<const void*>(a.rms_norm_rope_qk),
       reinterpret_cast<const void*>(a.prepare_attention), reinterpret_cast<const void*>(a.graph_begin),
       reinterpret_cast<const void*>(a.graph_end),      reinterpret_cast<const void*>(a.graph_launch),
+      reinterpret_cast<const void*>(a.noise_frames),   reinterpret_cast<const void*>(a.add_rows),
   };
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); ++i)
     if (fns[i] == nullptr)

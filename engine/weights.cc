@@ -146,6 +146,9 @@ DeviceWeights::DeviceWeights(Backend& backend, const ModelConfig& c, const HostW
     lw.modulation = h.get(p + "modulation");
     layers.push_back(std::move(lw));
   }
+  std::vector<float> all;
+  for (const LayerWeights& lw : layers) all.insert(all.end(), lw.modulation.begin(), lw.modulation.end());
+  modulation = upload_vector(all);
   time0_w = h.get("time_embed.0.weight");
   time0_b = h.get("time_embed.0.bias");
   time2_w = h.get("time_embed.2.weight");

@@ -51,6 +51,7 @@ class DeviceWeights {
 
   LinearWeight patch_embed, head;
   std::vector<LayerWeights> layers;
+  const float* modulation = nullptr;  // every layer's modulation [L, 6D], backend memory
   // host copies for the per-frame conditioning
   std::vector<float> time0_w, time0_b, time2_w, time2_b;
   std::vector<float> action0_w, action0_b, action2_w, action2_b;

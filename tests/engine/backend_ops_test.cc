@@ -12,6 +12,9 @@
 //
 // Tolerances and why:
 //   exact ops (patchify, unpatchify)             0
+//   initial noise                                1e-6 abs: the same double formula; the GPU's
+//                                                 log/cos may differ by an ulp, which moves a
+//                                                 float by one ulp about once in 2^29 values
 //   fp32 elementwise (gelu, gated residual,      1e-5 abs + 1e-5 rel: same fp32 formula,
 //     euler step)                                 libm vs CUDA tanh/fma differences
 //   layer norm + modulation, RMSNorm + RoPE      1e-4 abs + 1e-4 rel: fp32 vs double sums,
@@ -418,6 +421,39 @@ OpCase patchify_case(FrameShape s, int frames, bool inverse) {
   return c;
 }
 
+// every layer's modulation from the frames' conditioning: rows + per-block vector
+OpCase add_rows_case(int n_rows, int blocks, int width) {
+  OpCase c;
+  c.name = "add_rows_r" + std::to_string(n_rows) + "_b" + std::to_string(blocks) + "_w" + std::to_string(width);
+  c.tol = {0, 0, 0};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const auto rows = randn(static_cast<size_t>(n_rows) * width, seed);
+    const auto per = randn(static_cast<size_t>(blocks) * width, seed + 1);
+    float* out = buf.zeros(static_cast<size_t>(blocks) * n_rows * width);
+    b.add_rows(buf.put(rows), buf.put(per), n_rows, blocks, width, out);
+    return buf.get(out, static_cast<size_t>(blocks) * n_rows * width);
+  };
+  return c;
+}
+
+// a batch's initial noise: frames of different sessions and indices (late
+// frames, a seed with its top bit set), an odd frame size
+OpCase noise_case(int64_t values_per_frame) {
+  OpCase c;
+  c.name = "noise_frames_v" + std::to_string(values_per_frame);
+  c.tol = {1e-6, 0, 0};
+  c.run = [=](Backend& b, uint32_t seed) {
+    Buffers buf(b);
+    const std::vector<uint64_t> seeds = {seed, seed, 0x8000000000000001ull, 42};
+    const std::vector<int64_t> frames = {0, 1, 123456789, 7};
+    float* out = buf.zeros(seeds.size() * static_cast<size_t>(values_per_frame));
+    b.noise_frames(seeds, frames, values_per_frame, out);
+    return buf.get(out, seeds.size() * static_cast<size_t>(values_per_frame));
+  };
+  return c;
+}
+
 OpCase euler_case(int frames, int64_t values, bool clamp) {
   OpCase c;
   c.name = "euler_step_f" + std::to_string(frames) + "_v" + std::to_string(values) + (clamp ? "_clamp" : "");
@@ -572,6 +608,10 @@ std::vector<OpCase> all_cases() {
     cases.push_back(patchify_case({32, 32, 3, 8}, 1, inv));
   }
   for (bool clamp : {false, true}) cases.push_back(euler_case(3, 1001, clamp));
+  for (int64_t v : {1, 4099, 12288}) cases.push_back(noise_case(v));
+  cases.push_back(add_rows_case(1, 1, 7));
+  cases.push_back(add_rows_case(37, 8, 1536));
+  cases.push_back(add_rows_case(1100, 3, 256));
   // attention: sessions at different cache lengths (empty, partial, past the window), head_dim 32/64/128,
   // odd tokens per frame, both block sizes, no split / forced splits / auto
   const std::vector<std::vector<std::pair<std::string, int64_t>>> tunings = {
@@ -1299,7 +1339,8 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
                                ffn_case(5, 7, 13, 3, false, true), ffn_case(9, 64, 96, 64, true, true),
                                gated_residual_case(9, 33, 4), gated_residual_norm_case(9, 33, 4, 6 * 33),
                                rms_norm_rope_qk_case(9, 3, 64, 16, 5000), patchify_case({8, 12, 3, 4}, 2, false),
-                               patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true)};
+                               patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true), noise_case(300),
+                               add_rows_case(5, 3, 70)};
   // head_dim 128 runs the mma.sync kernel split, the plain wgmma kernel with one warpgroup and the default
   // kernel (overlapped wgmma on compute capability 9.0) with two; head_dim 32 runs mma.sync throughout
   for (int hd : {32, 128})
@@ -1522,6 +1563,9 @@ TEST(CudaGraphs, AFailedRecordingRunsNothingAndHarmsNothing) {
   EXPECT_FALSE(cuda.graph_begin()) << "one recording at a time";
   cuda.gelu(xg, 257);
   cuda.upload(yg, y.data(), y.size() * sizeof(float));
+  std::vector<float> back(64, 5.0f);
+  cuda.download(back.data(), yg, 64 * sizeof(float));  // refused as well: nothing to wait for yet
+  EXPECT_EQ(back, std::vector<float>(64, 5.0f));
   const absl::Status ended = cuda.graph_end();
   EXPECT_EQ(ended.code(), absl::StatusCode::kFailedPrecondition) << ended;
   EXPECT_EQ(counter("graph.recordings_failed") - failed, 1);

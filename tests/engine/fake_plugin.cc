@@ -101,6 +101,13 @@ int32_t rms_norm_rope_qk(WmPluginBackend*, float*, const float*, float*, const f
 
 int32_t prepare_attention(WmPluginBackend*, const WmSessionRows*, int32_t) { return WM_UNIMPLEMENTED; }
 int32_t graph_op(WmPluginBackend*) { return WM_UNIMPLEMENTED; }
+int32_t graph_end(WmPluginBackend*, int32_t) { return WM_UNIMPLEMENTED; }
+int32_t noise_frames(WmPluginBackend*, const uint64_t*, const int64_t*, int32_t, int64_t, float*) {
+  return WM_UNIMPLEMENTED;
+}
+int32_t add_rows(WmPluginBackend*, const float*, const float*, int32_t, int32_t, int32_t, float*) {
+  return WM_UNIMPLEMENTED;
+}
 
 WmPluginApi make_api() {
   WmPluginApi a{};
@@ -147,8 +154,10 @@ WmPluginApi make_api() {
   a.rms_norm_rope_qk = rms_norm_rope_qk;
   a.prepare_attention = prepare_attention;
   a.graph_begin = graph_op;
-  a.graph_end = graph_op;
+  a.graph_end = graph_end;
   a.graph_launch = graph_op;
+  a.noise_frames = noise_frames;
+  a.add_rows = add_rows;
   return a;
 }
 

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "engine/backend.h"
+#include "engine/noise.h"
 #include "engine/rope.h"
 
 namespace wm {
@@ -16,6 +17,21 @@ std::vector<float> randn(size_t n, uint32_t seed) {
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+// the batch's noise, made in parallel chunks, is noise_fill_frame's bit for
+// bit (the golden fixtures and the trainer reproduce it exactly)
+TEST(CpuOps, NoiseFramesAreTheReferenceNoise) {
+  auto be = make_cpu_backend(2);
+  const std::vector<uint64_t> seeds = {7, 7, 0x8000000000000001ull};
+  const std::vector<int64_t> frames = {0, 1, 99999};
+  const int64_t vpf = 12289;  // not a multiple of the chunk
+  std::vector<float> out(seeds.size() * vpf, -1.0f), want(vpf);
+  be->noise_frames(seeds, frames, vpf, out.data());
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    noise_fill_frame(seeds[i], frames[i], want.data(), vpf);
+    EXPECT_EQ(std::vector<float>(out.begin() + i * vpf, out.begin() + (i + 1) * vpf), want) << "frame " << i;
+  }
 }
 
 TEST(CpuOps, LinearMatchesLoop) {

@@ -307,6 +307,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     matmul(d, a, b, c, dl, al, be, A, B, C, D);
     return cudaSuccess;
   };
+  if (wm::simt::recording_invalidated()) return CUBLAS_STATUS_EXECUTION_FAILED;
   if (wm::simt::recording()) {
     wm::simt::record(run);
     return CUBLAS_STATUS_SUCCESS;

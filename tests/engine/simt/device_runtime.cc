@@ -89,6 +89,8 @@ cudaError_t run_launch(Device& d, LaunchConfig cfg, const std::function<void()>&
 
 bool recording() { return device().recording; }
 
+bool recording_invalidated() { return device().recording && device().recording_broken; }
+
 void record(std::function<cudaError_t()> op) { device().recorded.push_back(std::move(op)); }
 
 cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t smem,
@@ -105,6 +107,8 @@ cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t s
   cfg.grid = grid;
   cfg.block = block;
   cfg.dynamic_smem = smem;
+  // as on a GPU: once a call broke the capture, every later one in it fails
+  if (d.recording && d.recording_broken) return fail_with(cudaErrorStreamCaptureInvalidated);
   if (d.recording) {
     d.recorded.push_back([&d, cfg, body = std::move(thread_body)] { return run_launch(d, cfg, body); });
     return cudaSuccess;
@@ -252,6 +256,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     std::fprintf(stderr, "simt: cudaMemcpyAsync of %zu bytes outside device memory\n", bytes);
     return fail_with(cudaErrorInvalidValue);
   }
+  if (device().recording && device().recording_broken) return fail_with(cudaErrorStreamCaptureInvalidated);
   if (device().recording) {
     // a graph copies when it runs, from wherever src points then
     device().recorded.push_back([=] {
@@ -273,6 +278,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
   WM_SIMT_STICKY();
   std::lock_guard<std::mutex> lock(device().mu);
   if (bytes > 0 && !wm::simt::inside_allocation(dst, bytes)) return fail_with(cudaErrorInvalidValue);
+  if (device().recording && device().recording_broken) return fail_with(cudaErrorStreamCaptureInvalidated);
   if (device().recording) {
     device().recorded.push_back([=] {
       std::memset(dst, value, bytes);

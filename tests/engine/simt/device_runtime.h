@@ -27,6 +27,8 @@ cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t s
 // recording cannot hold (synchronization, a synchronous copy) fail with
 // cudaErrorStreamCaptureUnsupported and invalidate the recording, as on a GPU
 bool recording();
+// recording, and a call has broken the recording: every later one fails
+bool recording_invalidated();
 void record(std::function<cudaError_t()> op);
 // cudaFuncAttributeMaxDynamicSharedMemorySize
 cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes);
