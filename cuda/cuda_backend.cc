@@ -230,7 +230,7 @@ CudaBackend::~CudaBackend() {
     t_recording_graph = false;
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
+  for (const GraphSlot& g : graph_slots_) cudaGraphExecDestroy(g.exec);
   for (auto& w : weights_) cudaFree(w->data);
   gemm_.reset();
   if (timer_begin_ != nullptr) cudaEventDestroy(timer_begin_);
@@ -320,6 +320,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
   if (name == "graph.launches") return graph_launches_;
+  if (name == "graph.instantiated") return graphs_instantiated_;
   if (name == "upload.staged") return staged_uploads_;
   if (name == "upload.pageable") return pageable_uploads_;
   if (name == "attention.plans") return plans_made_;
@@ -447,22 +448,36 @@ absl::Status CudaBackend::graph_end(bool keep) {
   if (e != cudaSuccess) return failed(cudaGetErrorName(e));
   if (!keep) return failed("the caller's pass failed");
   if (recording_broken_ || g == nullptr) return failed("an op could not be recorded");
-  if (graph_exec_ != nullptr) {
-    // same shape of work (the next forward of a batch): new parameters in place
+  // one executable graph per shape of work (rows, split or not, tile, tuning):
+  // a batch of that shape again updates its parameters in place, which is
+  // cheaper than instantiating; the least recently used of kGraphSlots goes
+  const GraphKey key{plan_.rows_total, plan_.partials > 0, plan_.block_q, tuning_generation_};
+  auto slot = std::find_if(graph_slots_.begin(), graph_slots_.end(), [&](const GraphSlot& x) { return x.key == key; });
+  if (slot != graph_slots_.end()) {
     cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(graph_exec_, g, &info) != cudaSuccess) {
+    if (cudaGraphExecUpdate(slot->exec, g, &info) != cudaSuccess) {
       cudaGetLastError();
-      cudaGraphExecDestroy(graph_exec_);
-      graph_exec_ = nullptr;
+      cudaGraphExecDestroy(slot->exec);
+      graph_slots_.erase(slot);
+      slot = graph_slots_.end();
     }
   }
-  if (graph_exec_ == nullptr) {
-    const cudaError_t ie = cudaGraphInstantiate(&graph_exec_, g, 0);
-    if (ie != cudaSuccess) {
-      graph_exec_ = nullptr;
-      return failed(cudaGetErrorName(ie));
+  if (slot == graph_slots_.end()) {
+    if (graph_slots_.size() >= kGraphSlots) {
+      auto lru = std::min_element(graph_slots_.begin(), graph_slots_.end(),
+                                  [](const GraphSlot& a, const GraphSlot& b) { return a.used < b.used; });
+      cudaGraphExecDestroy(lru->exec);
+      graph_slots_.erase(lru);
     }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
+    if (ie != cudaSuccess) return failed(cudaGetErrorName(ie));
+    graph_slots_.push_back({key, exec, 0});
+    slot = graph_slots_.end() - 1;
+    ++graphs_instantiated_;
   }
+  slot->used = ++graph_clock_;
+  graph_exec_ = slot->exec;
   cudaGraphDestroy(g);
   ++graphs_recorded_;
   return graph_launch();

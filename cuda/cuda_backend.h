@@ -230,8 +230,17 @@ class CudaBackend {
   // graphs
   bool recording_ = false, recording_broken_ = false;
   std::vector<void*> frees_after_recording_;
-  cudaGraphExec_t graph_exec_ = nullptr;
-  int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0;
+  using GraphKey = std::tuple<int32_t, bool, int32_t, int64_t>;  // rows, split, block_q, tuning generation
+  struct GraphSlot {
+    GraphKey key;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t used = 0;
+  };
+  static constexpr size_t kGraphSlots = 8;
+  std::vector<GraphSlot> graph_slots_;
+  cudaGraphExec_t graph_exec_ = nullptr;  // the last recorded (one of the slots)
+  uint64_t graph_clock_ = 0;
+  int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0, graphs_instantiated_ = 0;
   DeviceBuffer plan_memory_;
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;

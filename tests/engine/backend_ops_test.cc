@@ -1487,7 +1487,8 @@ TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
 
 // the same sessions with and without graphs give the same frames bit for bit
 // (the same kernels in the same order); sessions join at different steps, so
-// some recordings meet a growing buffer, fail, and the pass runs as usual
+// some recordings meet a growing buffer, fail, and the pass runs as usual,
+// and the last steps repeat a shape of work (the graph is updated in place)
 TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
   WM_REQUIRE_CUDA();
   const std::string config = test::source_file("configs/default.json");
@@ -1495,7 +1496,7 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
   ASSERT_NE(plain, nullptr);
   ASSERT_NE(graphed, nullptr);
   ASSERT_NE(graphed->device_plugin(), nullptr);
-  const int B = plain->config().frames_per_block, steps = 6;
+  const int B = plain->config().frames_per_block, steps = 8;
   const int64_t passes = static_cast<int64_t>(plain->config().sigmas.size());
   std::vector<SessionId> pi, gi;
   for (uint64_t seed : {4u, 5u, 6u}) {
@@ -1529,6 +1530,15 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
   EXPECT_EQ(recorded + failed, steps) << "one recording a step";
   EXPECT_GE(recorded, 2) << "steps whose batch did not grow record";
   EXPECT_EQ(launches, recorded * passes) << "a recorded step runs every denoising pass from the graph";
+  // one executable graph per batch shape (1, 2, 3 sessions); a shape seen again (the last
+  // steps) is updated in place
+  const int64_t instantiated = *pb.counter("graph.instantiated");
+  EXPECT_GE(instantiated, 1);
+  EXPECT_LE(instantiated, 3);
+  EXPECT_LT(instantiated, recorded);
+  std::printf("graphs: %lld steps recorded, %lld recordings failed, %lld instantiated, %lld launches\n",
+              static_cast<long long>(recorded), static_cast<long long>(failed), static_cast<long long>(instantiated),
+              static_cast<long long>(launches));
   EXPECT_EQ(*plain->device_plugin()->counter("graph.launches"), 0);
 }
 
