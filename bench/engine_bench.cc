@@ -4,7 +4,9 @@
 //
 //   engine_bench [--config configs/default.json] [--frames 16] [--threads 0]
 //   engine_bench --config configs/mg2-shape.json --forward-only   (one forward, empty cache)
+//   engine_bench --host-costs   (the initial noise of a frame on the host)
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/model_config.h"
+#include "engine/noise.h"
 
 namespace {
 
@@ -21,6 +25,7 @@ struct Args {
   int frames = 16;
   int threads = 0;
   bool forward_only = false;
+  bool host_costs = false;
   std::string format = "fp16";
 };
 
@@ -66,10 +71,40 @@ int main(int argc, char** argv) {
     else if (a == "--threads") args.threads = std::stoi(next());
     else if (a == "--format") args.format = next();
     else if (a == "--forward-only") args.forward_only = true;
+    else if (a == "--host-costs") args.host_costs = true;
     else {
-      std::fprintf(stderr, "usage: engine_bench [--config F] [--frames N] [--threads T] [--format F] [--forward-only]\n");
+      std::fprintf(stderr,
+                   "usage: engine_bench [--config F] [--frames N] [--threads T] [--format F] [--forward-only] "
+                   "[--host-costs]\n");
       return 2;
     }
+  }
+  if (args.host_costs) {
+    // the initial noise of a frame: the reference on one thread, and a
+    // 32-frame batch through the CPU backend's noise_frames (all threads)
+    auto cfg = wm::load_model_config(args.config);
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
+      return 1;
+    }
+    const int64_t fv = cfg->frame_values();
+    std::vector<float> out(32 * static_cast<size_t>(fv));
+    double t0 = now();
+    for (int f = 0; f < 32; ++f) wm::noise_fill_frame(1, f, out.data() + f * fv, fv);
+    const double one = (now() - t0) / 32;
+    auto cpu = wm::make_cpu_backend(args.threads);
+    std::vector<uint64_t> seeds(32, 1);
+    std::vector<int64_t> frames(32);
+    for (int f = 0; f < 32; ++f) frames[static_cast<size_t>(f)] = f;
+    cpu->noise_frames(seeds, frames, fv, out.data());  // the thread pool's start
+    t0 = now();
+    cpu->noise_frames(seeds, frames, fv, out.data());
+    const double batch = (now() - t0) / 32;
+    nlohmann::json j = {{"case", "host_costs"}, {"config", cfg->name}, {"frame_values", fv},
+                        {"noise_us_per_frame_one_thread", std::round(one * 1e7) / 10},
+                        {"noise_us_per_frame_cpu_backend", std::round(batch * 1e7) / 10}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
   }
   auto engine = make(args);
   const wm::ModelConfig& c = engine->config();

@@ -227,7 +227,9 @@ CudaBackend::~CudaBackend() {
   if (recording_) {
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g != nullptr) cudaGraphDestroy(g);
+    recording_ = false;
     t_recording_graph = false;
+    for (void* p : std::exchange(frees_after_recording_, {})) cudaFree(p);
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (const GraphSlot& g : graph_slots_) cudaGraphExecDestroy(g.exec);
