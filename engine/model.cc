@@ -1,6 +1,5 @@
 #include "engine/model.h"
 
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -77,28 +76,50 @@ void Model::conditioning(const std::vector<float>& sigma, const std::vector<Acti
                          float* e) const {
   const int F = static_cast<int>(sigma.size()), D = config_.dim, half = config_.freq_dim / 2;
   const int A = config_.actions.input_width();
-  std::vector<float> temb(static_cast<size_t>(F) * config_.freq_dim), a_in(static_cast<size_t>(F) * A);
-  std::vector<float> t1(static_cast<size_t>(F) * D), t2(static_cast<size_t>(F) * D);
+  const auto& w = weights_;
+  // the noise-level branch once per distinct level (a pass's frames share theirs)
+  std::vector<float> levels;
+  std::vector<int> level_of(static_cast<size_t>(F));
   for (int f = 0; f < F; ++f) {
-    const double s = 1000.0 * sigma[static_cast<size_t>(f)];
-    float* row = temb.data() + static_cast<size_t>(f) * config_.freq_dim;
+    const auto it = std::find(levels.begin(), levels.end(), sigma[static_cast<size_t>(f)]);
+    level_of[static_cast<size_t>(f)] = static_cast<int>(it - levels.begin());
+    if (it == levels.end()) levels.push_back(sigma[static_cast<size_t>(f)]);
+  }
+  const int U = static_cast<int>(levels.size());
+  std::vector<float> temb(static_cast<size_t>(U) * config_.freq_dim), t1(static_cast<size_t>(F) * D);
+  std::vector<float> tc(static_cast<size_t>(U) * D);
+  for (int u = 0; u < U; ++u) {
+    const double s = 1000.0 * levels[static_cast<size_t>(u)];
+    float* row = temb.data() + static_cast<size_t>(u) * config_.freq_dim;
     for (int i = 0; i < half; ++i) {
       const double freq = std::exp(-std::log(10000.0) * i / half);
       row[i] = static_cast<float>(std::cos(s * freq));
       row[i + half] = static_cast<float>(std::sin(s * freq));
     }
-    config_.actions.embed_input(actions[static_cast<size_t>(f)], a_in.data() + static_cast<size_t>(f) * A);
   }
-  const auto& w = weights_;
-  host_linear(w.time0_w, w.time0_b, temb.data(), F, D, config_.freq_dim, t1.data());
-  for (float& x : t1) x = silu(x);
-  host_linear(w.time2_w, w.time2_b, t1.data(), F, D, D, c);
-  host_linear(w.action0_w, w.action0_b, a_in.data(), F, D, A, t1.data());
-  for (float& x : t1) x = silu(x);
-  host_linear(w.action2_w, w.action2_b, t1.data(), F, D, D, t2.data());
-  for (size_t i = 0; i < t2.size(); ++i) {
-    c[i] += t2[i];
-    t1[i] = silu(c[i]);
+  host_linear(w.time0_w, w.time0_b, temb.data(), U, D, config_.freq_dim, t1.data());
+  for (size_t i = 0; i < static_cast<size_t>(U) * D; ++i) t1[i] = silu(t1[i]);
+  host_linear(w.time2_w, w.time2_b, t1.data(), U, D, D, tc.data());
+  // the action branch: the passes of a step embed the same actions, so the last result is kept
+  std::vector<float> a_in(static_cast<size_t>(F) * A);
+  for (int f = 0; f < F; ++f)
+    config_.actions.embed_input(actions[static_cast<size_t>(f)], a_in.data() + static_cast<size_t>(f) * A);
+  if (a_in != action_in_) {
+    action_out_.assign(static_cast<size_t>(F) * D, 0.0f);
+    host_linear(w.action0_w, w.action0_b, a_in.data(), F, D, A, t1.data());
+    for (float& x : t1) x = silu(x);
+    host_linear(w.action2_w, w.action2_b, t1.data(), F, D, D, action_out_.data());
+    action_in_ = std::move(a_in);
+  }
+  for (int f = 0; f < F; ++f) {
+    const float* t = tc.data() + static_cast<size_t>(level_of[static_cast<size_t>(f)]) * D;
+    const float* a = action_out_.data() + static_cast<size_t>(f) * D;
+    float* cf = c + static_cast<size_t>(f) * D;
+    float* sf = t1.data() + static_cast<size_t>(f) * D;
+    for (int i = 0; i < D; ++i) {
+      cf[i] = t[i] + a[i];
+      sf[i] = silu(cf[i]);
+    }
   }
   host_linear(w.cond_w, w.cond_b, t1.data(), F, 6 * D, D, e);
 }

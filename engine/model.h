@@ -78,6 +78,9 @@ class Model {
   DeviceWeights weights_;
   int capacity_tokens_ = 0, capacity_frames_ = 0;
   std::vector<float*> bufs_;
+  // the action branch of the last conditioning() (its embedded input and
+  // output): the passes of a step reuse it
+  mutable std::vector<float> action_in_, action_out_;
   float* mods_ = nullptr;       // [L, frames, 6D] + head [frames, 2D] + e [frames, 6D]
   int32_t* pos_ = nullptr;      // [tokens, 3]
 };
