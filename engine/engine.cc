@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/blas.h"
-#include "engine/noise.h"
 #include "engine/plugin_loader.h"
 #include "engine/safetensors.h"
 #include "quant/kv_audit.h"
