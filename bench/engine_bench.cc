@@ -4,7 +4,8 @@
 //
 //   engine_bench [--config configs/default.json] [--frames 16] [--threads 0]
 //   engine_bench --config configs/mg2-shape.json --forward-only   (one forward, empty cache)
-//   engine_bench --host-costs   (the initial noise of a frame on the host)
+//   engine_bench --host-costs   (the host's work per step: a frame's initial noise,
+//                                the conditioning of a pass)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/noise.h"
 
@@ -100,9 +102,32 @@ int main(int argc, char** argv) {
     t0 = now();
     cpu->noise_frames(seeds, frames, fv, out.data());
     const double batch = (now() - t0) / 32;
-    nlohmann::json j = {{"case", "host_costs"}, {"config", cfg->name}, {"frame_values", fv},
+    // a denoising pass's conditioning (time and action MLPs, the projection
+    // to 6 x dim per frame) for 1 and 32 frames: the passes after a step's
+    // first reuse the action branch, as they do when serving
+    wm::Model model(*cpu, *cfg, wm::random_host_weights(*cfg, 1));
+    auto conditioning_us = [&](int frames) {
+      std::vector<float> sigma(static_cast<size_t>(frames), cfg->sigmas.front());
+      std::vector<wm::Action> acts;
+      for (int f = 0; f < frames; ++f) acts.push_back(action(f));
+      std::vector<float> c(static_cast<size_t>(frames) * cfg->dim), e(c.size() * 6);
+      model.conditioning(sigma, acts, c.data(), e.data());
+      const int reps = 20;
+      const double t = now();
+      for (int r = 0; r < reps; ++r) {
+        sigma.assign(sigma.size(), cfg->sigmas[static_cast<size_t>(r) % cfg->sigmas.size()]);
+        model.conditioning(sigma, acts, c.data(), e.data());
+      }
+      return std::round((now() - t) / reps * 1e7) / 10;
+    };
+    const double cond1 = conditioning_us(1), cond32 = conditioning_us(32);
+    nlohmann::json j = {{"case", "host_costs"},
+                        {"config", cfg->name},
+                        {"frame_values", fv},
                         {"noise_us_per_frame_one_thread", std::round(one * 1e7) / 10},
-                        {"noise_us_per_frame_cpu_backend", std::round(batch * 1e7) / 10}};
+                        {"noise_us_per_frame_cpu_backend", std::round(batch * 1e7) / 10},
+                        {"conditioning_us_per_pass_1_frame", cond1},
+                        {"conditioning_us_per_pass_32_frames", cond32}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }

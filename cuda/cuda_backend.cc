@@ -567,7 +567,7 @@ absl::StatusOr<const uint16_t*> CudaBackend::bf16_operand(const float* x, int32_
     if (rows_match || flat_match) return shadow_memory_.as<uint16_t>();
   }
   invalidate_shadow();
-  absl::Status s = shadow_memory_.reserve(static_cast<size_t>(n) * ld * sizeof(uint16_t));
+  absl::Status s = reserve_rows(shadow_memory_, shadow_row_bytes_, n, static_cast<size_t>(ld) * sizeof(uint16_t));
   if (!s.ok()) return s;
   WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(x, n, in, ld, shadow_memory_.as<uint16_t>(), stream_));
   // the next linear on the same input (q, k, v of one LN output) reuses it
@@ -598,7 +598,7 @@ absl::Status CudaBackend::ffn(const DeviceWeight* w0, const float* b0, const Dev
     auto xb = bf16_operand(x, n, in, w0->ld);
     if (!xb.ok()) return xb.status();
     const int32_t ld_h = w2->ld;
-    s = ffn_hidden_.reserve(static_cast<size_t>(n) * ld_h * sizeof(uint16_t));
+    s = reserve_rows(ffn_hidden_, ffn_hidden_row_bytes_, n, static_cast<size_t>(ld_h) * sizeof(uint16_t));
     if (!s.ok()) return s;
     auto fused = gemm_->run_gelu_bf16(w0->data, w0->ld, *xb, w0->ld, b0, n, in, hidden_dim,
                                       ffn_hidden_.as<uint16_t>(), ld_h);
@@ -686,7 +686,7 @@ absl::Status CudaBackend::norm_modulate(float* x, const float* ry, const float* 
   uint16_t* shadow = nullptr;
   const int32_t ld = round_up8(d);
   if (use_shadow_) {
-    absl::Status s = shadow_memory_.reserve(static_cast<size_t>(n) * ld * sizeof(uint16_t));
+    absl::Status s = reserve_rows(shadow_memory_, shadow_row_bytes_, n, static_cast<size_t>(ld) * sizeof(uint16_t));
     if (!s.ok()) return s;
     shadow = shadow_memory_.as<uint16_t>();
   }
@@ -1068,6 +1068,28 @@ absl::Status CudaBackend::prepare_attention(std::span<DeviceKvCache* const> cach
       break;
     }
   return plan_.items.empty() ? absl::OkStatus() : reserve_attention_workspaces();
+}
+
+absl::Status CudaBackend::reserve_rows(DeviceBuffer& buffer, size_t& widest, int64_t rows, size_t row_bytes) {
+  widest = std::max(widest, row_bytes);
+  return buffer.reserve(static_cast<size_t>(rows) * row_bytes);
+}
+
+absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> caches,
+                                            std::span<const WmSessionRows> rows) {
+  absl::Status s = prepare_attention(caches, rows);
+  if (!s.ok()) return s;
+  int64_t n = 0;
+  for (const WmSessionRows& r : rows) n += r.rows;
+  // a pass's widest operands are [n, widest row]: made now, a recording of
+  // the pass finds them big enough (growing drops the contents: and the copy)
+  const size_t shadow_bytes = static_cast<size_t>(n) * shadow_row_bytes_;
+  if (shadow_bytes > shadow_memory_.size()) {
+    invalidate_shadow();
+    s = shadow_memory_.reserve(shadow_bytes);
+    if (!s.ok()) return s;
+  }
+  return ffn_hidden_.reserve(static_cast<size_t>(n) * ffn_hidden_row_bytes_);
 }
 
 absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* const> caches,

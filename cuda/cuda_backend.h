@@ -138,6 +138,10 @@ class CudaBackend {
   // use does not fit it, and reserves its workspaces: a graph recorded next
   // needs neither an upload nor a growing buffer for attention
   absl::Status prepare_attention(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
+  // prepare_attention, and the activations' bf16 copies made as wide as the
+  // widest seen so far for this batch's rows: a pass over a batch larger than
+  // any before can then be recorded (a recording cannot grow a buffer)
+  absl::Status prepare_recording(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
 
   // ---- CUDA graphs over a forward pass (docs/CUDA.md, "Graphs") ----
   // from now on the stream's work is recorded, not run
@@ -202,6 +206,10 @@ class CudaBackend {
   DeviceBuffer shadow_memory_;
   Shadow shadow_;
   DeviceBuffer ffn_hidden_;  // the feed-forward block's hidden layer, bf16 [n][w2->ld]
+  // the widest row (bytes) each of the two has held, for prepare_recording
+  size_t shadow_row_bytes_ = 0, ffn_hidden_row_bytes_ = 0;
+  // grows `buffer` to rows x row_bytes; `widest` remembers the widest row
+  static absl::Status reserve_rows(DeviceBuffer& buffer, size_t& widest, int64_t rows, size_t row_bytes);
   bool fused_ffn_ = true;    // tuning "ffn.fused"
   int64_t ffn_fused_calls_ = 0;
   std::map<std::tuple<uint32_t, int32_t, int32_t, int32_t, int32_t>, std::unique_ptr<RopeFreqTable>> rope_tables_;

@@ -400,7 +400,7 @@ int32_t api_prepare_attention(WmPluginBackend* b, const WmSessionRows* sessions,
   return guarded(b, false, [&](CudaBackend& c) {
     auto caches = caches_of(sessions, count);
     if (!caches.ok()) return caches.status();
-    return c.prepare_attention(*caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)));
+    return c.prepare_recording(*caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)));
   });
 }
 

@@ -1486,9 +1486,11 @@ TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
 // ---- graphs: a denoising pass recorded once, run again ----------------------------
 
 // the same sessions with and without graphs give the same frames bit for bit
-// (the same kernels in the same order); sessions join at different steps, so
-// some recordings meet a growing buffer, fail, and the pass runs as usual,
-// and the last steps repeat a shape of work (the graph is updated in place)
+// (the same kernels in the same order); sessions join at different steps, and
+// prepare_recording grows the buffers for a larger batch, so only the very
+// first step's recording fails (its pass makes the RoPE table and the first
+// bf16 copies) and runs as usual; the last steps repeat a shape of work (the
+// graph is updated in place)
 TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
   WM_REQUIRE_CUDA();
   const std::string config = test::source_file("configs/default.json");
@@ -1528,14 +1530,12 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
   const int64_t recorded = *pb.counter("graph.recorded"), failed = *pb.counter("graph.recordings_failed");
   const int64_t launches = *pb.counter("graph.launches");
   EXPECT_EQ(recorded + failed, steps) << "one recording a step";
-  EXPECT_GE(recorded, 2) << "steps whose batch did not grow record";
+  EXPECT_EQ(failed, 1) << "a batch larger than any before records too";
   EXPECT_EQ(launches, recorded * passes) << "a recorded step runs every denoising pass from the graph";
   // one executable graph per batch shape (1, 2, 3 sessions); a shape seen again (the last
   // steps) is updated in place
   const int64_t instantiated = *pb.counter("graph.instantiated");
-  EXPECT_GE(instantiated, 1);
-  EXPECT_LE(instantiated, 3);
-  EXPECT_LT(instantiated, recorded);
+  EXPECT_EQ(instantiated, 3);
   std::printf("graphs: %lld steps recorded, %lld recordings failed, %lld instantiated, %lld launches\n",
               static_cast<long long>(recorded), static_cast<long long>(failed), static_cast<long long>(instantiated),
               static_cast<long long>(launches));
