@@ -76,7 +76,7 @@ void EngineWorker::open(std::shared_ptr<ServerSession> session) {
     }
   }
   session->finish(absl::UnavailableError("the server is shutting down"), false);
-  on_closed_(session, EndReason::kShutdown);
+  on_closed_(session, EndReason::kShutdown, /*opened=*/false);
 }
 
 absl::Status EngineWorker::submit(const ServerSession& from, const TimedAction& action) {
@@ -292,7 +292,7 @@ void EngineWorker::loop() {
       }
       // a client that half-closed gets its last frames, then OK
       if (!e.close_requested) e.session->finish(absl::OkStatus(), /*flush=*/true);
-      on_closed_(e.session, e.end_reason);
+      on_closed_(e.session, e.end_reason, e.opened);
     }
     for (SessionManager::Key key : opens) do_open(key);
     if (!planned.empty()) do_step(planned);
@@ -327,7 +327,7 @@ void EngineWorker::do_open(SessionManager::Key key) {
       metrics_->sessions_rejected("engine").Increment();
     }
     s->finish(id.status(), false);
-    on_closed_(s, EndReason::kError);
+    on_closed_(s, EndReason::kError, /*opened=*/false);
     return;
   }
   {

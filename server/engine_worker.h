@@ -45,8 +45,10 @@ struct WorkerConfig {
 
 class EngineWorker {
  public:
-  // called on the engine thread when a session's engine state is gone
-  using ClosedFn = std::function<void(const std::shared_ptr<ServerSession>&, EndReason)>;
+  // called on the engine thread when a session's engine state is gone;
+  // opened: the engine had opened it (else it never started: a failed open,
+  // or closed while waiting for its open)
+  using ClosedFn = std::function<void(const std::shared_ptr<ServerSession>&, EndReason, bool opened)>;
 
   EngineWorker(WorkerConfig config, ClosedFn on_closed);
   ~EngineWorker();

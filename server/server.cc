@@ -13,8 +13,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   s->encoder_ = std::make_unique<EncoderPool>(options.encoder_threads);
   Server* self = s.get();
   s->worker_ = std::make_unique<EngineWorker>(
-      options.worker, [self](const std::shared_ptr<ServerSession>& session, EndReason reason) {
-        self->service_->on_session_closed(session, reason);
+      options.worker, [self](const std::shared_ptr<ServerSession>& session, EndReason reason, bool opened) {
+        self->service_->on_session_closed(session, reason, opened);
       });
   auto model = s->worker_->start();
   if (!model.ok()) return model.status();

@@ -427,13 +427,15 @@ std::string PlayService::new_session_id() {
   return absl::StrFormat("%016x", z ^ (z >> 31));
 }
 
-void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason) {
+void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason, bool opened) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     manager_.release(session->key());
     update_health_locked();
     metrics_->sessions_parked->Set(manager_.parked());
   }
+  // started = ended + active: a session the engine never opened was not started
+  if (!opened) return;
   metrics_->sessions_ended(reason).Increment();
   if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
   metrics_->session_duration->Observe(to_seconds(Clock::now() - session->started()));

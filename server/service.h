@@ -75,7 +75,8 @@ class PlayService final : public RawWorldModelService {
                                           grpc::ByteBuffer* response) override;
 
   // the engine worker's callback: a session's engine state is gone
-  void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason);
+  // a session that never opened ends uncounted (it was rejected, or never started)
+  void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason, bool opened);
   // closes sessions idle past the TTL and parked past the park TTL; call periodically
   void sweep_idle(TimePoint now);
   // a new Play stream waits for its Start (start_timeout); null when there is no timeout
