@@ -612,7 +612,9 @@ absl::Status CudaBackend::ffn(const DeviceWeight* w0, const float* b0, const Dev
       return absl::OkStatus();
     }
   }
-  // unfused: the engine's default sequence
+  // unfused: the engine's default sequence (GELU's bf16 copy is the widest
+  // operand then: prepare_recording sizes the copies by it too)
+  shadow_row_bytes_ = std::max(shadow_row_bytes_, static_cast<size_t>(hidden_dim) * sizeof(uint16_t));
   s = linear(w0, b0, hidden_dim, in, x, n, hidden);
   if (s.ok()) s = gelu(hidden, static_cast<int64_t>(n) * hidden_dim);
   if (s.ok()) s = linear(w2, b2, out, hidden_dim, hidden, n, y);

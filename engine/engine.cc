@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   }
   if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
   WM_ASSIGN_OR_RETURN(e->backend_, make_backend(options, config, &e->device_, &e->device_note_));
-  e->plugin_ = dynamic_cast<const PluginBackend*>(e->backend_.get());
+  e->plugin_ = dynamic_cast<PluginBackend*>(e->backend_.get());
   // on a device the KV budget is the page pool: admission counts its real bytes
   if (const int64_t pool = e->backend_->memory().kv_pool_capacity; pool > 0)
     e->options_.kv_budget_bytes = std::min(e->options_.kv_budget_bytes, pool);

@@ -120,8 +120,9 @@ class Engine {
   const std::string& device_note() const { return device_note_; }
   // GPU memory and the device KV pool (zeros on the CPU)
   BackendMemory device_memory() const { return backend_->memory(); }
-  // the device plugin behind the engine (its counters), null on the CPU
+  // the device plugin behind the engine (its counters; tuning), null on the CPU
   const PluginBackend* device_plugin() const { return plugin_; }
+  PluginBackend* device_plugin() { return plugin_; }
   std::vector<std::string> cache_formats() const;
   int64_t parameter_count() const { return config().parameter_count(); }
 
@@ -183,7 +184,7 @@ class Engine {
   std::string device_;
   std::string device_note_;
   std::unique_ptr<Backend> backend_;
-  const PluginBackend* plugin_ = nullptr;  // backend_ when it is a device plugin
+  PluginBackend* plugin_ = nullptr;  // backend_ when it is a device plugin
   std::unique_ptr<Model> model_;
   std::map<SessionId, Session> sessions_;
   std::vector<Session*> pending_;  // sessions with a pending write, in the order they got it

@@ -1490,15 +1490,16 @@ TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
 // prepare_recording grows the buffers for a larger batch, so only the very
 // first step's recording fails (its pass makes the RoPE table and the first
 // bf16 copies) and runs as usual; the last steps repeat a shape of work (the
-// graph is updated in place)
-TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
-  WM_REQUIRE_CUDA();
+// graph is updated in place). `fused`: the feed-forward block's tuning
+void expect_graphs_change_no_frame(bool fused, int steps) {
   const std::string config = test::source_file("configs/default.json");
   auto plain = engine_on("cuda", config, true), graphed = engine_on("cuda", config, true, /*graphs=*/true);
   ASSERT_NE(plain, nullptr);
   ASSERT_NE(graphed, nullptr);
   ASSERT_NE(graphed->device_plugin(), nullptr);
-  const int B = plain->config().frames_per_block, steps = 8;
+  Tuning tp(*plain->device_plugin(), {{"ffn.fused", fused ? 1 : 0}});
+  Tuning tg(*graphed->device_plugin(), {{"ffn.fused", fused ? 1 : 0}});
+  const int B = plain->config().frames_per_block;
   const int64_t passes = static_cast<int64_t>(plain->config().sigmas.size());
   std::vector<SessionId> pi, gi;
   for (uint64_t seed : {4u, 5u, 6u}) {
@@ -1532,14 +1533,24 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
   EXPECT_EQ(recorded + failed, steps) << "one recording a step";
   EXPECT_EQ(failed, 1) << "a batch larger than any before records too";
   EXPECT_EQ(launches, recorded * passes) << "a recorded step runs every denoising pass from the graph";
-  // one executable graph per batch shape (1, 2, 3 sessions); a shape seen again (the last
-  // steps) is updated in place
-  const int64_t instantiated = *pb.counter("graph.instantiated");
-  EXPECT_EQ(instantiated, 3);
-  std::printf("graphs: %lld steps recorded, %lld recordings failed, %lld instantiated, %lld launches\n",
-              static_cast<long long>(recorded), static_cast<long long>(failed), static_cast<long long>(instantiated),
-              static_cast<long long>(launches));
+  // one executable graph per batch shape (1, 2, 3 sessions); a shape seen again is updated in place
+  EXPECT_EQ(*pb.counter("graph.instantiated"), 3);
+  EXPECT_EQ(*pb.counter("ffn.fused_calls") > 0, fused);
+  std::printf("graphs (%s feed-forward): %lld steps recorded, %lld recordings failed, %lld instantiated, %lld "
+              "launches\n",
+              fused ? "fused" : "unfused", static_cast<long long>(recorded), static_cast<long long>(failed),
+              static_cast<long long>(*pb.counter("graph.instantiated")), static_cast<long long>(launches));
   EXPECT_EQ(*plain->device_plugin()->counter("graph.launches"), 0);
+}
+
+TEST(CudaGraphs, RecordedPassesGiveTheSameFrames) {
+  WM_REQUIRE_CUDA();
+  expect_graphs_change_no_frame(/*fused=*/true, 8);
+}
+
+TEST(CudaGraphs, RecordedPassesGiveTheSameFramesUnfused) {
+  WM_REQUIRE_CUDA();
+  expect_graphs_change_no_frame(/*fused=*/false, 5);
 }
 
 // a recording runs the ops once and again on demand: GELU twice
