@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "clients/play_client.h"
+#include "common/cli.h"
 #include "clients/stats.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "wmserve address host:port");
@@ -35,6 +37,8 @@ ABSL_FLAG(double, timeout_s, 600, "per session");
 namespace v1 = ::wmserve::v1;
 
 namespace {
+
+constexpr int kMaxSessions = 1000;
 
 int64_t rss_bytes(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -70,13 +74,21 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "load test for wmserve: N concurrent sessions\n"
       "  wmbench --sessions N --frames M [--pacing per_action|realtime --fps F] [--json]");
-  absl::ParseCommandLine(argc, argv);
+  if (auto bad = wm::parse_flags_only(argc, argv)) {
+    std::fprintf(stderr, "wmbench: %s\n", bad->c_str());
+    return 2;
+  }
   const int n = absl::GetFlag(FLAGS_sessions);
   const int frames = absl::GetFlag(FLAGS_frames);
   const std::string pacing = absl::GetFlag(FLAGS_pacing);
   const double fps = absl::GetFlag(FLAGS_fps);
-  if (n < 1 || frames < 1) {
-    std::fprintf(stderr, "wmbench: --sessions and --frames must be positive\n");
+  // a session is a thread and a connection here
+  if (n < 1 || n > kMaxSessions || frames < 1) {
+    std::fprintf(stderr, "wmbench: --sessions must be 1..%d and --frames positive\n", kMaxSessions);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_window) < 1) {
+    std::fprintf(stderr, "wmbench: --window must be at least 1\n");
     return 2;
   }
   if (pacing != "per_action" && pacing != "realtime") {
@@ -89,6 +101,10 @@ int main(int argc, char** argv) {
   }
   const std::string target = absl::GetFlag(FLAGS_server);
   const int pid = absl::GetFlag(FLAGS_server_pid);
+  if (pid < 0 || (pid > 0 && rss_bytes(pid) <= 0)) {
+    std::fprintf(stderr, "wmbench: --server_pid %d: no such process whose memory can be read here\n", pid);
+    return 2;
+  }
 
   // the server's view, polled during the run
   auto info_channel = wm::client::make_channel(target);
@@ -121,8 +137,12 @@ int main(int argc, char** argv) {
   std::vector<wm::client::PlayResult> results(static_cast<size_t>(n));
   std::vector<std::thread> players;
   const int64_t t0 = wm::client::now_us();
+  players.reserve(static_cast<size_t>(n));
+  int started = 0;
+  // a player's thread may not start (the machine's thread limit): the
+  // players that did run on, and the rest count as errors
   for (int i = 0; i < n; ++i) {
-    players.emplace_back([&, i] {
+    auto play_one = [&, i] {
       wm::client::ChannelOptions co;
       co.own_connection = true;  // one connection per player, as real players have
       auto channel = wm::client::make_channel(target, co);
@@ -143,7 +163,17 @@ int main(int argc, char** argv) {
       pc.keep_jpeg = false;
       pc.timeout_s = absl::GetFlag(FLAGS_timeout_s);
       results[static_cast<size_t>(i)] = wm::client::play(channel, pc);
-    });
+    };
+    try {
+      players.emplace_back(play_one);
+      ++started;
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "wmbench: started %d of %d players: %s\n", started, n, e.what());
+      for (int j = i; j < n; ++j)
+        results[static_cast<size_t>(j)].status =
+            grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "wmbench could not start this player's thread");
+      break;
+    }
   }
   for (auto& t : players) t.join();
   const double wall = static_cast<double>(wm::client::now_us() - t0) / 1e6;

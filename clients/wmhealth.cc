@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/cli.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -15,7 +16,10 @@ ABSL_FLAG(double, wait_s, 0, "retry until SERVING for this long");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("wmhealth [--server host:port] [--service NAME] [--wait_s S]: exit 0 when SERVING");
-  absl::ParseCommandLine(argc, argv);
+  if (auto bad = wm::parse_flags_only(argc, argv)) {
+    std::fprintf(stderr, "wmhealth: %s\n", bad->c_str());
+    return 2;
+  }
   auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_s) * 1000));

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
       "plays wmserve sessions, in a browser or from a script:\n"
       "  wmplay --web 127.0.0.1:8080 [--server host:port] [--fps F]\n"
       "  wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]");
-  absl::ParseCommandLine(argc, argv);
+  if (auto bad = wm::parse_flags_only(argc, argv)) return fail(*bad);
   if (!absl::GetFlag(FLAGS_web).empty()) {
     if (absl::GetFlag(FLAGS_headless)) return fail("--web and --headless are two ways to play: pick one");
     wm::client::WebPlayerOptions w;

@@ -91,10 +91,13 @@ absl::StatusOr<std::vector<Action>> parse_action_script(absl::string_view text, 
         if (!absl::SimpleAtoi(t, &repeat) || repeat < 1 || repeat > 100000) return fail("bad repeat count");
         continue;
       }
-      float v = 0;
-      if (!absl::SimpleAtof(t, &v)) return fail(absl::StrCat("not a number: '", t, "'"));
+      double v = 0;
+      if (!absl::SimpleAtod(t, &v)) return fail(absl::StrCat("not a number: '", t, "'"));
       if (axis >= space.mouse.size()) return fail("more mouse values than the action space has axes");
-      a.mouse[axis++] = v;
+      // a value beyond float's range would become infinite: say what was written
+      if (std::isfinite(v) && std::fabs(v) > 1e30)
+        return fail(absl::StrCat("mouse value '", t, "' is far outside the action space's range"));
+      a.mouse[axis++] = static_cast<float>(v);
     }
     if (auto st = space.validate(a); !st.ok()) return fail(st.message());
     if (out.size() + static_cast<size_t>(repeat) > 1000000) return fail("script longer than 1,000,000 actions");

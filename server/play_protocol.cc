@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/client_text.h"
 
 namespace wm::server {
 
@@ -13,11 +14,11 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
                                         const ProtocolLimits& limits) {
   StartParams p;
   if (!start.model().empty() && start.model() != model.config.name)
-    return absl::NotFoundError(absl::StrCat("unknown model '", start.model(), "'; this server serves '",
+    return absl::NotFoundError(absl::StrCat("unknown model '", client_text(start.model()), "'; this server serves '",
                                             model.config.name, "' (ListModels)"));
   p.cache_format = start.cache_format().empty() ? model.default_format : start.cache_format();
   if (model.reservation_bytes.count(p.cache_format) == 0)
-    return absl::NotFoundError(absl::StrCat("unknown cache format '", p.cache_format, "'; the model has ",
+    return absl::NotFoundError(absl::StrCat("unknown cache format '", client_text(p.cache_format), "'; the model has ",
                                             absl::StrJoin(model.cache_formats, ", ")));
   p.seed = start.seed();
   switch (start.pacing()) {

@@ -1,11 +1,19 @@
 #include "server/server.h"
 
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 
 namespace wm::server {
+
+namespace {
+// the metrics endpoint's HTTP threads, and how long one waits for a request
+constexpr int kMetricsThreads = 8;
+constexpr int kMetricsRequestTimeoutMs = 5000;
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   std::unique_ptr<Server> s(new Server());
@@ -43,6 +51,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              options.keepalive.min_client_ping_interval_s * 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  // gRPC binds with SO_REUSEPORT by default: a second server on a taken port
+  // would start and silently get half the connections
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.max_concurrent_streams > 0)
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   s->grpc_ = builder.BuildAndStart();
@@ -55,7 +66,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   if (options.metrics_port >= 0) {
     const std::string maddr = absl::StrCat(options.metrics_host, ":", options.metrics_port);
     try {
-      s->exposer_ = std::make_unique<prometheus::Exposer>(maddr, 2);
+      // civetweb gives each connection a thread until its request is read:
+      // enough threads that a few idle connections cannot hold every scrape
+      // up, and a request's headers must come within a few seconds
+      s->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+          "listening_ports", maddr, "num_threads", std::to_string(kMetricsThreads), "request_timeout_ms",
+          std::to_string(kMetricsRequestTimeoutMs)});
     } catch (const std::exception& e) {
       s->shutdown(std::chrono::seconds(0));
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", maddr, ": ", e.what()));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/client_text.h"
 
 namespace wm::server {
 
@@ -41,7 +42,7 @@ absl::Status SessionManager::check(const AdmitRequest& request, RejectReason* re
   auto fmt = config_.reservation_bytes.find(request.cache_format);
   if (fmt == config_.reservation_bytes.end())
     return refuse(RejectReason::kUnknownFormat,
-                  absl::NotFoundError(absl::StrCat("unknown cache format '", request.cache_format, "'")));
+                  absl::NotFoundError(absl::StrCat("unknown cache format '", client_text(request.cache_format), "'")));
   if (config_.max_sessions > 0 && sessions() >= config_.max_sessions)
     return refuse(RejectReason::kMaxSessions,
                   absl::ResourceExhaustedError(absl::StrCat("the server is full: ", sessions(), " of ",

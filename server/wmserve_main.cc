@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/image_io.h"
 #include "server/server.h"
 
@@ -110,7 +111,10 @@ int main(int argc, char** argv) {
       "the wmserve inference server: serves one world model over gRPC (wmserve.v1.WorldModel).\n"
       "  wmserve [--model DIR] [--port 50051] [--metrics_port 9464] [--kv_budget_bytes N] ...\n"
       "Without --model it serves models/default. SIGTERM/SIGINT drain and exit 0. See docs/API.md.");
-  absl::ParseCommandLine(argc, argv);
+  if (auto bad = wm::parse_flags_only(argc, argv)) {
+    std::fprintf(stderr, "wmserve: %s\n", bad->c_str());
+    return 1;
+  }
 
   // signals are taken synchronously by main: block them before any thread starts
   sigset_t signals;
@@ -165,14 +169,16 @@ int main(int argc, char** argv) {
   if (o.metrics_port < -1 || o.metrics_port > 65535) return fail("--metrics_port must be -1..65535");
   if (o.worker.engine.kv_budget_bytes <= 0) return fail("--kv_budget_bytes must be positive");
   if (o.worker.max_batch < 1) return fail("--max_batch must be at least 1");
-  if (absl::GetFlag(FLAGS_max_batch_wait_ms) < 0) return fail("--max_batch_wait_ms must be >= 0");
+  if (!(absl::GetFlag(FLAGS_max_batch_wait_ms) >= 0 && absl::GetFlag(FLAGS_max_batch_wait_ms) <= 1000))
+    return fail("--max_batch_wait_ms must be 0..1000");
   if (!(absl::GetFlag(FLAGS_audit_fraction) >= 0 && absl::GetFlag(FLAGS_audit_fraction) <= 1))
     return fail("--audit_fraction must be in [0, 1]");
   if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
   if (o.worker.engine.threads < 0 || o.worker.engine.threads > 1024)
     return fail("--threads must be 0..1024 (0: all cores)");
-  if (o.worker.action_queue < 1) return fail("--action_queue must be at least 1");
+  // each queued action is held in memory: a bound a client cannot push past
+  if (o.worker.action_queue < 1 || o.worker.action_queue > 4096) return fail("--action_queue must be 1..4096");
   if (o.sessions.max_sessions < 0 || o.sessions.max_sessions_per_client < 0)
     return fail("--max_sessions and --max_sessions_per_client must be >= 0");
   // durations become int64 nanoseconds: 30 days is far inside, NaN and 1e300 are not
@@ -186,7 +192,8 @@ int main(int argc, char** argv) {
   if (!(o.service.limits.max_fps >= wm::server::kMinFixedRateFps &&
         o.service.limits.max_fps <= wm::server::kMaxFixedRateFps))
     return fail("--max_fps must be 0.001..1000");
-  if (o.service.limits.max_prompt_frames < 0) return fail("--max_prompt_frames must be >= 0");
+  if (o.service.limits.max_prompt_frames < 0 || o.service.limits.max_prompt_frames > 256)
+    return fail("--max_prompt_frames must be 0..256");
   if (!(absl::GetFlag(FLAGS_start_timeout_s) >= 0 && absl::GetFlag(FLAGS_start_timeout_s) <= 86400))
     return fail("--start_timeout_s must be 0..86400");
   if (o.service.max_request_bytes < 1024 || o.service.max_request_bytes > (int64_t{1} << 30))

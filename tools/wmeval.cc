@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -108,7 +109,10 @@ std::vector<std::pair<int, int>> revisits(const wm::sim::Episode& ep) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("wmeval --model DIR [--episodes N] [--frames N] [--formats a,b] [--json F] [--md F]");
-  absl::ParseCommandLine(argc, argv);
+  if (auto bad = wm::parse_flags_only(argc, argv)) {
+    std::fprintf(stderr, "wmeval: %s\n", bad->c_str());
+    return 2;
+  }
   const int episodes = absl::GetFlag(FLAGS_episodes), frames = absl::GetFlag(FLAGS_frames);
   if (episodes < 1 || episodes > 1000 || frames < 2 || frames > 100000) {
     std::fprintf(stderr, "wmeval: --episodes must be 1..1000 and --frames 2..100000\n");

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -36,7 +37,10 @@ int fail(const absl::Status& st) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("wmgen --model DIR --seed S --script actions.txt --out DIR");
-  absl::ParseCommandLine(argc, argv);
+  if (auto bad = wm::parse_flags_only(argc, argv)) {
+    std::fprintf(stderr, "wmgen: %s\n", bad->c_str());
+    return 2;
+  }
   const std::string out = absl::GetFlag(FLAGS_out);
   if (absl::GetFlag(FLAGS_script).empty() || out.empty()) {
     std::fprintf(stderr, "wmgen: --script and --out are required\n");

@@ -30,6 +30,10 @@ TEST(ActionScript, RejectsBadLinesWithLineNumber) {
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_NE(std::string(a.status().message()).find("line 2"), std::string::npos) << a.status();
   }
+  // beyond float's range: the message quotes what was written, not "inf"
+  auto huge = parse_action_script("W 1e40 0", s);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(std::string(huge.status().message()).find("'1e40'"), std::string::npos) << huge.status();
 }
 
 // a directory opens like a file and reads as nothing: not an empty script

@@ -1,6 +1,10 @@
 // Integration: the real wmserve binary on a loopback port with a tiny
 // random checkpoint, driven by the real client library (clients/).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -957,7 +961,10 @@ TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
   for (const auto& [flag, says] : std::vector<std::pair<std::string, std::string>>{
            {"--max_fps=1e12", "--max_fps"}, {"--max_fps=inf", "--max_fps"}, {"--park_ttl_s=1e300", "--park_ttl_s"},
            {"--idle_ttl_s=nan", "--idle_ttl_s"}, {"--shutdown_grace_s=nan", "--shutdown_grace_s"},
-           {"--threads=-1", "--threads"}, {"--kv_budget_bytes=100", "--kv_budget_bytes"}}) {
+           {"--threads=-1", "--threads"}, {"--kv_budget_bytes=100", "--kv_budget_bytes"},
+           {"--max_batch_wait_ms=1e12", "--max_batch_wait_ms"}, {"--max_batch_wait_ms=nan", "--max_batch_wait_ms"},
+           {"--action_queue=2000000000", "--action_queue"}, {"--max_prompt_frames=100000000", "--max_prompt_frames"},
+           {"stray_word", "unexpected argument 'stray_word'"}}) {
     std::string log;
     const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
                                          "--metrics_port=-1", flag},
@@ -989,6 +996,49 @@ TEST(ServerIntegration, TheMetricsPortAnswersStrayRequestsAndStaysUp) {
   const auto m = testing::parse_prometheus(testing::http_get(server->metrics_port(), "/metrics", &code));
   EXPECT_EQ(code, 200);
   EXPECT_EQ(m.at("wm_frames_sent_total"), static_cast<double>(r.frames.size()));
+}
+
+// idle connections to the metrics port (a scanner, a stuck scraper) hold
+// HTTP threads until their request timeout; scrapes still get through
+TEST(ServerIntegration, IdleConnectionsDoNotHoldUpTheMetrics) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(testing::idle_connection(server->metrics_port()));
+  for (int fd : idle) ASSERT_GE(fd, 0);
+  int code = 0;
+  // each idle connection would hold its thread for the request timeout (30 s
+  // with civetweb's defaults, on 2 threads): a scrape gets no answer in 10 s
+  const auto m = testing::parse_prometheus(
+      testing::http_request(server->metrics_port(), "GET", "/metrics", &code, /*timeout_s=*/10));
+  EXPECT_EQ(code, 200);
+  EXPECT_EQ(m.count("wm_sessions_active"), 1u);
+  for (int fd : idle) close(fd);
+}
+
+// a port another process listens on stops the server, even when that
+// listener allows port sharing (gRPC's own default)
+TEST(ServerIntegration, APortInUseStopsTheServer) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int one = 1;
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  std::string log;
+  // `timeout`: a server that shares the port runs on instead of exiting
+  const int rc = testing::run_program({"/usr/bin/timeout", "30", WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1",
+                                       "--port=" + std::to_string(port), "--metrics_port=-1"},
+                                      &log);
+  close(fd);
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_TRUE(absl::StrContains(log, "cannot listen")) << log;
 }
 
 // the environment a process started with (after its last exec)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "server/client_text.h"
 
 namespace wm::server {
 namespace {
@@ -129,6 +130,20 @@ TEST(PlayProtocol, BadStartsGetTheirStatus) {
     EXPECT_EQ(p.status().code(), c.code) << p.status();
     EXPECT_TRUE(absl::StrContains(p.status().message(), c.says)) << p.status();
   }
+  // a name the client sent comes back cut short and escaped: a long one
+  // would not fit a client's metadata limit and hide the error
+  for (auto edit : {+[](v1::Start* s) { s->set_model(std::string(100000, 'm') + "\n"); },
+                    +[](v1::Start* s) { s->set_cache_format(std::string(100000, 'f')); }}) {
+    v1::Start s;
+    edit(&s);
+    auto p = parse_start(s, m, {});
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound) << p.status();
+    EXPECT_LT(p.status().message().size(), 300u);
+    EXPECT_TRUE(absl::StrContains(p.status().message(), "(100001 bytes)") ||
+                absl::StrContains(p.status().message(), "(100000 bytes)"))
+        << p.status();
+  }
+  EXPECT_EQ(client_text("a\x01 z"), "a\\x01 z");
 }
 
 TEST(PlayProtocol, PromptsFromTheClientOrTheModel) {
