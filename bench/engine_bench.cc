@@ -4,6 +4,7 @@
 //
 //   engine_bench [--config configs/default.json] [--frames 16] [--threads 0]
 //   engine_bench --config configs/mg2-shape.json --forward-only   (one forward, empty cache)
+//   engine_bench --batch-invariant   (batches run their dense ops per session)
 //   engine_bench --host-costs   (the host's work per step: a frame's initial noise,
 //                                the conditioning of a pass)
 #include <chrono>
@@ -28,6 +29,7 @@ struct Args {
   int threads = 0;
   bool forward_only = false;
   bool host_costs = false;
+  bool batch_invariant = false;
   std::string format = "fp16";
 };
 
@@ -45,6 +47,7 @@ std::unique_ptr<wm::Engine> make(const Args& args) {
   o.config_path = args.config;
   o.threads = args.threads;
   o.kv_budget_bytes = int64_t{64} << 30;
+  o.batch_invariant = args.batch_invariant;
   auto e = wm::Engine::create(o);
   if (!e.ok()) {
     std::fprintf(stderr, "engine_bench: %s\n", e.status().ToString().c_str());
@@ -74,10 +77,11 @@ int main(int argc, char** argv) {
     else if (a == "--format") args.format = next();
     else if (a == "--forward-only") args.forward_only = true;
     else if (a == "--host-costs") args.host_costs = true;
+    else if (a == "--batch-invariant") args.batch_invariant = true;
     else {
       std::fprintf(stderr,
                    "usage: engine_bench [--config F] [--frames N] [--threads T] [--format F] [--forward-only] "
-                   "[--host-costs]\n");
+                   "[--host-costs] [--batch-invariant]\n");
       return 2;
     }
   }

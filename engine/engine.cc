@@ -78,10 +78,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
   WM_ASSIGN_OR_RETURN(e->backend_, make_backend(options, config, &e->device_, &e->device_note_));
   e->plugin_ = dynamic_cast<PluginBackend*>(e->backend_.get());
+  // on a device the attention plan (how the cache is split across blocks)
+  // depends on the whole batch too: per-session GEMMs would not be enough
+  if (options.batch_invariant && e->plugin_ != nullptr)
+    return absl::UnimplementedError(
+        "batch-invariant frames are a CPU backend guarantee for now (on a GPU the attention plan depends on the "
+        "batch); use --device cpu or leave batch invariance off");
   // on a device the KV budget is the page pool: admission counts its real bytes
   if (const int64_t pool = e->backend_->memory().kv_pool_capacity; pool > 0)
     e->options_.kv_budget_bytes = std::min(e->options_.kv_budget_bytes, pool);
   e->model_ = std::make_unique<Model>(*e->backend_, config, weights);
+  e->model_->set_batch_invariant(options.batch_invariant);
   return e;
 }
 

@@ -53,6 +53,11 @@ struct EngineOptions {
   // recorded as a graph and the others run that recording, which skips the
   // host's work of issuing every op again (docs/CUDA.md, "Graphs")
   bool device_graphs = false;
+  // a session's frames are exactly those it gets stepped alone (and from
+  // wmgen), whatever else shares its batch: the dense ops run per session
+  // instead of once over the batch (a GEMM's rounding may depend on how many
+  // rows it has). CPU backend only (UNIMPLEMENTED on a device)
+  bool batch_invariant = false;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
   uint64_t random_seed = 0;

@@ -72,8 +72,22 @@ absl::Status Model::reserve(int tokens, int frames) {
                                                    " tokens (", frames, " frames) on ", backend_.name()));
 }
 
-void Model::conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c,
-                         float* e) const {
+std::vector<int> Model::frame_groups(const ForwardInput& in) const {
+  const int frames = static_cast<int>(in.sigma.size());
+  if (!batch_invariant_ || in.sessions.size() <= 1) return {frames};
+  std::vector<int> groups;
+  int next = 0;
+  for (const SessionSlice& s : in.sessions) {
+    // sessions in batch order, back to back: else one group (nothing to split by)
+    if (s.batch_frame != next || s.frames <= 0) return {frames};
+    groups.push_back(s.frames);
+    next += s.frames;
+  }
+  return next == frames ? groups : std::vector<int>{frames};
+}
+
+void Model::conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e,
+                         const std::vector<int>& frame_groups) const {
   const int F = static_cast<int>(sigma.size()), D = config_.dim, half = config_.freq_dim / 2;
   const int A = config_.actions.input_width();
   const auto& w = weights_;
@@ -97,19 +111,36 @@ void Model::conditioning(const std::vector<float>& sigma, const std::vector<Acti
       row[i + half] = static_cast<float>(std::sin(s * freq));
     }
   }
-  host_linear(w.time0_w, w.time0_b, temb.data(), U, D, config_.freq_dim, t1.data());
-  for (size_t i = 0; i < static_cast<size_t>(U) * D; ++i) t1[i] = silu(t1[i]);
-  host_linear(w.time2_w, w.time2_b, t1.data(), U, D, D, tc.data());
+  // a level at a time: its numbers do not depend on the other levels present
+  for (int u = 0; u < U; ++u) {
+    const size_t o = static_cast<size_t>(u) * D;
+    host_linear(w.time0_w, w.time0_b, temb.data() + static_cast<size_t>(u) * config_.freq_dim, 1, D,
+                config_.freq_dim, t1.data() + o);
+    for (int i = 0; i < D; ++i) t1[o + static_cast<size_t>(i)] = silu(t1[o + static_cast<size_t>(i)]);
+    host_linear(w.time2_w, w.time2_b, t1.data() + o, 1, D, D, tc.data() + o);
+  }
+  // the frame-wise GEMMs group by group (groups: rows, in order)
+  std::vector<int> groups = frame_groups;
+  if (groups.empty()) groups.push_back(F);
+  auto grouped = [&](const std::vector<float>& wt, const std::vector<float>& b, const float* x, int out, int in,
+                     float* y) {
+    int f0 = 0;
+    for (int g : groups) {
+      host_linear(wt, b, x + static_cast<size_t>(f0) * in, g, out, in, y + static_cast<size_t>(f0) * out);
+      f0 += g;
+    }
+  };
   // the action branch: the passes of a step embed the same actions, so the last result is kept
   std::vector<float> a_in(static_cast<size_t>(F) * A);
   for (int f = 0; f < F; ++f)
     config_.actions.embed_input(actions[static_cast<size_t>(f)], a_in.data() + static_cast<size_t>(f) * A);
-  if (a_in != action_in_) {
+  if (a_in != action_in_ || groups != action_groups_) {
     action_out_.assign(static_cast<size_t>(F) * D, 0.0f);
-    host_linear(w.action0_w, w.action0_b, a_in.data(), F, D, A, t1.data());
+    grouped(w.action0_w, w.action0_b, a_in.data(), D, A, t1.data());
     for (float& x : t1) x = silu(x);
-    host_linear(w.action2_w, w.action2_b, t1.data(), F, D, D, action_out_.data());
+    grouped(w.action2_w, w.action2_b, t1.data(), D, D, action_out_.data());
     action_in_ = std::move(a_in);
+    action_groups_ = groups;
   }
   for (int f = 0; f < F; ++f) {
     const float* t = tc.data() + static_cast<size_t>(level_of[static_cast<size_t>(f)]) * D;
@@ -121,7 +152,7 @@ void Model::conditioning(const std::vector<float>& sigma, const std::vector<Acti
       sf[i] = silu(cf[i]);
     }
   }
-  host_linear(w.cond_w, w.cond_b, t1.data(), F, 6 * D, D, e);
+  grouped(w.cond_w, w.cond_b, t1.data(), 6 * D, D, e);
 }
 
 absl::Status Model::forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace) {
@@ -147,7 +178,7 @@ absl::Status Model::prepare_forward(const ForwardInput& in, OpTimes* times, cons
   std::vector<float> cond(static_cast<size_t>(frames) * D);
   std::vector<float> tail(static_cast<size_t>(frames) * 2 * D + per_layer);  // head modulation, then e
   float* e = tail.data() + static_cast<size_t>(frames) * 2 * D;
-  conditioning(in.sigma, in.actions, cond.data(), e);
+  conditioning(in.sigma, in.actions, cond.data(), e, frame_groups(in));
   for (int f = 0; f < frames; ++f) {
     const float* cf = cond.data() + static_cast<size_t>(f) * D;
     float* hm = tail.data() + static_cast<size_t>(f) * 2 * D;
@@ -199,8 +230,19 @@ absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* tim
   std::vector<int64_t> first_frames;  // the write pass: each session's first frame
   for (const SessionSlice& s : in.sessions)
     first_frames.push_back(in.frame_index[static_cast<size_t>(s.batch_frame)]);
+  // the dense ops (GEMMs) over the batch's rows: in one call, or one per
+  // session when batch-invariant (a GEMM's rounding may depend on its rows)
+  std::vector<std::pair<int, int>> row_groups;  // first row, rows
+  for (int f0 = 0; int g : frame_groups(in)) {
+    row_groups.emplace_back(f0 * T, g * T);
+    f0 += g;
+  }
+  auto dense = [&](const LinearWeight& w, const float* x, float* y) {
+    for (const auto& [r0, n] : row_groups)
+      backend_.linear(w, x + static_cast<size_t>(r0) * w.in, n, y + static_cast<size_t>(r0) * w.out);
+  };
   t0 = Clock::now();
-  backend_.linear(weights_.patch_embed, in.tokens, N, h);
+  dense(weights_.patch_embed, in.tokens, h);
   tm.gemm += seconds_since(t0);
   const float* head_mod = mods_ + per_layer * L;
   // layer 0's first norm; every later norm runs fused with the residual add before it
@@ -211,9 +253,12 @@ absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* tim
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     const float* m = mods_ + per_layer * l;
     t0 = Clock::now();
-    backend_.linear(lw.q, u, N, q);
-    backend_.linear(lw.k, u, N, k);
-    backend_.linear(lw.v, u, N, v);
+    for (const auto& [r0, n] : row_groups) {
+      const size_t in_off = static_cast<size_t>(r0) * D, out_off = static_cast<size_t>(r0) * Q;
+      backend_.linear(lw.q, u + in_off, n, q + out_off);
+      backend_.linear(lw.k, u + in_off, n, k + out_off);
+      backend_.linear(lw.v, u + in_off, n, v + out_off);
+    }
     tm.gemm += seconds_since(t0);
     t0 = Clock::now();
     backend_.rms_norm_rope_qk(q, lw.q_norm, k, lw.k_norm, N, H, Dh, Q, pos_, rope, c.norm_eps);
@@ -229,13 +274,15 @@ absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* tim
       if (l == L - 1) break;
     }
     t0 = Clock::now();
-    backend_.linear(lw.o, att, N, y);
+    dense(lw.o, att, y);
     tm.gemm += seconds_since(t0);
     t0 = Clock::now();
     backend_.gated_residual_norm(h, y, m + 2 * D, stride6, N, D, T, m + 3 * D, m + 4 * D, stride6, c.norm_eps, u);
     tm.other += seconds_since(t0);
     t0 = Clock::now();
-    backend_.ffn(lw.ffn0, lw.ffn2, u, N, ff, y);
+    for (const auto& [r0, n] : row_groups)
+      backend_.ffn(lw.ffn0, lw.ffn2, u + static_cast<size_t>(r0) * D, n, ff + static_cast<size_t>(r0) * lw.ffn0.out,
+                   y + static_cast<size_t>(r0) * D);
     tm.gemm += seconds_since(t0);
     // the residual, then the next norm: the next layer's first, or the head's
     t0 = Clock::now();
@@ -250,7 +297,7 @@ absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* tim
   }
   if (in.write_pass) return absl::OkStatus();
   t0 = Clock::now();
-  backend_.linear(weights_.head, u, N, out);
+  dense(weights_.head, u, out);
   tm.gemm += seconds_since(t0);
   emit("velocity", out, static_cast<int64_t>(N) * P);
   return absl::OkStatus();

@@ -63,8 +63,17 @@ class Model {
   // they upload nothing, so a backend can record them once and run them again
   absl::Status run_forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace = nullptr);
 
-  // for every frame: c_f [frames, D] and e_f = cond_proj(SiLU(c_f)) [frames, 6D], on the host
-  void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e) const;
+  // for every frame: c_f [frames, D] and e_f = cond_proj(SiLU(c_f)) [frames, 6D], on the host;
+  // frame_groups (frame counts, in order, summing to the frames): each group
+  // is computed on its own, as if alone (empty: one group)
+  void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e,
+                    const std::vector<int>& frame_groups = {}) const;
+
+  // batch-invariant: every dense op runs per session, so a session's numbers
+  // are those it gets stepped alone whatever else shares its batch
+  // (EngineOptions::batch_invariant); off: one op over the whole batch
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
 
   // the activation buffers of a batch this large, now (they grow otherwise)
   // RESOURCE_EXHAUSTED (and nothing held) when the backend cannot allocate them
@@ -81,7 +90,11 @@ class Model {
   // the action branch of the last conditioning() (its embedded input and
   // output): the passes of a step reuse it
   mutable std::vector<float> action_in_, action_out_;
+  mutable std::vector<int> action_groups_;
   float* mods_ = nullptr;       // [L, frames, 6D] + head [frames, 2D] + e [frames, 6D]
+  bool batch_invariant_ = false;
+  // the batch's sessions as frame groups (one group unless batch-invariant)
+  std::vector<int> frame_groups(const ForwardInput& in) const;
   int32_t* pos_ = nullptr;      // [tokens, 3]
 };
 

@@ -1553,6 +1553,23 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFramesUnfused) {
   expect_graphs_change_no_frame(/*fused=*/false, 5);
 }
 
+// batch-invariant frames are a CPU guarantee: on a device (whose attention
+// plan depends on the batch) asking for them fails at creation
+TEST(CudaEndToEnd, BatchInvarianceIsRefusedOnADevice) {
+  WM_REQUIRE_CUDA();
+  EngineOptions o;
+  o.random_weights = true;
+  o.random_seed = 3;
+  o.config_path = test::source_file("configs/default.json");
+  o.device = "cuda";
+  o.cuda_plugin = test::cuda_plugin_path();
+  o.kv_budget_bytes = int64_t{64} << 20;
+  o.batch_invariant = true;
+  auto e = Engine::create(o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented) << e.status();
+  EXPECT_TRUE(absl::StrContains(e.status().message(), "CPU backend")) << e.status();
+}
+
 // a recording runs the ops once and again on demand: GELU twice
 TEST(CudaGraphs, ARecordingRunsAgain) {
   WM_REQUIRE_CUDA();

@@ -16,9 +16,10 @@ namespace wm {
 namespace {
 
 std::unique_ptr<Engine> make_engine(int64_t budget = int64_t{1} << 30, const std::string& config = "tiny-test",
-                                    bool defer_writes = false) {
+                                    bool defer_writes = false, bool batch_invariant = false) {
   EngineOptions o;
   o.defer_writes = defer_writes;
+  o.batch_invariant = batch_invariant;
   o.random_weights = true;
   o.random_seed = 5;
   o.config_path = std::string(WM_SOURCE_DIR) + "/configs/" + config + ".json";
@@ -97,6 +98,37 @@ TEST(Engine, BatchedStepMatchesSteppingAlone) {
       // the documented tolerance: 1e-4 on values in [-1, 1]
       EXPECT_LT(max_diff, 1e-4f) << "session " << k << " step " << step;
       EXPECT_EQ(got.index, ref[static_cast<size_t>(k)].index);
+    }
+  }
+}
+
+// batch-invariant: a session's frames in a batch are bit for bit those it
+// gets stepped alone (in a batch of sessions at different cache lengths,
+// joining at different steps, with the default model's shapes)
+TEST(Engine, BatchInvariantStepsGiveTheFramesOfSteppingAlone) {
+  const std::string config = "default";
+  auto alone = make_engine(int64_t{1} << 30, config), batched = make_engine(int64_t{1} << 30, config, false, true);
+  const auto s = script(8);
+  std::vector<SessionId> ia, ib;
+  for (int k = 0; k < 3; ++k) {
+    ia.push_back(*alone->open_session({static_cast<uint64_t>(200 + k), "fp16", {}}));
+    ib.push_back(*batched->open_session({static_cast<uint64_t>(200 + k), "fp16", {}}));
+  }
+  for (int step = 0; step < 6; ++step) {
+    std::vector<StepRequest> reqs;
+    std::vector<Frame> ref;
+    for (int k = 0; k < 3; ++k) {
+      if (step < 2 * k) continue;  // session k joins at step 2k
+      const Action a = s[static_cast<size_t>(step + k)];
+      reqs.push_back({ib[static_cast<size_t>(k)], {a}, {}});
+      ref.push_back(rollout(*alone, ia[static_cast<size_t>(k)], {a})[0]);
+    }
+    auto res = batched->step(reqs, nullptr, /*keep_values=*/true);
+    ASSERT_TRUE(res.ok()) << res.status();
+    for (size_t r = 0; r < ref.size(); ++r) {
+      const Frame& got = (*res)[r].frames[0];
+      ASSERT_EQ(got.values, ref[r].values) << "session " << r << " step " << step;
+      ASSERT_EQ(got.rgb, ref[r].rgb);
     }
   }
 }

@@ -300,8 +300,10 @@ TEST(ServerIntegration, OneSessionIsByteIdenticalToTheOfflineRollout) {
   EXPECT_EQ(r.started.prompt_frames(), 0);
 }
 
-TEST(ServerIntegration, FourConcurrentSessionsMatchTheirOfflineRollouts) {
-  auto server = ServerProcess::start(tiny_model());
+// four sessions at once, sharing steps: their frames against wmgen's
+void expect_concurrent_sessions_match_offline(bool batch_invariant) {
+  auto server = ServerProcess::start(tiny_model(), batch_invariant ? std::vector<std::string>{"--batch_invariant"}
+                                                                   : std::vector<std::string>{});
   ASSERT_NE(server, nullptr);
   constexpr int kSessions = 4;
   std::vector<std::future<PlayResult>> results;
@@ -336,8 +338,20 @@ TEST(ServerIntegration, FourConcurrentSessionsMatchTheirOfflineRollouts) {
     }
   }
   EXPECT_GT(batched_frames, 0) << "no step ever batched two sessions";
-  // most frames are byte-identical; the rest differ by rounding only
-  EXPECT_GE(identical * 4, total * 3) << identical << " of " << total << " frames identical";
+  if (batch_invariant) {
+    EXPECT_EQ(identical, total) << "--batch_invariant: every frame byte for byte";
+  } else {
+    // most frames are byte-identical; the rest differ by rounding only
+    EXPECT_GE(identical * 4, total * 3) << identical << " of " << total << " frames identical";
+  }
+}
+
+TEST(ServerIntegration, FourConcurrentSessionsMatchTheirOfflineRollouts) {
+  expect_concurrent_sessions_match_offline(false);
+}
+
+TEST(ServerIntegration, BatchInvariantSessionsMatchTheirOfflineRolloutsByteForByte) {
+  expect_concurrent_sessions_match_offline(true);
 }
 
 TEST(ServerIntegration, BlocksOfFramesTakeQueuedActionsAndRepeatTheLast) {
