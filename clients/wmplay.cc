@@ -43,6 +43,8 @@ ABSL_FLAG(int, window, 1, "per-action pacing: actions in flight at most");
 ABSL_FLAG(int, quality, 0, "JPEG quality (0: the server's default)");
 ABSL_FLAG(std::string, prompt, "", "comma-separated JPEG start frames");
 ABSL_FLAG(bool, audit, false, "ask the server to measure this session's token-selection drift");
+ABSL_FLAG(bool, batch_invariant, false,
+          "ask for this session's frames exactly as wmgen makes them, whatever else the server runs (CPU servers)");
 ABSL_FLAG(double, timeout_s, 300, "give up after this long");
 
 namespace v1 = ::wmserve::v1;
@@ -112,6 +114,7 @@ int main(int argc, char** argv) {
   pc.start.set_cache_format(absl::GetFlag(FLAGS_format));
   pc.start.set_jpeg_quality(absl::GetFlag(FLAGS_quality));
   pc.start.set_audit(absl::GetFlag(FLAGS_audit));
+  pc.start.set_batch_invariant(absl::GetFlag(FLAGS_batch_invariant));
   pc.start.set_resume_token(absl::GetFlag(FLAGS_resume_token));
   const double fps = absl::GetFlag(FLAGS_fps);
   if (!(fps >= 0 && fps <= 240)) return fail("--fps must be 0 (per-action pacing) or in (0, 240]");

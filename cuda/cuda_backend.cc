@@ -443,6 +443,9 @@ absl::Status CudaBackend::graph_end(bool keep) {
   for (void* p : std::exchange(frees_after_recording_, {})) free(p);
   const auto failed = [&](absl::string_view why) {
     if (g != nullptr) cudaGraphDestroy(g);
+    // graph_launch runs the last recording that succeeded in this pass's
+    // place, and there is none now (an older one may read buffers since grown)
+    graph_exec_ = nullptr;
     cudaGetLastError();  // not sticky: the ops run again without a graph
     ++graph_recordings_failed_;
     return absl::FailedPreconditionError(absl::StrCat("recording a graph failed (", why, "): nothing ran"));
@@ -1086,12 +1089,15 @@ absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> cach
   // a pass's widest operands are [n, widest row]: made now, a recording of
   // the pass finds them big enough (growing drops the contents: and the copy)
   const size_t shadow_bytes = static_cast<size_t>(n) * shadow_row_bytes_;
+  const size_t hidden_bytes = static_cast<size_t>(n) * ffn_hidden_row_bytes_;
+  // a kept graph reads the buffers it was recorded with: none runs after they move
+  if (shadow_bytes > shadow_memory_.size() || hidden_bytes > ffn_hidden_.size()) graph_exec_ = nullptr;
   if (shadow_bytes > shadow_memory_.size()) {
     invalidate_shadow();
     s = shadow_memory_.reserve(shadow_bytes);
     if (!s.ok()) return s;
   }
-  return ffn_hidden_.reserve(static_cast<size_t>(n) * ffn_hidden_row_bytes_);
+  return ffn_hidden_.reserve(hidden_bytes);
 }
 
 absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* const> caches,

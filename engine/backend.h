@@ -72,6 +72,9 @@ struct SessionSlice {
   KvCache* cache = nullptr;
   int batch_frame = 0;        // first frame of this session in the batch
   int frames = 0;
+  // batch-invariant: the model runs this session's dense ops on their own
+  // (SessionOptions::batch_invariant)
+  bool invariant = false;
 };
 
 class Backend {

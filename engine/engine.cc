@@ -34,6 +34,13 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
   }
   if (o.device != "cuda" && o.device != "auto")
     return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "': expected cpu, cuda or auto"));
+  // batch-invariant frames are the CPU backend's (Engine::create refuses them on a device)
+  if (o.device == "auto" && o.batch_invariant) {
+    *device = "cpu";
+    *note = "device auto: batch-invariant steps run on the CPU backend only; running on the CPU";
+    WM_RETURN_IF_ERROR(blas::load());
+    return make_cpu_backend(o.threads);
+  }
   PluginBackendOptions p;
   p.path = o.cuda_plugin;
   p.device = o.cuda_device;
@@ -88,7 +95,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   if (const int64_t pool = e->backend_->memory().kv_pool_capacity; pool > 0)
     e->options_.kv_budget_bytes = std::min(e->options_.kv_budget_bytes, pool);
   e->model_ = std::make_unique<Model>(*e->backend_, config, weights);
-  e->model_->set_batch_invariant(options.batch_invariant);
   return e;
 }
 
@@ -165,6 +171,10 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   // the audit shadow reads K/V on the host: not on a device backend yet
   if (options.audit && !audit_supported())
     return absl::UnimplementedError("audit mode runs on the CPU backend only for now");
+  if (options.batch_invariant && plugin_ != nullptr)
+    return absl::UnimplementedError(
+        "batch-invariant sessions run on the CPU backend only for now (on a GPU the attention plan depends on the "
+        "batch)");
   const int64_t need = session_reservation(options.cache_format, options.audit);
   if (reserved_ + need > options_.kv_budget_bytes)
     return absl::ResourceExhaustedError(absl::StrCat("KV budget full: a ", options.cache_format, " session needs ", need,
@@ -173,6 +183,7 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   Session s;
   s.seed = options.seed;
   s.reserved = need;
+  s.batch_invariant = options.batch_invariant || options_.batch_invariant;
   WM_ASSIGN_OR_RETURN(s.cache, backend_->make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
   // audit mode: a full-precision shadow beside the cache measures drift
   // (quant/kv_audit.h; its bytes are part of the session's reservation)
@@ -245,7 +256,7 @@ absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
   for (Session* s : pending) {
     const PendingWrite& w = *s->pending;
     const int n = static_cast<int>(w.actions.size());
-    in.sessions.push_back({s->cache.get(), f, n});
+    in.sessions.push_back({s->cache.get(), f, n, s->batch_invariant});
     host.insert(host.end(), w.values.begin(), w.values.end());
     for (int b = 0; b < n; ++b) {
       in.sigma.push_back(0.0f);
@@ -304,7 +315,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   ForwardInput in;
   std::vector<uint64_t> seeds;
   for (size_t r = 0; r < requests.size(); ++r) {
-    in.sessions.push_back({sess[r]->cache.get(), static_cast<int>(r) * B, B});
+    in.sessions.push_back({sess[r]->cache.get(), static_cast<int>(r) * B, B, sess[r]->batch_invariant});
     for (int b = 0; b < B; ++b) {
       const int64_t index = sess[r]->generated + b;
       seeds.push_back(sess[r]->seed);

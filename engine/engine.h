@@ -53,10 +53,12 @@ struct EngineOptions {
   // recorded as a graph and the others run that recording, which skips the
   // host's work of issuing every op again (docs/CUDA.md, "Graphs")
   bool device_graphs = false;
-  // a session's frames are exactly those it gets stepped alone (and from
-  // wmgen), whatever else shares its batch: the dense ops run per session
-  // instead of once over the batch (a GEMM's rounding may depend on how many
-  // rows it has). CPU backend only (UNIMPLEMENTED on a device)
+  // every session batch-invariant (SessionOptions::batch_invariant): its
+  // frames are exactly those it gets stepped alone (and from wmgen), whatever
+  // else shares its batch, since its dense ops run on their own instead of
+  // once over the batch (a GEMM's rounding may depend on how many rows it
+  // has). CPU backend only: UNIMPLEMENTED with device "cuda", and device
+  // "auto" picks the CPU
   bool batch_invariant = false;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
@@ -72,6 +74,10 @@ struct SessionOptions {
   std::vector<Rgb8Image> prompt;
   // keep a full-precision shadow of the cache and measure drift against it
   bool audit = false;
+  // this session's frames are exactly those it gets stepped alone, whatever
+  // shares its batch (its dense ops run on their own; CPU backend only,
+  // UNIMPLEMENTED on a device). EngineOptions::batch_invariant sets it for all
+  bool batch_invariant = false;
   // wraps the session's cache once it is created (wmquant's capture); may be empty
   std::function<std::unique_ptr<KvCache>(std::unique_ptr<KvCache>)> wrap_cache = nullptr;
 };
@@ -163,6 +169,10 @@ class Engine {
   int64_t session_reservation(absl::string_view format, bool audit = false) const;
   // whether sessions can be audited on this engine's device (the CPU only, for now)
   bool audit_supported() const;
+  // whether sessions can be batch-invariant here (the CPU backend only, for now)
+  bool batch_invariant_supported() const { return plugin_ == nullptr; }
+  // EngineOptions::batch_invariant: every session is
+  bool all_batch_invariant() const { return options_.batch_invariant; }
   KvGeometry kv_geometry() const;
   // drift of every audited session so far (open and closed), summed per cache format
   std::map<std::string, DriftStats> drift_by_format() const;
@@ -180,6 +190,7 @@ class Engine {
     int64_t reserved = 0;
     std::unique_ptr<KvCache> cache;
     std::optional<PendingWrite> pending;
+    bool batch_invariant = false;
   };
   Engine() = default;
   absl::Status write_frames(std::span<Session* const> sessions, std::span<const std::vector<Rgb8Image>* const> images);

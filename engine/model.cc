@@ -72,18 +72,26 @@ absl::Status Model::reserve(int tokens, int frames) {
                                                    " tokens (", frames, " frames) on ", backend_.name()));
 }
 
-std::vector<int> Model::frame_groups(const ForwardInput& in) const {
+std::vector<int> Model::frame_groups(const ForwardInput& in) {
   const int frames = static_cast<int>(in.sigma.size());
-  if (!batch_invariant_ || in.sessions.size() <= 1) return {frames};
   std::vector<int> groups;
+  bool any_invariant = false, open = false;  // open: the last group takes more sessions
   int next = 0;
   for (const SessionSlice& s : in.sessions) {
-    // sessions in batch order, back to back: else one group (nothing to split by)
+    // sessions in batch order, back to back (the engine's batches are): else
+    // one group, since there is nothing to split by
     if (s.batch_frame != next || s.frames <= 0) return {frames};
-    groups.push_back(s.frames);
+    any_invariant |= s.invariant;
+    if (s.invariant || !open) {
+      groups.push_back(s.frames);
+    } else {
+      groups.back() += s.frames;
+    }
+    open = !s.invariant;
     next += s.frames;
   }
-  return next == frames ? groups : std::vector<int>{frames};
+  if (!any_invariant || next != frames) return {frames};
+  return groups;
 }
 
 void Model::conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e,

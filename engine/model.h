@@ -1,6 +1,7 @@
 // The causal latent DiT forward pass (docs/MODEL_FORMAT.md) over a batch of
-// sessions: dense layers run once over every session's tokens, attention runs
-// per session against that session's KV cache.
+// sessions: dense layers run once over every session's tokens (per session
+// when batch-invariant), attention runs per session against that session's
+// KV cache.
 #pragma once
 
 #include <functional>
@@ -69,11 +70,11 @@ class Model {
   void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e,
                     const std::vector<int>& frame_groups = {}) const;
 
-  // batch-invariant: every dense op runs per session, so a session's numbers
-  // are those it gets stepped alone whatever else shares its batch
-  // (EngineOptions::batch_invariant); off: one op over the whole batch
-  void set_batch_invariant(bool on) { batch_invariant_ = on; }
-  bool batch_invariant() const { return batch_invariant_; }
+  // the batch's frames as groups whose dense ops run on their own: each
+  // batch-invariant session (SessionSlice::invariant) alone, so its numbers
+  // are those it gets stepped alone whatever shares its batch; the sessions
+  // between them together (one group when none is invariant)
+  static std::vector<int> frame_groups(const ForwardInput& in);
 
   // the activation buffers of a batch this large, now (they grow otherwise)
   // RESOURCE_EXHAUSTED (and nothing held) when the backend cannot allocate them
@@ -92,9 +93,6 @@ class Model {
   mutable std::vector<float> action_in_, action_out_;
   mutable std::vector<int> action_groups_;
   float* mods_ = nullptr;       // [L, frames, 6D] + head [frames, 2D] + e [frames, 6D]
-  bool batch_invariant_ = false;
-  // the batch's sessions as frame groups (one group unless batch-invariant)
-  std::vector<int> frame_groups(const ForwardInput& in) const;
   int32_t* pos_ = nullptr;      // [tokens, 3]
 };
 

@@ -314,6 +314,7 @@ void EngineWorker::do_open(SessionManager::Key key) {
   so.cache_format = p.cache_format;
   so.prompt = p.prompt;
   so.audit = p.audit;  // asked by the Start or sampled at admission (--audit_fraction)
+  so.batch_invariant = p.batch_invariant;
   auto id = engine_->open_session(so);
   if (!id.ok()) {
     {
@@ -360,6 +361,7 @@ v1::Started EngineWorker::started_message(const ServerSession& s) const {
                                    ? model_.config.frames_per_block
                                    : std::max(config_.action_queue, model_.config.frames_per_block));
   st.set_resume_token(s.resume_token());
+  st.set_batch_invariant(p.batch_invariant);
   return st;
 }
 

@@ -36,6 +36,7 @@ struct StartParams {
   double fps = 0;               // fixed-rate only
   int jpeg_quality = 90;
   bool audit = false;
+  bool batch_invariant = false;  // asked by the Start (or every session: the server's flag)
   std::vector<Rgb8Image> prompt;
 };
 

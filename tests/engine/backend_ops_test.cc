@@ -1554,7 +1554,8 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFramesUnfused) {
 }
 
 // batch-invariant frames are a CPU guarantee: on a device (whose attention
-// plan depends on the batch) asking for them fails at creation
+// plan depends on the batch) asking for them fails at creation, and "auto"
+// picks the CPU
 TEST(CudaEndToEnd, BatchInvarianceIsRefusedOnADevice) {
   WM_REQUIRE_CUDA();
   EngineOptions o;
@@ -1568,6 +1569,11 @@ TEST(CudaEndToEnd, BatchInvarianceIsRefusedOnADevice) {
   auto e = Engine::create(o);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented) << e.status();
   EXPECT_TRUE(absl::StrContains(e.status().message(), "CPU backend")) << e.status();
+  o.device = "auto";
+  auto a = Engine::create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->device(), "cpu");
+  EXPECT_TRUE(absl::StrContains((*a)->device_note(), "batch-invariant")) << (*a)->device_note();
 }
 
 // a recording runs the ops once and again on demand: GELU twice
@@ -1596,6 +1602,12 @@ TEST(CudaGraphs, AFailedRecordingRunsNothingAndHarmsNothing) {
   const auto x = randn(257, 22, 2.0f), y = randn(64, 23);
   Buffers gb(cuda);
   float *xg = gb.put(x), *yg = gb.zeros(64);
+  // a recording that succeeds first: the failed one must not leave it to run
+  float* scratch = gb.zeros(257);
+  cuda.gelu(scratch, 257);
+  ASSERT_TRUE(cuda.graph_begin());
+  cuda.gelu(scratch, 257);
+  ASSERT_TRUE(cuda.graph_end().ok());
   const int64_t failed = counter("graph.recordings_failed");
   ASSERT_TRUE(cuda.graph_begin());
   EXPECT_FALSE(cuda.graph_begin()) << "one recording at a time";
@@ -1611,6 +1623,8 @@ TEST(CudaGraphs, AFailedRecordingRunsNothingAndHarmsNothing) {
   EXPECT_EQ(gb.get(yg, 64), std::vector<float>(64, 0.0f));
   EXPECT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
   EXPECT_EQ(cuda.graph_end().code(), absl::StatusCode::kFailedPrecondition) << "no recording to end";
+  EXPECT_EQ(cuda.graph_launch().code(), absl::StatusCode::kFailedPrecondition)
+      << "after a failed recording no older graph runs in its place";
   cuda.upload(yg, y.data(), y.size() * sizeof(float));
   EXPECT_EQ(gb.get(yg, 64), y);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();

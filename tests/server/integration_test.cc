@@ -301,9 +301,12 @@ TEST(ServerIntegration, OneSessionIsByteIdenticalToTheOfflineRollout) {
 }
 
 // four sessions at once, sharing steps: their frames against wmgen's
-void expect_concurrent_sessions_match_offline(bool batch_invariant) {
-  auto server = ServerProcess::start(tiny_model(), batch_invariant ? std::vector<std::string>{"--batch_invariant"}
-                                                                   : std::vector<std::string>{});
+enum class Invariance { kNone, kServer, kStart };
+void expect_concurrent_sessions_match_offline(Invariance invariance) {
+  const bool batch_invariant = invariance != Invariance::kNone;
+  auto server = ServerProcess::start(tiny_model(), invariance == Invariance::kServer
+                                                       ? std::vector<std::string>{"--batch_invariant"}
+                                                       : std::vector<std::string>{});
   ASSERT_NE(server, nullptr);
   constexpr int kSessions = 4;
   std::vector<std::future<PlayResult>> results;
@@ -311,6 +314,7 @@ void expect_concurrent_sessions_match_offline(bool batch_invariant) {
     results.push_back(std::async(std::launch::async, [&, i] {
       PlayConfig pc = per_action(10 + static_cast<uint64_t>(i), script_actions());
       pc.start.set_jpeg_quality(90);
+      pc.start.set_batch_invariant(invariance == Invariance::kStart);
       pc.window = 2;  // keep the engine busy so that sessions share steps
       return client::play(client::make_channel(server->target(), {.own_connection = true}), pc);
     }));
@@ -322,6 +326,7 @@ void expect_concurrent_sessions_match_offline(bool batch_invariant) {
     SCOPED_TRACE(::testing::Message() << "session " << i);
     const PlayResult& r = played[static_cast<size_t>(i)];
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.started.batch_invariant(), batch_invariant);
     const auto expected = wmgen_frames(tiny_model(), 10 + static_cast<uint64_t>(i), "", 90);
     // two actions in flight: a frame may be replaced by the next one when a
     // write is slow (counted by the server); every frame that arrives is right
@@ -347,11 +352,15 @@ void expect_concurrent_sessions_match_offline(bool batch_invariant) {
 }
 
 TEST(ServerIntegration, FourConcurrentSessionsMatchTheirOfflineRollouts) {
-  expect_concurrent_sessions_match_offline(false);
+  expect_concurrent_sessions_match_offline(Invariance::kNone);
+}
+
+TEST(ServerIntegration, BatchInvariantServerMatchesTheOfflineRolloutsByteForByte) {
+  expect_concurrent_sessions_match_offline(Invariance::kServer);
 }
 
 TEST(ServerIntegration, BatchInvariantSessionsMatchTheirOfflineRolloutsByteForByte) {
-  expect_concurrent_sessions_match_offline(true);
+  expect_concurrent_sessions_match_offline(Invariance::kStart);
 }
 
 TEST(ServerIntegration, BlocksOfFramesTakeQueuedActionsAndRepeatTheLast) {

@@ -25,6 +25,7 @@ ServedModel model() {
   m.device = "cpu";
   m.audit_supported = true;
   m.audit_bytes = 200;
+  m.batch_invariant_supported = true;
   return m;
 }
 
@@ -63,6 +64,30 @@ TEST(PlayProtocol, StartDefaultsAndChoices) {
   gpu.audit_supported = false;
   p = parse_start(s, gpu, {});
   EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "runs on cuda")) << p.status();
+}
+
+TEST(PlayProtocol, BatchInvarianceIsAskedOrTheServers) {
+  ServedModel m = model();
+  v1::Start s;
+  auto p = parse_start(s, m, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->batch_invariant);
+  s.set_batch_invariant(true);
+  p = parse_start(s, m, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->batch_invariant);
+  // the server's --batch_invariant: every session, asked or not
+  m.all_batch_invariant = true;
+  p = parse_start(v1::Start{}, m, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->batch_invariant);
+  // a GPU server cannot: asking is UNIMPLEMENTED, not a session that differs later
+  ServedModel gpu = model();
+  gpu.device = "cuda";
+  gpu.batch_invariant_supported = false;
+  p = parse_start(s, gpu, {});
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented) << p.status();
   EXPECT_TRUE(absl::StrContains(p.status().message(), "runs on cuda")) << p.status();
 }
 
