@@ -27,20 +27,16 @@ uint8_t to_u8(float x) {
 // "cpu", "cuda" or "auto" (engine.h, EngineOptions::device)
 static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const ModelConfig& c,
                                                       std::string* device, std::string* note) {
-  if (o.device == "cpu") {
+  // batch-invariant frames are the CPU backend's (Engine::create refuses them on a device)
+  const bool auto_cpu = o.device == "auto" && o.batch_invariant;
+  if (o.device == "cpu" || auto_cpu) {
     *device = "cpu";
+    if (auto_cpu) *note = "device auto: batch-invariant steps run on the CPU backend only; running on the CPU";
     WM_RETURN_IF_ERROR(blas::load());
     return make_cpu_backend(o.threads);
   }
   if (o.device != "cuda" && o.device != "auto")
     return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "': expected cpu, cuda or auto"));
-  // batch-invariant frames are the CPU backend's (Engine::create refuses them on a device)
-  if (o.device == "auto" && o.batch_invariant) {
-    *device = "cpu";
-    *note = "device auto: batch-invariant steps run on the CPU backend only; running on the CPU";
-    WM_RETURN_IF_ERROR(blas::load());
-    return make_cpu_backend(o.threads);
-  }
   PluginBackendOptions p;
   p.path = o.cuda_plugin;
   p.device = o.cuda_device;

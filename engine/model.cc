@@ -95,7 +95,7 @@ std::vector<int> Model::frame_groups(const ForwardInput& in) {
 }
 
 void Model::conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e,
-                         const std::vector<int>& frame_groups) const {
+                         const std::vector<int>& group_frames) const {
   const int F = static_cast<int>(sigma.size()), D = config_.dim, half = config_.freq_dim / 2;
   const int A = config_.actions.input_width();
   const auto& w = weights_;
@@ -128,7 +128,7 @@ void Model::conditioning(const std::vector<float>& sigma, const std::vector<Acti
     host_linear(w.time2_w, w.time2_b, t1.data() + o, 1, D, D, tc.data() + o);
   }
   // the frame-wise GEMMs group by group (groups: rows, in order)
-  std::vector<int> groups = frame_groups;
+  std::vector<int> groups = group_frames;
   if (groups.empty()) groups.push_back(F);
   auto grouped = [&](const std::vector<float>& wt, const std::vector<float>& b, const float* x, int out, int in,
                      float* y) {
@@ -261,12 +261,9 @@ absl::Status Model::run_forward(const ForwardInput& in, float* out, OpTimes* tim
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     const float* m = mods_ + per_layer * l;
     t0 = Clock::now();
-    for (const auto& [r0, n] : row_groups) {
-      const size_t in_off = static_cast<size_t>(r0) * D, out_off = static_cast<size_t>(r0) * Q;
-      backend_.linear(lw.q, u + in_off, n, q + out_off);
-      backend_.linear(lw.k, u + in_off, n, k + out_off);
-      backend_.linear(lw.v, u + in_off, n, v + out_off);
-    }
+    dense(lw.q, u, q);
+    dense(lw.k, u, k);
+    dense(lw.v, u, v);
     tm.gemm += seconds_since(t0);
     t0 = Clock::now();
     backend_.rms_norm_rope_qk(q, lw.q_norm, k, lw.k_norm, N, H, Dh, Q, pos_, rope, c.norm_eps);

@@ -65,10 +65,10 @@ class Model {
   absl::Status run_forward(const ForwardInput& in, float* out, OpTimes* times, const TraceFn* trace = nullptr);
 
   // for every frame: c_f [frames, D] and e_f = cond_proj(SiLU(c_f)) [frames, 6D], on the host;
-  // frame_groups (frame counts, in order, summing to the frames): each group
+  // group_frames (frame counts, in order, summing to the frames): each group
   // is computed on its own, as if alone (empty: one group)
   void conditioning(const std::vector<float>& sigma, const std::vector<Action>& actions, float* c, float* e,
-                    const std::vector<int>& frame_groups = {}) const;
+                    const std::vector<int>& group_frames = {}) const;
 
   // the batch's frames as groups whose dense ops run on their own: each
   // batch-invariant session (SessionSlice::invariant) alone, so its numbers
