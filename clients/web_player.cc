@@ -422,8 +422,8 @@ class Handler final : public CivetHandler {
 }  // namespace
 
 int run_web_player(const WebPlayerOptions& o) {
-  if (!(o.fps > 0 && o.fps <= 240)) {
-    std::fprintf(stderr, "wmplay: --fps must be in (0, 240] with --web\n");
+  if (!(o.fps >= 0.001 && o.fps <= 1000)) {
+    std::fprintf(stderr, "wmplay: --fps must be 0.001..1000 with --web (the server's --max_fps may allow less)\n");
     return 2;
   }
   if (o.max_players < 1 || o.max_players > 1000) {

@@ -95,8 +95,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wmbench: --pacing is per_action or realtime\n");
     return 2;
   }
-  if (pacing == "realtime" && !(fps > 0)) {
-    std::fprintf(stderr, "wmbench: --fps must be positive with --pacing realtime\n");
+  if (pacing == "realtime" && !(fps >= 0.001 && fps <= 1000)) {
+    std::fprintf(stderr, "wmbench: --fps must be 0.001..1000 with --pacing realtime (the server's --max_fps may allow less)\n");
+    return 2;
+  }
+  // whole seconds end up as int64 microseconds: a week is far inside, NaN and 1e300 are not
+  if (!(absl::GetFlag(FLAGS_timeout_s) > 0 && absl::GetFlag(FLAGS_timeout_s) <= 7 * 86400)) {
+    std::fprintf(stderr, "wmbench: --timeout_s must be in (0, 604800]\n");
     return 2;
   }
   const std::string target = absl::GetFlag(FLAGS_server);

@@ -20,6 +20,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wmhealth: %s\n", bad->c_str());
     return 2;
   }
+  // becomes int64 milliseconds: a day is far inside, NaN and 1e300 are not
+  if (!(absl::GetFlag(FLAGS_wait_s) >= 0 && absl::GetFlag(FLAGS_wait_s) <= 86400)) {
+    std::fprintf(stderr, "wmhealth: --wait_s must be 0..86400\n");
+    return 2;
+  }
   auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_s) * 1000));

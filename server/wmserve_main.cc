@@ -155,18 +155,14 @@ int main(int argc, char** argv) {
   o.worker.default_cache_format = absl::GetFlag(FLAGS_cache_format);
   o.service.audit_fraction = absl::GetFlag(FLAGS_audit_fraction);
   o.worker.max_batch = absl::GetFlag(FLAGS_max_batch);
-  o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);
   o.worker.action_queue = absl::GetFlag(FLAGS_action_queue);
   o.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.sessions.max_sessions_per_client = absl::GetFlag(FLAGS_max_sessions_per_client);
-  o.sessions.idle_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_idle_ttl_s));
-  o.sessions.park_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_park_ttl_s));
   o.service.version = WM_VERSION;
   o.service.limits.default_jpeg_quality = absl::GetFlag(FLAGS_jpeg_quality);
   o.service.limits.max_fps = absl::GetFlag(FLAGS_max_fps);
   o.service.limits.max_prompt_frames = absl::GetFlag(FLAGS_max_prompt_frames);
   o.service.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
-  o.service.start_timeout = wm::server::from_seconds(absl::GetFlag(FLAGS_start_timeout_s));
 
   // flags a user can get wrong, checked before anything starts
   if (o.port < 0 || o.port > 65535) return fail("--port must be 0..65535");
@@ -185,7 +181,7 @@ int main(int argc, char** argv) {
   if (o.worker.action_queue < 1 || o.worker.action_queue > 4096) return fail("--action_queue must be 1..4096");
   if (o.sessions.max_sessions < 0 || o.sessions.max_sessions_per_client < 0)
     return fail("--max_sessions and --max_sessions_per_client must be >= 0");
-  // durations become int64 nanoseconds: 30 days is far inside, NaN and 1e300 are not
+  // durations become int64 nanoseconds: 30 days is far inside, NaN and 1e300 are not (checked before converting)
   constexpr double kMaxTtlS = 30 * 86400.0;
   if (!(absl::GetFlag(FLAGS_idle_ttl_s) >= 0 && absl::GetFlag(FLAGS_idle_ttl_s) <= kMaxTtlS))
     return fail("--idle_ttl_s must be 0..2592000 (30 days)");
@@ -206,6 +202,11 @@ int main(int argc, char** argv) {
     return fail("keepalive settings must be at least 1 s");
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_s);
   if (!(grace >= 0 && grace <= 3600)) return fail("--shutdown_grace_s must be 0..3600");
+  // converted only once in range: a double beyond int64 nanoseconds does not convert
+  o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);
+  o.sessions.idle_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_idle_ttl_s));
+  o.sessions.park_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_park_ttl_s));
+  o.service.start_timeout = wm::server::from_seconds(absl::GetFlag(FLAGS_start_timeout_s));
 
   auto server = wm::server::Server::start(o);
   if (!server.ok()) return fail(std::string(server.status().message()));

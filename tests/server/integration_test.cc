@@ -997,6 +997,28 @@ TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
   }
 }
 
+// the clients check their flags before they connect: a value that would
+// overflow a clock (NaN, 1e300, a rate whose period is 1e300 s) is refused
+// with exit 2 (wmbench, wmhealth) or 1 (wmplay) and a message naming it; no
+// server listens on port 9, so a value that slipped through would be reported
+// as "cannot reach" instead
+TEST(ServerIntegration, ClientsRefuseFlagValuesThatOverflowAClock) {
+  const std::string nowhere = "--server=127.0.0.1:9";
+  for (const auto& [argv, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{WMHEALTH_BIN, nowhere, "--wait_s=nan"}, "--wait_s"},
+           {{WMHEALTH_BIN, nowhere, "--wait_s=1e300"}, "--wait_s"},
+           {{WMBENCH_BIN, nowhere, "--timeout_s=1e300"}, "--timeout_s"},
+           {{WMBENCH_BIN, nowhere, "--pacing=realtime", "--fps=1e-300"}, "--fps"},
+           {{WMPLAY_BIN, nowhere, "--headless", "--script=x", "--out=/nonexistent", "--timeout_s=nan"}, "--timeout_s"},
+           {{WMPLAY_BIN, nowhere, "--headless", "--script=x", "--out=/nonexistent", "--fps=1e-9"}, "--fps"},
+           {{WMPLAY_BIN, nowhere, "--web=127.0.0.1:0", "--fps=1e-5"}, "--fps"}}) {
+    std::string log;
+    const int rc = testing::run_program(argv, &log);
+    EXPECT_TRUE(rc == 1 || rc == 2) << argv[0] << " " << argv.back() << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, says + " must")) << argv[0] << " " << argv.back() << ":\n" << log;
+  }
+}
+
 // what a browser or a scanner sends to the metrics port gets an HTTP error
 // and nothing else: the server, its metrics and its sessions go on (an error
 // page used to overflow the HTTP server's worker stack and kill the process)
