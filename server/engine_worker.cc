@@ -92,7 +92,7 @@ absl::Status EngineWorker::submit(const ServerSession& from, const TimedAction& 
     st = it->second.input.push(action, &superseded);
     if (st.ok() && was_empty && !it->second.pacer.has_value()) cv_.notify_all();
   }
-  if (superseded > 0 && metrics_ != nullptr) metrics_->actions_superseded->Increment(superseded);
+  if (superseded > 0 && metrics() != nullptr) metrics()->actions_superseded->Increment(superseded);
   return st;
 }
 
@@ -323,9 +323,9 @@ void EngineWorker::do_open(SessionManager::Key key) {
       sessions_ = static_cast<int>(entries_.size());
     }
     std::fprintf(stderr, "wmserve: opening session %s: %s\n", s->id().c_str(), id.status().ToString().c_str());
-    if (metrics_ != nullptr) {
-      metrics_->engine_errors->Increment();
-      metrics_->sessions_rejected("engine").Increment();
+    if (metrics() != nullptr) {
+      metrics()->engine_errors->Increment();
+      metrics()->sessions_rejected("engine").Increment();
     }
     s->finish(id.status(), false);
     on_closed_(s, EndReason::kError, /*opened=*/false);
@@ -339,7 +339,7 @@ void EngineWorker::do_open(SessionManager::Key key) {
     if (p.pacing == PacingMode::kFixedRate) e.pacer.emplace(from_seconds(1.0 / p.fps), Clock::now());
     cv_.notify_all();
   }
-  if (metrics_ != nullptr) metrics_->sessions_started->Increment();
+  if (metrics() != nullptr) metrics()->sessions_started->Increment();
   s->send_started(started_message(*s));
 }
 
@@ -375,14 +375,14 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
   const TimePoint t_done = Clock::now();
   engine_free_since_ = t_done;
   ++steps_;
-  if (metrics_ != nullptr) {
-    metrics_->step_duration->Observe(to_seconds(t_done - t_start));
-    metrics_->batch_size->Observe(static_cast<double>(planned.size()));
+  if (metrics() != nullptr) {
+    metrics()->step_duration->Observe(to_seconds(t_done - t_start));
+    metrics()->batch_size->Observe(static_cast<double>(planned.size()));
   }
   if (!results.ok()) {
     std::fprintf(stderr, "wmserve: engine step of %zu sessions failed: %s\n", planned.size(),
                  results.status().ToString().c_str());
-    if (metrics_ != nullptr) metrics_->engine_errors->Increment();
+    if (metrics() != nullptr) metrics()->engine_errors->Increment();
     for (const auto& p : planned)
       close(p.key, absl::InternalError(absl::StrCat("engine step failed: ", results.status().message())),
             EndReason::kError);
@@ -413,7 +413,7 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
     if (p.tick.has_value()) {
       const int64_t missed = (late ? static_cast<int64_t>(frames.size()) : 0) + p.tick->skipped;
       if (missed > 0) {
-        if (metrics_ != nullptr) metrics_->deadlines_missed->Increment(static_cast<double>(missed));
+        if (metrics() != nullptr) metrics()->deadlines_missed->Increment(static_cast<double>(missed));
         bool tell = false;
         {
           std::lock_guard<std::mutex> lk(mu_);
@@ -439,7 +439,7 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
   if (!written.ok()) {
     std::fprintf(stderr, "wmserve: writing the K/V of %zu sessions failed: %s\n", planned.size(),
                  written.ToString().c_str());
-    if (metrics_ != nullptr) metrics_->engine_errors->Increment();
+    if (metrics() != nullptr) metrics()->engine_errors->Increment();
     for (const auto& p : planned)
       close(p.key, absl::InternalError(absl::StrCat("engine step failed: ", written.message())), EndReason::kError);
   }
@@ -448,25 +448,25 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
 void EngineWorker::publish_gauges(int queued) {
   const int64_t used = engine_->kv_used_bytes();
   kv_used_ = used;
-  if (metrics_ == nullptr) return;
-  metrics_->sessions_active->Set(sessions_.load());
-  metrics_->sessions_queued->Set(std::max(0, queued));
-  metrics_->kv_bytes_used->Set(static_cast<double>(used));
-  metrics_->kv_bytes_reserved->Set(static_cast<double>(engine_->kv_reserved_bytes()));
-  metrics_->kv_usage_ratio->Set(static_cast<double>(used) / static_cast<double>(engine_->kv_capacity_bytes()));
+  if (metrics() == nullptr) return;
+  metrics()->sessions_active->Set(sessions_.load());
+  metrics()->sessions_queued->Set(std::max(0, queued));
+  metrics()->kv_bytes_used->Set(static_cast<double>(used));
+  metrics()->kv_bytes_reserved->Set(static_cast<double>(engine_->kv_reserved_bytes()));
+  metrics()->kv_usage_ratio->Set(static_cast<double>(used) / static_cast<double>(engine_->kv_capacity_bytes()));
   const TimePoint now = Clock::now();
   if (now - last_drift_publish_ >= std::chrono::seconds(1)) {
     last_drift_publish_ = now;
     for (const auto& [format, d] : engine_->drift_by_format())
-      metrics_->set_drift(format, d.drift(), static_cast<double>(d.queries));
+      metrics()->set_drift(format, d.drift(), static_cast<double>(d.queries));
     const BackendMemory mem = engine_->device_memory();
-    metrics_->set_gpu_memory(mem.device_total, mem.device_free);
+    metrics()->set_gpu_memory(mem.device_total, mem.device_free);
     if (const PluginBackend* p = engine_->device_plugin(); p != nullptr) {
       const auto count = [p](const char* name) {
         const absl::StatusOr<int64_t> v = p->counter(name);
         return v.ok() ? *v : 0;
       };
-      metrics_->set_device_graphs(count("graph.recorded"), count("graph.recordings_failed"),
+      metrics()->set_device_graphs(count("graph.recorded"), count("graph.recordings_failed"),
                                   count("graph.launches"));
     }
   }

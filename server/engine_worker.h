@@ -55,8 +55,9 @@ class EngineWorker {
 
   // starts the thread, builds the engine on it and describes the model
   absl::StatusOr<ServedModel> start();
-  // sets where metrics go (before any session opens)
-  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
+  // sets where metrics go (before any session opens; the engine thread is
+  // already running and publishes gauges once it is set)
+  void set_metrics(Metrics* metrics) { metrics_.store(metrics, std::memory_order_release); }
 
   // a session admitted by the session manager; Started is sent once the
   // engine has opened it (or the stream finishes with the engine's error)
@@ -128,7 +129,8 @@ class EngineWorker {
 
   WorkerConfig config_;
   ClosedFn on_closed_;
-  Metrics* metrics_ = nullptr;
+  Metrics* metrics() const { return metrics_.load(std::memory_order_acquire); }
+  std::atomic<Metrics*> metrics_{nullptr};
   std::unique_ptr<Engine> engine_;   // engine thread only
   ServedModel model_;                // fixed after start()
   std::thread thread_;
