@@ -13,7 +13,9 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -30,31 +32,48 @@ struct OnlineSoftmax {
     m.setConstant(n, -std::numeric_limits<float>::infinity());
     l.setZero(n);
   }
-  // s: raw logits already scaled, [n, t]; v: [t, head_dim]
+  // s: raw logits already scaled, [rows, t] for the queries r0..r0+rows; v: [t, head_dim]
   template <class VMat>
-  void update(RowMatrix& s, const VMat& v) {
-    const int n = static_cast<int>(s.rows());
-    Eigen::VectorXf corr(n);
-    for (int i = 0; i < n; ++i) {
-      const float row_max = s.row(i).maxCoeff();
+  void update(RowMatrix& s, const VMat& v, int r0 = 0) {
+    const int rows = static_cast<int>(s.rows());
+    Eigen::VectorXf corr(rows);
+    for (int j = 0; j < rows; ++j) {
+      const int i = r0 + j;
+      const float row_max = s.row(j).maxCoeff();
       const float m_new = std::max(m[i], row_max);
-      corr[i] = std::isinf(m[i]) ? 0.0f : std::exp(m[i] - m_new);
-      s.row(i) = (s.row(i).array() - m_new).exp();
-      l[i] = l[i] * corr[i] + s.row(i).sum();
+      corr[j] = std::isinf(m[i]) ? 0.0f : std::exp(m[i] - m_new);
+      s.row(j) = (s.row(j).array() - m_new).exp();
+      l[i] = l[i] * corr[j] + s.row(j).sum();
       m[i] = m_new;
     }
-    acc = corr.asDiagonal() * acc;
-    acc.noalias() += s * v;
+    auto a = acc.middleRows(r0, rows);
+    a = corr.asDiagonal() * a;
+    a.noalias() += s * v;
   }
+};
+
+// The logits of one score block are at most ScoreLimits::max_floats (16 MiB
+// per thread): a frame of many tokens attends in row chunks of its queries (and
+// column chunks of its own block's keys) instead of as one n x n matrix.
+// Every model served so far fits in one chunk, so its arithmetic is the
+// unchunked one.
+struct ScoreLimits {
+  int64_t max_floats = int64_t{1} << 22;
+  int block_keys = 4096;  // the current block's own keys per score block
 };
 
 // attention of n queries of one head. q, k_cur, v_cur, out are [n, heads, head_dim] rows.
 template <class Source>
 void attend_head(const Source& src, int head, int heads, int head_dim, const float* q, const float* k_cur,
-                 const float* v_cur, int n, float* out) {
+                 const float* v_cur, int n, float* out, ScoreLimits limits = {}) {
   const int stride = heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   StridedMap qm(q + head * head_dim, n, head_dim, Eigen::OuterStride<>(stride));
+  // the widest score block: a cached tile, or a chunk of the block's own keys
+  const int block_keys = std::max(1, std::min(n, limits.block_keys));
+  int64_t widest = std::max(block_keys, 1);
+  for (int t = 0; t < src.tiles(); ++t) widest = std::max<int64_t>(widest, src.tile_tokens(t));
+  const int rows = static_cast<int>(std::clamp<int64_t>(limits.max_floats / widest, 1, std::max(n, 1)));
   OnlineSoftmax st;
   st.reset(n, head_dim);
   RowMatrix kt, vt, s;
@@ -64,15 +83,24 @@ void attend_head(const Source& src, int head, int heads, int head_dim, const flo
     kt.resize(tt, head_dim);
     vt.resize(tt, head_dim);
     src.load(t, head, kt.data(), vt.data());
-    s.noalias() = qm * kt.transpose();
-    src.add_logit_bias(t, head, q + head * head_dim, stride, n, s.data(), tt);
-    s *= scale;
-    st.update(s, vt);
+    for (int r0 = 0; r0 < n; r0 += rows) {
+      const int nr = std::min(rows, n - r0);
+      s.noalias() = qm.middleRows(r0, nr) * kt.transpose();
+      src.add_logit_bias(t, head, q + static_cast<size_t>(r0) * stride + head * head_dim, stride, nr, s.data(), tt);
+      s *= scale;
+      st.update(s, vt, r0);
+    }
   }
   StridedMap kc(k_cur + head * head_dim, n, head_dim, Eigen::OuterStride<>(stride));
   StridedMap vc(v_cur + head * head_dim, n, head_dim, Eigen::OuterStride<>(stride));
-  s.noalias() = (qm * kc.transpose()) * scale;
-  st.update(s, vc);
+  for (int c0 = 0; c0 < n; c0 += block_keys) {
+    const int nc = std::min(block_keys, n - c0);
+    for (int r0 = 0; r0 < n; r0 += rows) {
+      const int nr = std::min(rows, n - r0);
+      s.noalias() = (qm.middleRows(r0, nr) * kc.middleRows(c0, nc).transpose()) * scale;
+      st.update(s, vc.middleRows(c0, nc), r0);
+    }
+  }
   for (int i = 0; i < n; ++i) {
     const float inv = 1.0f / st.l[i];
     float* o = out + static_cast<size_t>(i) * stride + head * head_dim;
@@ -82,9 +110,9 @@ void attend_head(const Source& src, int head, int heads, int head_dim, const flo
 
 template <class Source>
 void attend_all_heads(const Source& src, int heads, int head_dim, const float* q, const float* k_cur,
-                      const float* v_cur, int n, float* out) {
+                      const float* v_cur, int n, float* out, ScoreLimits limits = {}) {
 #pragma omp parallel for schedule(static)
-  for (int h = 0; h < heads; ++h) attend_head(src, h, heads, head_dim, q, k_cur, v_cur, n, out);
+  for (int h = 0; h < heads; ++h) attend_head(src, h, heads, head_dim, q, k_cur, v_cur, n, out, limits);
 }
 
 }  // namespace wm

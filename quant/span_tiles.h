@@ -55,6 +55,8 @@ struct SpanTiles {
   };
   struct HeadScratch {
     const PsacBasis* basis = nullptr;
+    const float* q = nullptr;  // the queries qu was made of (a long block comes in row chunks)
+    int n = 0;
     RowMatrix qu;              // [n, kPsacRank]: U q of every query for `basis`
     RowMatrix alpha;           // [kPsacRank, tile tokens]
   };
@@ -104,12 +106,14 @@ struct SpanTiles {
     if (c.coeffs.empty()) return;
     const int D = head_dim, R = kPsacRank;
     HeadScratch& hs = scratch[static_cast<size_t>(head)];
-    if (hs.basis != r.span->basis.get()) {
+    if (hs.basis != r.span->basis.get() || hs.q != q || hs.n != n) {
       RowMatrix u(R, D);
       load_row(r.span->basis->u.data() + static_cast<size_t>(head) * R * D, u.data(), R * D);
       StridedMap qm(q, n, D, Eigen::OuterStride<>(q_stride));
       hs.qu.noalias() = qm * u.transpose();
       hs.basis = r.span->basis.get();
+      hs.q = q;
+      hs.n = n;
     }
     // alpha transposed, [kPsacRank, tokens], so that the update below runs
     // along the tokens: s_i += sum_r (U q_i)_r alpha_r (8 axpys per query)
