@@ -170,6 +170,9 @@ PlayResult play(const std::shared_ptr<grpc::Channel>& channel, const PlayConfig&
     return result;
   }
   result.started = stream.started();
+  // more actions in flight than the server queues would only be refused (ACTION_QUEUE_FULL)
+  const int queue = result.started.action_queue_capacity();
+  const int window = std::max(1, queue > 0 ? std::min(config.window, queue) : config.window);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -241,7 +244,7 @@ PlayResult play(const std::shared_ptr<grpc::Channel>& channel, const PlayConfig&
       const int64_t wait = at - now_us();
       if (wait > 0) std::this_thread::sleep_for(std::chrono::microseconds(wait));
     } else {
-      ok = until([&] { return sent_at.size() < static_cast<size_t>(std::max(1, config.window)); });
+      ok = until([&] { return sent_at.size() < static_cast<size_t>(window); });
       if (!ok) break;
     }
     const int64_t now = now_us();

@@ -82,7 +82,8 @@ struct PlayConfig {
   wmserve::v1::Start start;
   std::vector<Action> actions;   // one per step of the script (seq = position + 1)
   // how actions are sent: > 0, at this rate (a live player); 0, in lockstep,
-  // at most `window` actions ahead of the last acknowledged one
+  // at most `window` actions ahead of the last acknowledged one (and no more
+  // than Started.action_queue_capacity: the server refuses what it cannot queue)
   double send_fps = 0;
   int window = 1;
   // wait this long after Started before the first action (a live player's

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -459,9 +460,17 @@ int run_web_player(const WebPlayerOptions& o) {
   const std::vector<int> ports = http->getListeningPorts();
   const int port = ports.empty() ? 0 : ports[0];
   if (!o.port_file.empty()) {
+    // written whole, then renamed: a reader never sees half a file
     const std::string tmp = o.port_file + ".tmp";
-    std::ofstream(tmp) << "{\"port\": " << port << "}\n";
-    std::rename(tmp.c_str(), o.port_file.c_str());
+    std::ofstream out(tmp);
+    out << "{\"port\": " << port << "}\n";
+    out.close();
+    if (!out || std::rename(tmp.c_str(), o.port_file.c_str()) != 0) {
+      std::fprintf(stderr, "wmplay: cannot write --port_file %s: %s\n", o.port_file.c_str(), std::strerror(errno));
+      std::remove(tmp.c_str());
+      http->close();
+      return 1;
+    }
   }
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
   std::printf("wmplay: open http://%s:%d/ to play (wmserve at %s, %g frames/s); Ctrl-C stops\n",

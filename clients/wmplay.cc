@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
       "  wmplay --web 127.0.0.1:8080 [--server host:port] [--fps F]\n"
       "  wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]");
   if (auto bad = wm::parse_flags_only(argc, argv)) return fail(*bad);
+  if (!(absl::GetFlag(FLAGS_fps) == 0 || (absl::GetFlag(FLAGS_fps) >= 0.001 && absl::GetFlag(FLAGS_fps) <= 1000)))
+    return fail("--fps must be 0 (per-action pacing; 20 with --web) or 0.001..1000 (the server's --max_fps may allow less)");
   if (!absl::GetFlag(FLAGS_web).empty()) {
     if (absl::GetFlag(FLAGS_headless)) return fail("--web and --headless are two ways to play: pick one");
     wm::client::WebPlayerOptions w;
@@ -90,8 +92,6 @@ int main(int argc, char** argv) {
     return fail("pick a way to play: --web HOST:PORT (a browser) or --headless --script FILE --out DIR");
   const std::string out = absl::GetFlag(FLAGS_out);
   if (absl::GetFlag(FLAGS_script).empty() || out.empty()) return fail("--script and --out are required");
-  if (!(absl::GetFlag(FLAGS_fps) == 0 || (absl::GetFlag(FLAGS_fps) >= 0.001 && absl::GetFlag(FLAGS_fps) <= 1000)))
-    return fail("--fps must be 0 (per-action pacing) or 0.001..1000 (the server's --max_fps may allow less)");
   if (absl::GetFlag(FLAGS_window) < 1) return fail("--window must be at least 1");
   // becomes int64 microseconds: a week is far inside, NaN and 1e300 are not
   if (!(absl::GetFlag(FLAGS_timeout_s) > 0 && absl::GetFlag(FLAGS_timeout_s) <= 7 * 86400))

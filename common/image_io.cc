@@ -1,9 +1,14 @@
 #include "common/image_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <csetjmp>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include <jpeglib.h>
 
@@ -114,15 +119,34 @@ absl::Status write_file(const std::string& path, const void* data, size_t size) 
 }
 
 absl::StatusOr<std::string> read_file(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  const std::streamoff size = in.tellg();
-  if (size < 0 || static_cast<size_t>(size) > max_bytes)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": file too large"));
-  in.seekg(0);
-  std::string out(static_cast<size_t>(size), '\0');
-  in.read(out.data(), size);
-  if (!in) return absl::DataLossError(absl::StrCat(path, ": short read"));
+  if (path.empty()) return absl::InvalidArgumentError("an empty file name");
+  // non-blocking: a FIFO opens at once (and is refused below) instead of
+  // waiting forever for a writer
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  struct stat st;
+  const bool stat_ok = fstat(fd, &st) == 0;
+  auto refuse = [&](absl::Status s) {
+    ::close(fd);
+    return s;
+  };
+  if (!stat_ok) return refuse(absl::InternalError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno))));
+  if (S_ISDIR(st.st_mode)) return refuse(absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file")));
+  if (!S_ISREG(st.st_mode)) return refuse(absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file")));
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size > max_bytes)
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat(path, ": file too large (", size, " bytes; at most ", max_bytes, ")")));
+  std::string out(size, '\0');
+  size_t got = 0;
+  while (got < size) {
+    const ssize_t r = ::read(fd, out.data() + got, size - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (got != size) return absl::DataLossError(absl::StrCat(path, ": short read (", got, " of ", size, " bytes)"));
   return out;
 }
 

@@ -89,6 +89,7 @@ absl::StatusOr<std::vector<Action>> parse_action_script(absl::string_view text, 
       absl::string_view t = toks[i];
       if (absl::ConsumePrefix(&t, "*")) {
         if (!absl::SimpleAtoi(t, &repeat) || repeat < 1 || repeat > 100000) return fail("bad repeat count");
+        if (i + 1 != toks.size()) return fail("the repeat count (*N) comes last, once");
         continue;
       }
       double v = 0;
@@ -107,14 +108,21 @@ absl::StatusOr<std::vector<Action>> parse_action_script(absl::string_view text, 
 }
 
 absl::StatusOr<std::vector<Action>> load_action_script(const std::string& path, const ActionSpace& space) {
+  if (std::filesystem::is_directory(path))
+    return absl::InvalidArgumentError(absl::StrCat("action script ", path, " is a directory, not a file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open action script ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  // a directory opens, and reads as nothing
-  if (in.bad() || (ss.str().empty() && !std::filesystem::is_regular_file(path)))
-    return absl::InvalidArgumentError(absl::StrCat("action script ", path, " is not a readable file"));
-  auto r = parse_action_script(ss.str(), space);
+  // read in pieces up to a bound: a pipe works, /dev/zero or a huge file stops at the bound
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    if (text.size() + static_cast<size_t>(in.gcount()) > kMaxActionScriptBytes)
+      return absl::InvalidArgumentError(
+          absl::StrCat("action script ", path, " is larger than ", kMaxActionScriptBytes >> 20, " MiB"));
+    text.append(buf, static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat("action script ", path, " is not a readable file"));
+  auto r = parse_action_script(text, space);
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat(path, ": ", r.status().message()));
   return r;
 }

@@ -49,8 +49,11 @@ struct ActionSpace {
 // the WASD + yaw/pitch space of the default model and the simulator
 ActionSpace default_action_space();
 
-// parses a script; errors name the line
+// parses a script; errors name the line. An empty script is valid (wmsim
+// renders the start view from one); tools that generate frames refuse it.
 absl::StatusOr<std::vector<Action>> parse_action_script(absl::string_view text, const ActionSpace& space);
+// a script file (or pipe) of at most kMaxActionScriptBytes
+inline constexpr size_t kMaxActionScriptBytes = size_t{64} << 20;
 absl::StatusOr<std::vector<Action>> load_action_script(const std::string& path, const ActionSpace& space);
 // formats actions as a script (one line per action, runs collapsed with *N)
 std::string format_action_script(const std::vector<Action>& actions, const ActionSpace& space);

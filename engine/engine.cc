@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     WM_ASSIGN_OR_RETURN(config, load_model_config(options.config_path));
     weights = random_host_weights(config, options.random_seed);
   } else {
+    // "" + "/config.json" would read from the filesystem's root
+    if (options.model_dir.empty()) return absl::InvalidArgumentError("no model directory given (--model DIR)");
     WM_ASSIGN_OR_RETURN(config, load_model_config(options.model_dir + "/config.json"));
     WM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(options.model_dir + "/model.safetensors"));
     WM_ASSIGN_OR_RETURN(weights, load_host_weights(config, *file));

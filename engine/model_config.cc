@@ -1,9 +1,11 @@
 #include "engine/model_config.h"
 
 #include <cmath>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/image_io.h"
 #include "common/status_macros.h"
@@ -89,8 +91,14 @@ int64_t ModelConfig::parameter_count() const {
 
 absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, const std::string& source) {
   if (json_text.size() > (1u << 20)) return absl::InvalidArgumentError(absl::StrCat(source, ": config larger than 1 MiB"));
-  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    // e.what() names the byte and what was expected there
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   Reader r(j, source);
   ModelConfig c;
   std::string format;
@@ -100,6 +108,9 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
   WM_RETURN_IF_ERROR(r.get_int("version", 1, 1, &version));
   WM_RETURN_IF_ERROR(r.get_string("name", &c.name));
   if (c.name.empty() || c.name.size() > 64) return r.error("name", "must have 1..64 characters");
+  // it goes into logs, metric labels and status messages
+  for (const char ch : c.name)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) return r.error("name", "holds a control character");
   WM_RETURN_IF_ERROR(r.get_int("frame.channels", 1, 64, &c.channels));
   WM_RETURN_IF_ERROR(r.get_int("frame.patch", 1, 32, &c.patch));
   WM_RETURN_IF_ERROR(r.get_int("frame.height", 1, 2048, &c.height));
@@ -133,6 +144,11 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
   WM_RETURN_IF_ERROR(r.get_strings("actions.keys", 1, 32, &c.actions.keys));
   for (size_t i = 0; i < c.actions.keys.size(); ++i) {
     if (c.actions.keys[i].size() != 1) return r.error("actions.keys", "names must be single characters");
+    // an action script line is KEYS MOUSE... *N # comment, and '-' means no key
+    const unsigned char k = static_cast<unsigned char>(c.actions.keys[i][0]);
+    if (k <= 0x20 || k >= 0x7f || std::strchr("#-*", k) != nullptr)
+      return r.error("actions.keys", absl::StrCat("'", absl::CHexEscape(c.actions.keys[i]),
+                                                  "' cannot be written in an action script (printable ASCII but # - * and space)"));
     for (size_t j = 0; j < i; ++j)
       if (c.actions.keys[j] == c.actions.keys[i])
         return r.error("actions.keys", absl::StrCat("'", c.actions.keys[i], "' is named twice"));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -94,7 +95,9 @@ int64_t TensorView::numel() const {
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->source_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // non-blocking: a FIFO opens at once (and is refused below) instead of
+  // waiting forever for a writer
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -137,8 +140,19 @@ absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
     return fail(absl::StrCat("header length ", header_len, " runs past the end of the ", size, "-byte file (truncated?)"));
   absl::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
   if (!json_depth_ok(header)) return fail("header JSON nested too deeply");
-  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  // a name listed twice would silently keep its last entry: find it while parsing
+  std::string twice;
+  std::set<std::string> names;
+  const nlohmann::json::parser_callback_t note_names = [&](int depth, nlohmann::json::parse_event_t event,
+                                                            nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && twice.empty() &&
+        !names.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j = nlohmann::json::parse(header, note_names, /*allow_exceptions=*/false);
   if (j.is_discarded()) return fail("header is not valid JSON");
+  if (!twice.empty()) return fail(absl::StrCat("header lists '", twice.substr(0, 64), "' twice"));
   if (!j.is_object()) return fail("header is not a JSON object");
   const uint8_t* data = base + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;

@@ -28,6 +28,9 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
       m.reservation_bytes[f] = bytes;
     }
   }
+  if (m.cache_formats.empty())
+    return absl::InvalidArgumentError(
+        "no KV-cache format can hold this model on this backend (on the CPU head_dim must be a multiple of 8, on a GPU 32, 64 or 128)");
   if (m.reservation_bytes.count(default_format) == 0)
     return absl::InvalidArgumentError(absl::StrCat("--cache_format '", default_format,
                                                    "' is not available for this model; it has ",

@@ -2,8 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <thread>
 
 namespace wm {
 namespace {
@@ -25,7 +30,7 @@ TEST(ActionScript, ParsesKeysMouseAndRepeats) {
 
 TEST(ActionScript, RejectsBadLinesWithLineNumber) {
   const ActionSpace s = default_action_space();
-  for (const char* bad : {"Q", "W x", "W 1 2 3", "W 99", "W *0", "W *abc", "W nan"}) {
+  for (const char* bad : {"Q", "W x", "W 1 2 3", "W 99", "W *0", "W *abc", "W nan", "W 0 0 *2 *3", "W *3 0 0"}) {
     auto a = parse_action_script(std::string("W\n") + bad, s);
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_NE(std::string(a.status().message()).find("line 2"), std::string::npos) << a.status();
@@ -42,6 +47,25 @@ TEST(ActionScript, ADirectoryIsNotAScript) {
   EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
   EXPECT_EQ(load_action_script("/no/such/script.txt", default_action_space()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// an endless or huge file stops at the bound instead of filling memory; a
+// pipe still reads
+TEST(ActionScript, ReadsAtMostTheBound) {
+  auto z = load_action_script("/dev/zero", default_action_space());
+  ASSERT_EQ(z.status().code(), absl::StatusCode::kInvalidArgument) << z.status();
+  EXPECT_NE(std::string(z.status().message()).find("larger than 64 MiB"), std::string::npos) << z.status();
+  const std::string fifo = ::testing::TempDir() + "/script_fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::ofstream(fifo) << "W 0 0 *2\n- 5 0\n";
+  });
+  auto p = load_action_script(fifo, default_action_space());
+  writer.join();
+  ::unlink(fifo.c_str());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->size(), 3u);
 }
 
 TEST(ActionSpace, ValidatesAndEmbeds) {

@@ -54,6 +54,10 @@ TEST(ModelConfig, RejectsBadFieldsNamingThem) {
       {"/frame/decoder", "vae", "frame.decoder"},
       {"/actions/keys", nlohmann::json::array({"WW"}), "actions.keys"},
       {"/actions/keys", nlohmann::json::array({"W", "A", "W"}), "named twice"},
+      {"/actions/keys", nlohmann::json::array({"W", "#"}), "action script"},  // a script reads it as a comment
+      {"/actions/keys", nlohmann::json::array({"-"}), "action script"},
+      {"/actions/keys", nlohmann::json::array({" "}), "action script"},
+      {"/name", "a\nb", "control character"},
   };
   for (const auto& c : cases) {
     nlohmann::json j = nlohmann::json::parse(base_text());
@@ -62,6 +66,13 @@ TEST(ModelConfig, RejectsBadFieldsNamingThem) {
     ASSERT_FALSE(r.ok()) << c.pointer;
     EXPECT_NE(std::string(r.status().message()).find(c.field), std::string::npos) << r.status();
   }
+  // a syntax error says where; valid JSON of another kind says what it is not
+  auto syntax = parse_model_config("{\"dim\": 1e400}", "cfg.json");
+  ASSERT_FALSE(syntax.ok());
+  EXPECT_NE(std::string(syntax.status().message()).find("not valid JSON"), std::string::npos) << syntax.status();
+  auto array = parse_model_config("[1]", "cfg.json");
+  ASSERT_FALSE(array.ok());
+  EXPECT_NE(std::string(array.status().message()).find("not a JSON object"), std::string::npos) << array.status();
   EXPECT_FALSE(parse_model_config("{", "cfg.json").ok());
   nlohmann::json j = nlohmann::json::parse(base_text());
   j.erase("ffn");

@@ -2,9 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 #include <random>
 
+#include "common/image_io.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
 
@@ -71,6 +76,42 @@ TEST(Safetensors, RejectsDamagedFiles) {
                "absurdly large");
   expect_error(make_file(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", floats({1})), "missing dtype");
   expect_error(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", floats({1})), "data_offsets");
+  // JSON keeps the last of two equal keys: a name listed twice is refused instead
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                         floats({1, 2})),
+               "lists 'a' twice");
+}
+
+// model files are regular files: a FIFO (no writer) or a directory is refused
+// at once instead of blocking the loader
+TEST(Safetensors, OnlyRegularFilesOpen) {
+  const std::string fifo = ::testing::TempDir() + "/model_fifo.safetensors";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto f = SafetensorsFile::open(fifo);
+  ::unlink(fifo.c_str());
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(std::string(f.status().message()).find("not a regular file"), std::string::npos) << f.status();
+  auto d = SafetensorsFile::open(::testing::TempDir());
+  ASSERT_FALSE(d.ok());
+  for (const std::string& path : {fifo, ::testing::TempDir()}) {
+    if (path == fifo) {
+      ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    }
+    auto r = read_file(path, 1 << 20);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << path << ": " << r.status();
+    EXPECT_NE(std::string(r.status().message()).find(path == fifo ? "not a regular file" : "is a directory"),
+              std::string::npos)
+        << r.status();
+  }
+  ::unlink(fifo.c_str());
+  const std::string big = ::testing::TempDir() + "/big.bin";
+  std::ofstream(big) << std::string(100, 'x');
+  auto r = read_file(big, 99);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("100 bytes; at most 99"), std::string::npos) << r.status();
+  EXPECT_EQ(read_file(big, 100)->size(), 100u);
+  ::unlink(big.c_str());
 }
 
 // random mutations of a valid checkpoint never crash or read out of bounds (ASan/valgrind find the latter)
