@@ -39,6 +39,8 @@ namespace v1 = ::wmserve::v1;
 namespace {
 
 constexpr int kMaxSessions = 1000;
+constexpr int kMaxFrames = 1000000;
+constexpr int64_t kMaxTotalFrames = 10000000;  // all sessions: ~2 GB of records
 
 int64_t rss_bytes(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -83,8 +85,18 @@ int main(int argc, char** argv) {
   const std::string pacing = absl::GetFlag(FLAGS_pacing);
   const double fps = absl::GetFlag(FLAGS_fps);
   // a session is a thread and a connection here
-  if (n < 1 || n > kMaxSessions || frames < 1) {
-    std::fprintf(stderr, "wmbench: --sessions must be 1..%d and --frames positive\n", kMaxSessions);
+  if (n < 1 || n > kMaxSessions) {
+    std::fprintf(stderr, "wmbench: --sessions must be 1..%d\n", kMaxSessions);
+    return 2;
+  }
+  // every session keeps its actions and a record per frame (~200 bytes each)
+  if (frames < 1 || frames > kMaxFrames) {
+    std::fprintf(stderr, "wmbench: --frames must be 1..%d\n", kMaxFrames);
+    return 2;
+  }
+  if (static_cast<int64_t>(n) * frames > kMaxTotalFrames) {
+    std::fprintf(stderr, "wmbench: --sessions x --frames = %lld is above %lld (the per-frame records must fit in memory)\n",
+                 static_cast<long long>(n) * frames, static_cast<long long>(kMaxTotalFrames));
     return 2;
   }
   if (absl::GetFlag(FLAGS_window) < 1) {

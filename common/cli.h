@@ -20,4 +20,10 @@ inline std::optional<std::string> parse_flags_only(int argc, char** argv) {
   return absl::StrCat("unexpected argument '", rest[1], "': every setting is a flag (--name=value); see --help");
 }
 
+// CPU threads as wmserve takes them: 0 is every core; the OpenMP runtime
+// crashes or allocates without bound far above the limit
+inline constexpr int kMaxThreads = 1024;
+inline constexpr char kThreadsRange[] = "--threads must be 0..1024 (0: all cores)";
+inline bool threads_in_range(int threads) { return threads >= 0 && threads <= kMaxThreads; }
+
 }  // namespace wm

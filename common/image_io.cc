@@ -8,6 +8,7 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include <jpeglib.h>
@@ -111,11 +112,27 @@ absl::StatusOr<Rgb8Image> jpeg_decode(const void* data, size_t size, int64_t max
 }
 
 absl::Status write_file(const std::string& path, const void* data, size_t size) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
-  if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", path));
-  return absl::OkStatus();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  int err = 0;
+  if (std::fwrite(data, 1, size, f) != size) err = errno;
+  // buffered bytes reach the file only here: a full disk shows at the flush
+  if (std::fflush(f) != 0 && err == 0) err = errno;
+  if (std::fclose(f) != 0 && err == 0) err = errno;
+  if (err == 0) return absl::OkStatus();
+  // leave no truncated output behind (but never remove a device or a link's target)
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) std::filesystem::remove(path, ec);
+  return absl::UnavailableError(absl::StrCat("write failed: ", path, ": ", std::strerror(err)));
+}
+
+absl::Status flush_stdout() {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !std::ferror(stdout)) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("write failed: stdout: ", err != 0 ? std::strerror(err) : "an earlier write failed"));
 }
 
 absl::StatusOr<std::string> read_file(const std::string& path, size_t max_bytes) {

@@ -66,12 +66,16 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+  // the OpenMP runtime crashes or allocates without bound far above this
+  if (options.threads < 0 || options.threads > 1024)
+    return absl::InvalidArgumentError(absl::StrCat("threads ", options.threads, " must be 0..1024 (0: all cores)"));
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   ModelConfig config;
   HostWeights weights;
   if (options.random_weights) {
     WM_ASSIGN_OR_RETURN(config, load_model_config(options.config_path));
+    WM_RETURN_IF_ERROR(check_weights_fit_memory(config));
     weights = random_host_weights(config, options.random_seed);
   } else {
     // "" + "/config.json" would read from the filesystem's root

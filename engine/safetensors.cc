@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -286,19 +288,36 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string h = header.dump();
   while (h.size() % 8 != 0) h.push_back(' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  // a new or regular file is written beside its place and renamed there when
+  // complete, so that a full disk leaves no truncated checkpoint; a device
+  // or a link is written in place
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(path, ec);
+  const bool atomic = !std::filesystem::exists(st) || std::filesystem::is_regular_file(st);
+  const std::string target = atomic ? absl::StrCat(path, ".tmp-", getpid()) : path;
+  std::FILE* f = std::fopen(target.c_str(), "wb");
+  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot write ", target, ": ", std::strerror(errno)));
+  int err = 0;
+  auto put = [&](const void* data, size_t bytes) {
+    if (err == 0 && std::fwrite(data, 1, bytes, f) != bytes) err = errno;
+  };
   uint8_t len[8];
   uint64_t hl = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(hl >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  put(len, 8);
+  put(h.data(), h.size());
   for (const auto& t : tensors) {
     uint64_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(n * dtype_size(t.dtype)));
+    put(t.data, n * dtype_size(t.dtype));
   }
-  if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", path));
+  if (std::fflush(f) != 0 && err == 0) err = errno;
+  if (std::fclose(f) != 0 && err == 0) err = errno;
+  if (err == 0 && atomic && std::rename(target.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    if (atomic) std::filesystem::remove(target, ec);
+    return absl::UnavailableError(absl::StrCat("write failed: ", path, ": ", std::strerror(err)));
+  }
   return absl::OkStatus();
 }
 

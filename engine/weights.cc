@@ -1,10 +1,13 @@
 #include "engine/weights.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/image_io.h"
 #include "common/status_macros.h"
 
@@ -55,7 +58,24 @@ const std::vector<float>& HostWeights::get(const std::string& name) const {
   return empty;
 }
 
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+absl::Status check_weights_fit_memory(const ModelConfig& c) {
+  const int64_t need = c.parameter_count() * static_cast<int64_t>(sizeof(float));
+  const int64_t have = physical_memory_bytes();
+  if (have <= 0 || need <= have) return absl::OkStatus();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "model '%s' has %d parameters: its fp32 weights need %.1f GiB (%d bytes), more than this machine's %.1f GiB "
+      "(%d bytes) of physical memory",
+      c.name, c.parameter_count(), static_cast<double>(need) / kGiB, need, static_cast<double>(have) / kGiB, have));
+}
+
 absl::StatusOr<HostWeights> load_host_weights(const ModelConfig& c, const SafetensorsFile& file) {
+  WM_RETURN_IF_ERROR(check_weights_fit_memory(c));
   HostWeights w;
   w.specs = model_tensor_specs(c);
   std::map<std::string, bool> expected;

@@ -28,9 +28,15 @@ struct HostWeights {
   const std::vector<float>& get(const std::string& name) const;
 };
 
+// the machine's physical memory in bytes (0 when unknown)
+int64_t physical_memory_bytes();
+// refuses a config whose fp32 weights exceed physical memory, before any is
+// allocated: a config can validate and still need terabytes
+absl::Status check_weights_fit_memory(const ModelConfig& c);
+
 // reads and checks every tensor: missing, extra, wrong shape or dtype fail naming the tensor
 absl::StatusOr<HostWeights> load_host_weights(const ModelConfig& c, const SafetensorsFile& file);
-// seeded random weights (checkpoint init and benchmarks)
+// seeded random weights (checkpoint init and benchmarks); check_weights_fit_memory first
 HostWeights random_host_weights(const ModelConfig& c, uint64_t seed);
 absl::Status save_checkpoint(const ModelConfig& c, const HostWeights& w, const std::string& dir);
 

@@ -43,6 +43,13 @@ struct KvBytes {
   KvBytes& operator+=(const KvBytes& o);
 };
 
+// upper bounds of the options whose cost grows with them: the worst-case
+// bytes replay a ledger over a multiple of the residual and of the refresh
+// period, and k-means runs every iteration
+inline constexpr int kMaxKiviResidual = 4096;
+inline constexpr int kMaxPsacRefreshFrames = 1024;  // also the most frames before spans, blocks and refreshes line up
+inline constexpr int kMaxKmeansIters = 1000;
+
 // format options (docs/QUANT.md explains each choice and its cost)
 struct KvFormatOptions {
   // KIVI

@@ -80,11 +80,15 @@ absl::Status validate(const Parsed& p, const KvGeometry& g) {
   }
 }
 
-// enough frames for the ledger to pass through every state it can reach
-int64_t horizon_frames(const KvGeometry& g, const KvFormatOptions& o) {
+// enough frames for the ledger to pass through every state it can reach;
+// only the family's own options count (a KIVI cache ignores span_frames, a
+// span cache kivi_residual), so an unused option cannot stretch the replay
+int64_t horizon_frames(Family family, const KvGeometry& g, const KvFormatOptions& o) {
+  const int64_t base = g.sink_frames + 4 * static_cast<int64_t>(g.window_frames) + 64;
+  if (family == Family::kivi) return base + 4 * static_cast<int64_t>(g.frames_per_block) + 2 * o.kivi_residual;
   const int64_t span = std::max(o.span_frames, g.frames_per_block);
   const int64_t period = std::lcm(std::lcm<int64_t>(span, o.psac_refresh_frames), g.frames_per_block);
-  return g.sink_frames + 4 * static_cast<int64_t>(g.window_frames) + 4 * period + 2 * o.kivi_residual + 64;
+  return base + 4 * period;
 }
 
 }  // namespace
@@ -139,7 +143,7 @@ int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const
   // they are coded -- is never held between engine calls). The engine
   // appends whole blocks, except that a prompt's last chunk may be shorter:
   // every position and length of that one short append is replayed too.
-  const int64_t horizon = horizon_frames(g, p->options);
+  const int64_t horizon = horizon_frames(p->family, g, p->options);
   const int B = g.frames_per_block;
   std::vector<std::vector<int>> patterns;
   for (int r = 0; r < B; ++r)

@@ -286,8 +286,10 @@ absl::Status kivi_validate(const KvGeometry& g, const KvFormatOptions& o) {
   if (g.head_dim % G != 0)
     return absl::InvalidArgumentError(absl::StrCat("kivi2: group ", G, " does not divide head_dim ", g.head_dim));
   if (g.head_dim > 512) return absl::InvalidArgumentError("kivi2: head_dim above 512");
-  if (o.kivi_residual <= 0 || o.kivi_residual % G != 0)
-    return absl::InvalidArgumentError(absl::StrCat("kivi2: residual ", o.kivi_residual, " is not a positive multiple of ", G));
+  // the ledger's worst case replays twice the residual
+  if (o.kivi_residual <= 0 || o.kivi_residual % G != 0 || o.kivi_residual > kMaxKiviResidual)
+    return absl::InvalidArgumentError(absl::StrCat("kivi2: residual ", o.kivi_residual, " is not a multiple of ", G,
+                                                   " within ", G, "..", kMaxKiviResidual));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include "quant/kv_span.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -315,20 +316,35 @@ class SpanKvCache final : public KvCache {
 static int effective_block(const KvGeometry& g, const KvFormatOptions& o) { return std::min(o.block, g.head_dim); }
 
 absl::Status span_validate(const KvGeometry& g, const KvFormatOptions& o) {
+  // the value given is checked, not the one capped at head_dim, so that 256 fails like 48
+  if (o.block != 16 && o.block != 32 && o.block != 64 && o.block != 128)
+    return absl::InvalidArgumentError(absl::StrCat("block ", o.block, " is not 16, 32, 64 or 128"));
   const int B = effective_block(g, o);
-  if (B != 16 && B != 32 && B != 64 && B != 128)
-    return absl::InvalidArgumentError(absl::StrCat("block ", B, " is not 16, 32, 64 or 128"));
   if (g.head_dim % B != 0) return absl::InvalidArgumentError(absl::StrCat("block ", B, " does not divide head_dim ", g.head_dim));
-  const int span = std::max(1, o.span_frames);
-  if (o.span_frames < 0 || span > g.window_frames)
-    return absl::InvalidArgumentError(absl::StrCat("span of ", span, " frames must be within 1..window (", g.window_frames, ")"));
-  if (o.centroids < 1 || o.centroids > 256) return absl::InvalidArgumentError("centroids must be within 1..256 (u8 ids)");
-  if (o.tokens_per_centroid < 1) return absl::InvalidArgumentError("tokens_per_centroid must be positive");
-  if (o.kmeans_iters < 0) return absl::InvalidArgumentError("kmeans_iters must not be negative");
+  if (o.span_frames < 0 || o.span_frames > g.window_frames)
+    return absl::InvalidArgumentError(absl::StrCat("span_frames ", o.span_frames, " must be within 0..window (",
+                                                   g.window_frames, "; 0: one block)"));
+  if (o.centroids < 1 || o.centroids > 256)
+    return absl::InvalidArgumentError(absl::StrCat("centroids ", o.centroids, " must be within 1..256 (u8 ids)"));
+  if (o.tokens_per_centroid < 1)
+    return absl::InvalidArgumentError(absl::StrCat("tokens_per_centroid ", o.tokens_per_centroid, " must be positive"));
+  if (o.kmeans_iters < 0 || o.kmeans_iters > kMaxKmeansIters)
+    return absl::InvalidArgumentError(absl::StrCat("kmeans_iters ", o.kmeans_iters, " must be within 0..", kMaxKmeansIters));
   if (o.psac_rank != kPsacRank) return absl::InvalidArgumentError(absl::StrCat("psac_rank must be ", kPsacRank, " (the layout)"));
-  if (o.psac_bits != 8 && o.psac_bits != 4) return absl::InvalidArgumentError("psac_bits must be 8 or 4");
+  if (o.psac_bits != 8 && o.psac_bits != 4)
+    return absl::InvalidArgumentError(absl::StrCat("psac_bits ", o.psac_bits, " must be 8 or 4"));
   if (o.psac && g.head_dim < kPsacRank) return absl::InvalidArgumentError("head_dim below the PSAC rank");
-  if (o.psac_refresh_frames < 1) return absl::InvalidArgumentError("psac_refresh_frames must be positive");
+  // the ledger's worst case replays a multiple of the refresh period
+  if (o.psac_refresh_frames < 1 || o.psac_refresh_frames > kMaxPsacRefreshFrames)
+    return absl::InvalidArgumentError(absl::StrCat("psac_refresh_frames ", o.psac_refresh_frames, " must be within 1..",
+                                                   kMaxPsacRefreshFrames));
+  const int64_t period = std::lcm(std::lcm<int64_t>(std::max(o.span_frames, g.frames_per_block), o.psac_refresh_frames),
+                                  g.frames_per_block);
+  if (period > kMaxPsacRefreshFrames)
+    return absl::InvalidArgumentError(absl::StrCat("spans of ", std::max(o.span_frames, g.frames_per_block),
+                                                   " frames, blocks of ", g.frames_per_block, " and psac_refresh_frames ",
+                                                   o.psac_refresh_frames, " line up only every ", period,
+                                                   " frames, above ", kMaxPsacRefreshFrames));
   if (o.qsac_candidates < 1) return absl::InvalidArgumentError("qsac_candidates must be positive");
   if (!(o.qsac_weight_floor > 0.0f)) return absl::InvalidArgumentError("qsac_weight_floor must be positive");
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/image_io.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "wmckpt: %s\n", config.status().ToString().c_str());
       return 1;
     }
+    if (auto st = wm::check_weights_fit_memory(*config); !st.ok()) {
+      std::fprintf(stderr, "wmckpt: %s\n", st.ToString().c_str());
+      return 1;
+    }
     const wm::HostWeights w = wm::random_host_weights(*config, absl::GetFlag(FLAGS_seed));
     if (auto st = wm::save_checkpoint(*config, w, absl::GetFlag(FLAGS_out)); !st.ok()) {
       std::fprintf(stderr, "wmckpt: %s\n", st.ToString().c_str());
@@ -41,6 +46,10 @@ int main(int argc, char** argv) {
     }
     std::printf("wrote %s: %s, %lld parameters\n", absl::GetFlag(FLAGS_out).c_str(), config->name.c_str(),
                 static_cast<long long>(config->parameter_count()));
+    if (auto st = wm::flush_stdout(); !st.ok()) {
+      std::fprintf(stderr, "wmckpt: %s\n", st.ToString().c_str());
+      return 1;
+    }
     return 0;
   }
   if (cmd == "check") {

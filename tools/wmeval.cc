@@ -39,7 +39,7 @@ ABSL_FLAG(std::string, formats, "fp16", "comma-separated cache formats; fp16 is 
 ABSL_FLAG(std::string, json, "", "write the results as JSON");
 ABSL_FLAG(std::string, md, "", "write the results as Markdown");
 ABSL_FLAG(std::string, strip, "", "write a strip of frames (ground truth / formats) as JPEG");
-ABSL_FLAG(int, threads, 0, "CPU threads");
+ABSL_FLAG(int, threads, 0, "CPU threads, 0..1024 (0: all cores)");
 
 namespace {
 
@@ -118,9 +118,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wmeval: --episodes must be 1..1000 and --frames 2..100000\n");
     return 2;
   }
+  if (!wm::threads_in_range(absl::GetFlag(FLAGS_threads))) {
+    std::fprintf(stderr, "wmeval: %s\n", wm::kThreadsRange);
+    return 2;
+  }
   std::vector<std::string> formats = {"fp16"};
-  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty()))
+  bool any_format = false;
+  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty())) {
+    any_format = true;
     if (f != "fp16") formats.emplace_back(f);
+  }
+  if (!any_format) {
+    std::fprintf(stderr, "wmeval: --formats names no cache format (e.g. --formats=fp16,kivi2)\n");
+    return 2;
+  }
 
   wm::EngineOptions eo;
   eo.model_dir = absl::GetFlag(FLAGS_model);
@@ -312,5 +323,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "strip rows: ground truth, %s; columns: frames %s\n", absl::StrJoin(formats, ", ").c_str(),
                  absl::StrJoin(cols, ", ").c_str());
   }
+  if (auto st = wm::flush_stdout(); !st.ok()) return fail(st);
   return 0;
 }

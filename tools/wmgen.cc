@@ -23,7 +23,7 @@ ABSL_FLAG(std::string, script, "", "action script (one action per frame)");
 ABSL_FLAG(std::string, out, "", "output directory");
 ABSL_FLAG(std::string, format, "fp16", "KV cache format");
 ABSL_FLAG(std::string, prompt, "", "comma-separated JPEG frames written into the cache first");
-ABSL_FLAG(int, threads, 0, "CPU threads (0: default)");
+ABSL_FLAG(int, threads, 0, "CPU threads, 0..1024 (0: all cores)");
 ABSL_FLAG(int, quality, 90, "JPEG quality");
 
 namespace {
@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (absl::GetFlag(FLAGS_script).empty() || out.empty()) {
     std::fprintf(stderr, "wmgen: --script and --out are required\n");
+    return 2;
+  }
+  if (!wm::threads_in_range(absl::GetFlag(FLAGS_threads))) {
+    std::fprintf(stderr, "wmgen: %s\n", wm::kThreadsRange);
     return 2;
   }
   wm::EngineOptions eo;
@@ -113,5 +117,6 @@ int main(int argc, char** argv) {
   const std::string s = j.dump(2) + "\n";
   if (auto st = wm::write_file(out + "/summary.json", s.data(), s.size()); !st.ok()) return fail(st);
   std::printf("%s", s.c_str());
+  if (auto st = wm::flush_stdout(); !st.ok()) return fail(st);
   return 0;
 }

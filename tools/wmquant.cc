@@ -30,12 +30,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/cli.h"
 #include "common/half.h"
 #include "common/image_io.h"
+#include "common/status_macros.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
@@ -46,7 +49,7 @@
 ABSL_FLAG(std::string, model, "", "model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, config, "", "with random weights: the model config");
 ABSL_FLAG(uint64_t, random_seed, 1, "with --config: the weights' seed");
-ABSL_FLAG(int, layers, 0, "with --config: override the layer count (0: keep)");
+ABSL_FLAG(int, layers, 0, "with --config: override the layer count, 1..256 (0: keep)");
 ABSL_FLAG(std::string, script, "", "action script (one action per frame)");
 ABSL_FLAG(uint64_t, seed, 0, "session seed");
 ABSL_FLAG(int, frames, 0, "stop after this many frames (0: the whole script)");
@@ -60,12 +63,12 @@ ABSL_FLAG(std::string, out, "", "dump: output file");
 ABSL_FLAG(std::string, dump_dtype, "f32", "dump: f32 or f16");
 ABSL_FLAG(std::string, json, "", "write results as JSON");
 ABSL_FLAG(std::string, md, "", "write results as Markdown");
-ABSL_FLAG(int, threads, 0, "CPU threads (0: default)");
+ABSL_FLAG(int, threads, 0, "CPU threads, 0..1024 (0: all cores)");
 // format options (KvFormatOptions)
 ABSL_FLAG(int, span_frames, 0, "frames per span (0: one block)");
 ABSL_FLAG(int, centroids, 256, "most centroids per span");
 ABSL_FLAG(int, tokens_per_centroid, 64, "at most one centroid per this many tokens");
-ABSL_FLAG(int, block, 64, "channels per residual scale");
+ABSL_FLAG(int, block, 64, "channels per residual scale: 16, 32, 64 or 128 (capped at head_dim)");
 ABSL_FLAG(int, psac_bits, 8, "PSAC coefficient bits (8 or 4)");
 ABSL_FLAG(int, psac_refresh_frames, 16, "PSAC basis refresh interval in frames");
 ABSL_FLAG(bool, quantize_sinks, false, "quantize sink frames too");
@@ -73,7 +76,7 @@ ABSL_FLAG(int, kivi_group, 32, "KIVI group G");
 ABSL_FLAG(int, kivi_residual, 32, "KIVI residual R");
 ABSL_FLAG(int, kmeans_iters, 4, "k-means Lloyd iterations");
 // bench
-ABSL_FLAG(std::string, head_dims, "64,128", "bench: head dims");
+ABSL_FLAG(std::string, head_dims, "64,128", "bench: head dims (multiples of 8 within 8..512)");
 ABSL_FLAG(int, reps, 9, "bench: timed repetitions (median)");
 ABSL_FLAG(std::string, configs, "configs/default.json,configs/mg2-shape.json", "bench: configs for bytes per session");
 
@@ -90,6 +93,7 @@ int fail(const absl::Status& st) {
 // prints the Markdown and writes --json / --md when asked; the exit code
 int print_and_write(const nlohmann::json& out, const std::string& md) {
   std::printf("%s", md.c_str());
+  if (auto st = flush_stdout(); !st.ok()) return fail(st);
   if (!absl::GetFlag(FLAGS_json).empty()) {
     const std::string s = out.dump(2) + "\n";
     if (auto st = write_file(absl::GetFlag(FLAGS_json), s.data(), s.size()); !st.ok()) return fail(st);
@@ -98,6 +102,66 @@ int print_and_write(const nlohmann::json& out, const std::string& md) {
     if (auto st = write_file(absl::GetFlag(FLAGS_md), md.data(), md.size()); !st.ok()) return fail(st);
   }
   return 0;
+}
+
+constexpr int kMaxBenchHeadDim = 512;  // kivi2's limit
+
+absl::Status flag_in_range(absl::string_view name, int64_t value, int64_t lo, int64_t hi, absl::string_view note = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, " must be within ", lo, "..", hi, note));
+}
+
+absl::Status flag_one_of(absl::string_view name, int value, std::initializer_list<int> allowed) {
+  for (int a : allowed)
+    if (value == a) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, " must be one of ", absl::StrJoin(allowed, ", ")));
+}
+
+absl::StatusOr<std::vector<int>> parse_head_dims(const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view s : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int hd = 0;
+    if (!absl::SimpleAtoi(s, &hd) || hd < 8 || hd > kMaxBenchHeadDim || hd % 8 != 0)
+      return absl::InvalidArgumentError(absl::StrCat("--head_dims: '", s, "' is not a multiple of 8 within 8..",
+                                                     kMaxBenchHeadDim));
+    out.push_back(hd);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--head_dims names no head dim");
+  return out;
+}
+
+// every numeric flag against its range, before anything is allocated: the
+// format options also bound how long the worst-case byte count replays
+absl::Status check_flags() {
+  WM_RETURN_IF_ERROR(flag_in_range("layers", absl::GetFlag(FLAGS_layers), 0, 256, " (0: the config's)"));
+  WM_RETURN_IF_ERROR(flag_in_range("frames", absl::GetFlag(FLAGS_frames), 0, 1000000, " (0: the whole script)"));
+  WM_RETURN_IF_ERROR(flag_in_range("queries", absl::GetFlag(FLAGS_queries), 1, 4096));
+  WM_RETURN_IF_ERROR(flag_in_range("reps", absl::GetFlag(FLAGS_reps), 1, 1000));
+  WM_RETURN_IF_ERROR(flag_in_range("span_frames", absl::GetFlag(FLAGS_span_frames), 0, 1024, " (0: one block)"));
+  WM_RETURN_IF_ERROR(flag_in_range("centroids", absl::GetFlag(FLAGS_centroids), 1, 256));
+  WM_RETURN_IF_ERROR(flag_in_range("tokens_per_centroid", absl::GetFlag(FLAGS_tokens_per_centroid), 1, 1 << 20));
+  WM_RETURN_IF_ERROR(flag_one_of("block", absl::GetFlag(FLAGS_block), {16, 32, 64, 128}));
+  WM_RETURN_IF_ERROR(flag_one_of("psac_bits", absl::GetFlag(FLAGS_psac_bits), {4, 8}));
+  WM_RETURN_IF_ERROR(
+      flag_in_range("psac_refresh_frames", absl::GetFlag(FLAGS_psac_refresh_frames), 1, kMaxPsacRefreshFrames));
+  WM_RETURN_IF_ERROR(flag_one_of("kivi_group", absl::GetFlag(FLAGS_kivi_group), {32, 64, 128}));
+  const int group = absl::GetFlag(FLAGS_kivi_group), residual = absl::GetFlag(FLAGS_kivi_residual);
+  WM_RETURN_IF_ERROR(flag_in_range("kivi_residual", residual, group, kMaxKiviResidual, " and a multiple of --kivi_group"));
+  if (residual % group != 0)
+    return absl::InvalidArgumentError(absl::StrCat("--kivi_residual=", residual, " is not a multiple of --kivi_group=", group));
+  WM_RETURN_IF_ERROR(flag_in_range("kmeans_iters", absl::GetFlag(FLAGS_kmeans_iters), 0, kMaxKmeansIters));
+  bool any_format = false;
+  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty())) {
+    any_format = true;
+    if (!kv_format_known(f))
+      return absl::InvalidArgumentError(absl::StrCat("--formats: unknown cache format '", f, "'; known: ",
+                                                     absl::StrJoin(kv_format_variants(), ", ")));
+  }
+  if (!any_format) return absl::InvalidArgumentError("--formats names no cache format");
+  const std::string dtype = absl::GetFlag(FLAGS_dump_dtype);
+  if (dtype != "f32" && dtype != "f16")
+    return absl::InvalidArgumentError(absl::StrCat("--dump_dtype=", dtype, " must be f32 or f16"));
+  return parse_head_dims(absl::GetFlag(FLAGS_head_dims)).status();
 }
 
 KvFormatOptions format_options() {
@@ -125,18 +189,59 @@ nlohmann::json geometry_json(const KvGeometry& g) {
           {"frames_per_block", g.frames_per_block}};
 }
 
-KvGeometry geometry_from_json(const nlohmann::json& j) {
+// a dump's geometry, every field checked against the bounds a model config
+// has (engine/model_config.cc): a dump is a file from anywhere
+absl::StatusOr<KvGeometry> geometry_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("wmquant.geometry is not a JSON object");
+  auto get = [&](const char* field, int lo, int hi, int* out) -> absl::Status {
+    if (!j.contains(field)) return absl::InvalidArgumentError(absl::StrCat("wmquant.geometry: '", field, "' is missing"));
+    const nlohmann::json& v = j.at(field);
+    if (!v.is_number_integer())
+      return absl::InvalidArgumentError(absl::StrCat("wmquant.geometry: '", field, "' must be an integer"));
+    // as int64: a uint64 above INT64_MAX reads negative, and fails the range too
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi)
+      return absl::InvalidArgumentError(
+          absl::StrCat("wmquant.geometry: '", field, "' = ", v.dump(), " is outside [", lo, ", ", hi, "]"));
+    *out = static_cast<int>(x);
+    return absl::OkStatus();
+  };
   KvGeometry g;
-  g.layers = j.at("layers");
-  g.heads = j.at("heads");
-  g.head_dim = j.at("head_dim");
-  g.tokens_per_frame = j.at("tokens_per_frame");
-  g.window_frames = j.at("window_frames");
-  g.sink_frames = j.at("sink_frames");
-  g.frames_per_block = j.at("frames_per_block");
+  WM_RETURN_IF_ERROR(get("layers", 1, 256, &g.layers));
+  WM_RETURN_IF_ERROR(get("heads", 1, 256, &g.heads));
+  WM_RETURN_IF_ERROR(get("head_dim", 2, 256, &g.head_dim));
+  if (g.head_dim % 2 != 0) return absl::InvalidArgumentError("wmquant.geometry: 'head_dim' must be even");
+  WM_RETURN_IF_ERROR(get("tokens_per_frame", 1, 2048 * 2048, &g.tokens_per_frame));
+  WM_RETURN_IF_ERROR(get("window_frames", 1, 1024, &g.window_frames));
+  WM_RETURN_IF_ERROR(get("sink_frames", 0, 1000, &g.sink_frames));
+  WM_RETURN_IF_ERROR(get("frames_per_block", 1, 16, &g.frames_per_block));
+  if (g.window_frames < g.frames_per_block)
+    return absl::InvalidArgumentError("wmquant.geometry: 'window_frames' must be >= 'frames_per_block'");
   return g;
 }
 
+// one event of a dump: [kind, layer, rows, first_frame, frames, q_from_previous], all integers
+absl::StatusOr<KvEvent> event_from_json(const nlohmann::json& j, const KvGeometry& g) {
+  if (!j.is_array() || j.size() != 6)
+    return absl::InvalidArgumentError("is not an array of 6 integers [kind, layer, rows, first_frame, frames, q_from_previous]");
+  static const char* const kFields[] = {"kind", "layer", "rows", "first_frame", "frames", "q_from_previous"};
+  const int64_t hi[] = {2, g.layers - 1, int64_t{1} << 30, int64_t{1} << 40, 1 << 20, 1};
+  int64_t v[6];
+  for (size_t f = 0; f < 6; ++f) {
+    if (!j[f].is_number_integer()) return absl::InvalidArgumentError(absl::StrCat("'", kFields[f], "' must be an integer"));
+    v[f] = j[f].get<int64_t>();
+    if (v[f] < 0 || v[f] > hi[f])
+      return absl::InvalidArgumentError(absl::StrCat("'", kFields[f], "' = ", j[f].dump(), " is outside [0, ", hi[f], "]"));
+  }
+  KvEvent e;
+  e.kind = static_cast<KvEvent::Kind>(v[0]);
+  e.layer = static_cast<int>(v[1]);
+  e.rows = static_cast<int>(v[2]);
+  e.first_frame = v[3];
+  e.frames = static_cast<int>(v[4]);
+  e.q_from_previous = v[5] != 0;
+  return e;
+}
 struct Rollout {
   std::string model;
   KvGeometry geometry;
@@ -253,32 +358,30 @@ absl::StatusOr<Rollout> replay_dump(const std::string& path, KvObserver* observe
   if (!meta.count("wmquant.geometry") || !meta.count("wmquant.events"))
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a wmquant dump (metadata missing)"));
   Rollout r;
-  nlohmann::json events;
-  try {
-    r.geometry = geometry_from_json(nlohmann::json::parse(meta.at("wmquant.geometry")));
-    events = nlohmann::json::parse(meta.at("wmquant.events"));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad metadata: ", e.what()));
-  }
+  const nlohmann::json geometry = nlohmann::json::parse(meta.at("wmquant.geometry"), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json events = nlohmann::json::parse(meta.at("wmquant.events"), nullptr, /*allow_exceptions=*/false);
+  if (geometry.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": wmquant.geometry is not JSON"));
+  if (events.is_discarded() || !events.is_array())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": wmquant.events is not a JSON array"));
+  auto geo = geometry_from_json(geometry);
+  if (!geo.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", geo.status().message()));
+  r.geometry = *geo;
   r.model = meta.count("wmquant.model") ? meta.at("wmquant.model") : "";
   on_geometry(r.geometry);
   const KvGeometry& g = r.geometry;
   KvEvent last_observe;
+  std::vector<int64_t> appended(static_cast<size_t>(g.layers), 0);  // frames per layer so far
   for (size_t i = 0; i < events.size(); ++i) {
-    KvEvent e;
-    const auto& j = events[i];
-    e.kind = static_cast<KvEvent::Kind>(j[0].get<int>());
-    e.layer = j[1];
-    e.rows = j[2];
-    e.first_frame = j[3];
-    e.frames = j[4];
-    e.q_from_previous = j[5].get<int>() != 0;
-    if (e.layer < 0 || e.layer >= g.layers || e.rows < 0)
-      return absl::InvalidArgumentError(absl::StrCat(path, ": event ", i, " is out of range"));
+    auto parsed = event_from_json(events[i], g);
+    if (!parsed.ok())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": wmquant.events[", i, "] ", parsed.status().message()));
+    KvEvent e = std::move(*parsed);
     const std::vector<int64_t> shape = {e.rows, g.heads, g.head_dim};
     auto read = [&](const char* what, std::vector<float>* out) -> absl::Status {
       const std::string name = absl::StrCat("e", i, ".", what);
       if ((*file)->find(name) == nullptr) return absl::OkStatus();
+      // the shape first: rows come from the metadata, the values from the file
+      WM_RETURN_IF_ERROR((*file)->check_f32(name, shape));
       out->resize(static_cast<size_t>(e.rows) * g.heads * g.head_dim);
       return (*file)->read_f32(name, shape, out->data());
     };
@@ -303,6 +406,11 @@ absl::StatusOr<Rollout> replay_dump(const std::string& path, KvObserver* observe
         if (e.frames <= 0 || static_cast<int64_t>(e.frames) * g.tokens_per_frame != e.rows || e.k.size() != need ||
             e.v.size() != need)
           return absl::InvalidArgumentError(absl::StrCat(path, ": event ", i, " is incomplete"));
+        if (e.first_frame != appended[static_cast<size_t>(e.layer)])
+          return absl::InvalidArgumentError(absl::StrCat(path, ": event ", i, " appends frame ", e.first_frame, " to layer ",
+                                                         e.layer, " after ", appended[static_cast<size_t>(e.layer)],
+                                                         " frames"));
+        appended[static_cast<size_t>(e.layer)] += e.frames;
         observer->on_append(e.layer, e.k.data(), e.v.data(), e.first_frame, e.frames);
         r.frames = std::max<int64_t>(r.frames, e.first_frame + e.frames);
         break;
@@ -429,11 +537,11 @@ int dump_main() {
   fwd.log = &log;
   auto r = run_model(&fwd, [&](const KvGeometry& g) { log = std::make_unique<KvEventLog>(g); });
   if (!r.ok()) return fail(r.status());
-  const std::string dtype = absl::GetFlag(FLAGS_dump_dtype);
-  if (dtype != "f32" && dtype != "f16") return fail(absl::InvalidArgumentError("--dump_dtype is f32 or f16"));
-  if (auto st = write_dump(absl::GetFlag(FLAGS_out), *log, *r, dtype == "f16"); !st.ok()) return fail(st);
+  const bool f16 = absl::GetFlag(FLAGS_dump_dtype) == "f16";
+  if (auto st = write_dump(absl::GetFlag(FLAGS_out), *log, *r, f16); !st.ok()) return fail(st);
   std::printf("wrote %zu events of %lld frames to %s\n", log->events().size(), static_cast<long long>(r->frames),
               absl::GetFlag(FLAGS_out).c_str());
+  if (auto st = flush_stdout(); !st.ok()) return fail(st);
   return 0;
 }
 
@@ -445,14 +553,15 @@ double median(std::vector<double> v) {
 }
 
 int bench_main() {
-  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  const int reps = absl::GetFlag(FLAGS_reps);
   const KvFormatOptions fo = format_options();
   nlohmann::json out;
   std::string md;
   // attention over a filled cache, one layer, one query block of 64 tokens
   nlohmann::json att = nlohmann::json::array();
-  for (absl::string_view hd_s : absl::StrSplit(absl::GetFlag(FLAGS_head_dims), ',', absl::SkipEmpty())) {
-    const int hd = std::stoi(std::string(hd_s));
+  auto head_dims = parse_head_dims(absl::GetFlag(FLAGS_head_dims));
+  if (!head_dims.ok()) return fail(head_dims.status());
+  for (const int hd : *head_dims) {
     std::map<std::pair<int, std::string>, std::pair<double, int64_t>> res;  // (tokens, format) -> (ms, bytes)
     std::vector<int> token_counts;
     std::vector<std::string> fmts;
@@ -562,6 +671,14 @@ int main(int argc, char** argv) {
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() != 2) {
     std::fprintf(stderr, "wmquant: give one command: eval, dump or bench\n");
+    return 2;
+  }
+  if (!wm::threads_in_range(absl::GetFlag(FLAGS_threads))) {
+    std::fprintf(stderr, "wmquant: %s\n", wm::kThreadsRange);
+    return 2;
+  }
+  if (auto st = wm::check_flags(); !st.ok()) {
+    std::fprintf(stderr, "wmquant: %s\n", std::string(st.message()).c_str());
     return 2;
   }
   if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "quant/kv_cache.h"
 #include "quant/kv_cases.h"
 #include "tests/quant/test_util.h"
@@ -435,6 +436,41 @@ TEST(Formats, NamesOptionsAndErrors) {
   bad = {};
   bad.psac_rank = 4;
   EXPECT_EQ(make_kv_cache("quantwm2", g, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  // every option is checked as given (256 is not capped to head_dim and accepted), the message quotes it
+  auto message = [&](const char* f, const KvFormatOptions& o) { return std::string(make_kv_cache(f, g, o).status().message()); };
+  for (int block : {3, 256, 1000000}) {
+    bad = {};
+    bad.block = block;
+    EXPECT_NE(message("qvg2", bad).find(absl::StrCat("block ", block, " is not 16, 32, 64 or 128")), std::string::npos)
+        << message("qvg2", bad);
+  }
+  bad = {};
+  bad.span_frames = -1;
+  EXPECT_NE(message("qvg2", bad).find("span_frames -1 must be within 0..window (4"), std::string::npos)
+      << message("qvg2", bad);
+  bad = {};
+  bad.kivi_residual = 32000000;
+  EXPECT_NE(message("kivi2", bad).find("residual 32000000"), std::string::npos) << message("kivi2", bad);
+  bad = {};
+  bad.psac_refresh_frames = 3;
+  bad.span_frames = 4;
+  bad.kmeans_iters = 2000000000;
+  EXPECT_NE(message("quantwm2", bad).find("kmeans_iters 2000000000"), std::string::npos) << message("quantwm2", bad);
+  // spans, blocks and refreshes that line up only after millions of frames
+  const KvGeometry wide = kv_case_geometry(64, 2, 16, 1024, 1);
+  bad = {};
+  bad.span_frames = 1021;
+  bad.psac_refresh_frames = 1024;
+  EXPECT_EQ(make_kv_cache("quantwm2", wide, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv_format_max_bytes("quantwm2", wide, bad), 0);
+  // an option of another family does not stretch the worst-case replay (these hung)
+  KvFormatOptions other = {};
+  other.span_frames = 2147483647;
+  other.psac_refresh_frames = 2147483647;
+  EXPECT_EQ(kv_format_max_bytes("kivi2", g, other), kv_format_max_bytes("kivi2", g));
+  other = {};
+  other.kivi_residual = 32000000;
+  EXPECT_EQ(kv_format_max_bytes("qvg2", g, other), kv_format_max_bytes("qvg2", g));
   // appends must be contiguous
   auto c = make_kv_cache("qvg2", g);
   std::vector<float> k(16 * 2 * 64, 0.5f);

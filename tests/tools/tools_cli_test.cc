@@ -1,0 +1,338 @@
+// The offline tools (wmgen, wmeval, wmquant, wmckpt, wmbench) run as
+// processes on bad flags and files: each must exit non-zero with a one-line
+// message that names the flag or the problem, within bounded time and memory
+// (no abort, no hang, no allocation the input asks for).
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "engine/weights.h"
+
+namespace wm {
+namespace {
+
+struct ToolRun {
+  int code = -1;    // exit code, 128 + signal when killed
+  std::string log;  // stdout and stderr
+};
+
+std::string temp_dir() {
+  static const std::string dir = [] {
+    const std::string d = ::testing::TempDir() + "wm_tools_cli_" + std::to_string(getpid());
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+// runs argv with a time limit (SIGALRM survives exec) and a cap on its data
+// segment, so that a hang or a runaway allocation fails the test instead of
+// the machine
+ToolRun run_tool(const std::vector<std::string>& argv, int timeout_s = 60) {
+  static int count = 0;
+  const std::string log_path = temp_dir() + "/run" + std::to_string(count++) + ".log";
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    const rlimit data{rlim_t{4} << 30, rlim_t{4} << 30};
+    setrlimit(RLIMIT_DATA, &data);
+    alarm(static_cast<unsigned>(timeout_s));
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ToolRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.log = ss.str();
+  return r;
+}
+
+std::string source(const std::string& rel) { return std::string(WM_SOURCE_DIR) + "/" + rel; }
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+// expects a refusal: this exit code (not a crash) and a message containing `what`
+#define EXPECT_REFUSED(r, exit_code, what)                                     \
+  do {                                                                         \
+    const ToolRun& r_ = (r);                                                       \
+    EXPECT_EQ(r_.code, exit_code) << r_.log;                                   \
+    EXPECT_NE(r_.log.find(what), std::string::npos) << "no '" << what << "' in:\n" << r_.log; \
+  } while (0)
+
+// a tiny checkpoint (made by wmckpt itself), an action script and a dump of it
+class ToolsCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = temp_dir() + "/tiny";
+    const ToolRun init = run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), "--seed=1", "--out=" + model_});
+    ASSERT_EQ(init.code, 0) << init.log;
+    script_ = temp_dir() + "/actions.txt";
+    write_text(script_, "W 0 0 *3\n");
+    dump_ = temp_dir() + "/tiny_dump.safetensors";
+    const ToolRun dump = run_tool({WMQUANT_BIN, "dump", "--model=" + model_, "--script=" + script_, "--out=" + dump_, "--threads=2"});
+    ASSERT_EQ(dump.code, 0) << dump.log;
+  }
+
+  static void TearDownTestSuite() { std::filesystem::remove_all(temp_dir()); }
+
+  // a copy of the dump whose metadata `edit` changed (tensors kept)
+  static std::string mutated_dump(const std::string& name, const std::function<void(nlohmann::json* geometry,
+                                                                                    nlohmann::json* events)>& edit) {
+    auto file = SafetensorsFile::open(dump_);
+    EXPECT_TRUE(file.ok()) << file.status();
+    std::map<std::string, std::string> meta = (*file)->metadata();
+    nlohmann::json geometry = nlohmann::json::parse(meta.at("wmquant.geometry"));
+    nlohmann::json events = nlohmann::json::parse(meta.at("wmquant.events"));
+    edit(&geometry, &events);
+    meta["wmquant.geometry"] = geometry.dump();
+    meta["wmquant.events"] = events.dump();
+    std::vector<TensorToWrite> tensors;
+    for (const TensorView& t : (*file)->tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.data});
+    const std::string path = temp_dir() + "/" + name + ".safetensors";
+    const absl::Status st = write_safetensors(path, tensors, meta);
+    EXPECT_TRUE(st.ok()) << st;
+    return path;
+  }
+
+  static ToolRun eval_dump(const std::string& path, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {WMQUANT_BIN, "eval", "--dump=" + path, "--formats=fp16,qvg2", "--threads=2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_tool(argv);
+  }
+
+  static std::string model_, script_, dump_;
+};
+
+std::string ToolsCli::model_, ToolsCli::script_, ToolsCli::dump_;
+
+TEST_F(ToolsCli, ThreadsOutsideTheServersRangeAreRefused) {
+  const std::string out = temp_dir() + "/gen_threads";
+  for (const char* t : {"100000", "2147483647", "-1", "1025"}) {
+    SCOPED_TRACE(t);
+    const std::string flag = std::string("--threads=") + t;
+    const char* msg = "--threads must be 0..1024 (0: all cores)";
+    EXPECT_REFUSED(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + out, flag}), 2, msg);
+    EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--episodes=1", "--frames=2", flag}), 2, msg);
+    EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--model=" + model_, "--script=" + script_, flag}), 2, msg);
+  }
+}
+
+// the largest config that validates: terabytes of weights, refused before any is allocated
+TEST_F(ToolsCli, WeightsAbovePhysicalMemoryAreRefused) {
+  auto cfg = load_model_config(source("configs/tiny-test.json"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  cfg->name = "enormous";
+  cfg->dim = 16384;
+  cfg->layers = 256;
+  cfg->heads = 256;
+  cfg->head_dim = 256;
+  cfg->ffn = 65536;
+  cfg->t_pairs = 44;
+  cfg->h_pairs = 42;
+  cfg->w_pairs = 42;
+  ASSERT_TRUE(parse_model_config(model_config_to_json(*cfg), "enormous").ok());
+  if (cfg->parameter_count() * 4 <= physical_memory_bytes()) GTEST_SKIP() << "this machine could hold the weights";
+  const std::string path = temp_dir() + "/enormous.json";
+  write_text(path, model_config_to_json(*cfg));
+  const std::string out = temp_dir() + "/enormous_model";
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + path, "--seed=1", "--out=" + out}), 1, "physical memory");
+  EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors"));
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--config=" + path, "--script=" + script_}), 1, "physical memory");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "dump", "--config=" + path, "--script=" + script_, "--out=" + out + ".st"}), 1,
+                 "physical memory");
+}
+
+TEST_F(ToolsCli, WmbenchFramesAreBounded) {
+  // refused before the server is contacted (nothing listens on port 1)
+  for (const char* f : {"100000000", "1000001", "0", "-1"})
+    EXPECT_REFUSED(run_tool({WMBENCH_BIN, "--server=127.0.0.1:1", std::string("--frames=") + f}), 2,
+                   "--frames must be 1..1000000");
+  EXPECT_REFUSED(run_tool({WMBENCH_BIN, "--server=127.0.0.1:1", "--sessions=1000", "--frames=1000000"}), 2,
+                 "--sessions x --frames");
+}
+
+TEST_F(ToolsCli, BenchHeadDimsAreParsedAndBounded) {
+  for (const char* hd : {"abc", "99999999999", "100000", "64,x", "-64", "520", "12"})
+    EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", std::string("--head_dims=") + hd, "--configs="}), 2, "--head_dims");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", "--head_dims=", "--configs="}), 2, "--head_dims");
+}
+
+TEST_F(ToolsCli, FormatFlagsAreBoundedAndQuoted) {
+  struct Case {
+    const char* flag;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"--kivi_residual=32000000", "--kivi_residual=32000000"},
+      {"--kivi_residual=48", "--kivi_residual=48 is not a multiple of --kivi_group=32"},
+      {"--span_frames=2147483647", "--span_frames=2147483647"},
+      {"--span_frames=-1", "--span_frames=-1"},
+      {"--psac_refresh_frames=2147483647", "--psac_refresh_frames=2147483647"},
+      {"--kmeans_iters=2147483647", "--kmeans_iters=2147483647"},
+      {"--centroids=0", "--centroids=0"},
+      {"--block=3", "--block=3 must be one of 16, 32, 64, 128"},
+      {"--block=256", "--block=256 must be one of 16, 32, 64, 128"},
+      {"--block=1000000", "--block=1000000 must be one of 16, 32, 64, 128"},
+      {"--queries=-1", "--queries=-1"},
+      {"--frames=-1", "--frames=-1"},
+      {"--layers=-1", "--layers=-1"},
+      {"--reps=-1", "--reps=-1"},
+      {"--formats=", "--formats names no cache format"},
+      {"--formats=,", "--formats names no cache format"},
+      {"--formats=fp16,nope", "unknown cache format 'nope'"},
+      {"--dump_dtype=f8", "--dump_dtype=f8"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flag);
+    EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--dump=" + dump_, c.flag}, 20), 2, c.message);
+  }
+  EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--formats="}), 2, "--formats names no cache format");
+  EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--formats=,"}), 2, "--formats names no cache format");
+}
+
+TEST_F(ToolsCli, DumpEvaluates) {
+  const ToolRun r = eval_dump(dump_);
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("| qvg2 |"), std::string::npos) << r.log;
+}
+
+TEST_F(ToolsCli, DumpGeometryIsValidated) {
+  struct Case {
+    const char* field;
+    nlohmann::json value;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"heads", -1, "'heads' = -1 is outside"},
+      {"layers", -1, "'layers' = -1 is outside"},
+      {"head_dim", 1000000000, "'head_dim' = 1000000000 is outside"},
+      {"head_dim", 31, "'head_dim' must be even"},
+      {"window_frames", 1000000000, "'window_frames' = 1000000000 is outside"},
+      {"sink_frames", 1000000000, "'sink_frames' = 1000000000 is outside"},
+      {"tokens_per_frame", 0, "'tokens_per_frame' = 0 is outside"},
+      {"frames_per_block", 99, "'frames_per_block' = 99 is outside"},
+      {"heads", "2", "'heads' must be an integer"},
+      {"layers", 2.5, "'layers' must be an integer"},
+      {"heads", 18446744073709551615ull, "'heads' = 18446744073709551615 is outside"},
+      {"window_frames", nullptr, "'window_frames' must be an integer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    const std::string path = mutated_dump("geometry", [&](nlohmann::json* g, nlohmann::json*) { (*g)[c.field] = c.value; });
+    EXPECT_REFUSED(eval_dump(path), 1, c.message);
+  }
+  const std::string missing = mutated_dump("missing", [](nlohmann::json* g, nlohmann::json*) { g->erase("heads"); });
+  EXPECT_REFUSED(eval_dump(missing), 1, "'heads' is missing");
+  const std::string not_object = mutated_dump("not_object", [](nlohmann::json* g, nlohmann::json*) { *g = {1, 2}; });
+  EXPECT_REFUSED(eval_dump(not_object), 1, "wmquant.geometry is not a JSON object");
+  // valid, but not the geometry the tensors were written with
+  const std::string heads4 = mutated_dump("heads4", [](nlohmann::json* g, nlohmann::json*) { (*g)["heads"] = 4; });
+  EXPECT_REFUSED(eval_dump(heads4), 1, "has shape");
+}
+
+TEST_F(ToolsCli, DumpEventsAreValidated) {
+  struct Case {
+    std::function<void(nlohmann::json*)> edit;
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](nlohmann::json* e) { (*e)[0].erase(5); }, "wmquant.events[0] is not an array of 6 integers"},
+      {[](nlohmann::json* e) { (*e)[0] = {0, 0}; }, "wmquant.events[0] is not an array of 6 integers"},
+      {[](nlohmann::json* e) { (*e)[0] = "x"; }, "wmquant.events[0] is not an array of 6 integers"},
+      {[](nlohmann::json* e) { (*e)[0][1] = "0"; }, "wmquant.events[0] 'layer' must be an integer"},
+      {[](nlohmann::json* e) { (*e)[0][0] = 7; }, "wmquant.events[0] 'kind' = 7 is outside"},
+      {[](nlohmann::json* e) { (*e)[0][1] = 2; }, "wmquant.events[0] 'layer' = 2 is outside"},
+      {[](nlohmann::json* e) { (*e)[0][2] = -1; }, "wmquant.events[0] 'rows' = -1 is outside"},
+      // rows the tensors do not have: refused by shape, before anything is sized by rows
+      {[](nlohmann::json* e) { (*e)[0][2] = 1 << 30; }, "has shape"},
+      {[](nlohmann::json* e) { (*e)[0][5] = 2; }, "'q_from_previous' = 2 is outside"},
+      {[](nlohmann::json* e) { *e = nlohmann::json::object(); }, "wmquant.events is not a JSON array"},
+  };
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    SCOPED_TRACE(cases[i].message);
+    const std::string path = mutated_dump("events", [&](nlohmann::json*, nlohmann::json* e) { cases[i].edit(e); });
+    EXPECT_REFUSED(eval_dump(path), 1, cases[i].message);
+  }
+  // an append out of order: the first append of layer 0 claims frame 5
+  const std::string gap = mutated_dump("gap", [](nlohmann::json*, nlohmann::json* e) {
+    for (auto& ev : *e)
+      if (ev[0] == 2) {
+        ev[3] = 5;
+        break;
+      }
+  });
+  EXPECT_REFUSED(eval_dump(gap), 1, "appends frame 5 to layer 0 after 0 frames");
+}
+
+TEST_F(ToolsCli, WriteErrorsFail) {
+  EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--episodes=1", "--frames=2", "--threads=2", "--json=/dev/full",
+                      "--md=/dev/full"}),
+                 1, "write failed: /dev/full: No space left on device");
+  EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--episodes=1", "--frames=2", "--threads=2", "--md=/dev/full"}), 1,
+                 "write failed: /dev/full: No space left on device");
+  EXPECT_REFUSED(eval_dump(dump_, {"--md=/dev/full"}), 1, "write failed: /dev/full: No space left on device");
+  EXPECT_REFUSED(eval_dump(dump_, {"--json=/dev/full"}), 1, "write failed: /dev/full: No space left on device");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "dump", "--model=" + model_, "--script=" + script_, "--out=/dev/full", "--threads=2"}),
+                 1, "write failed: /dev/full: No space left on device");
+  // outputs inside a directory: a link to /dev/full stands for a full disk
+  const std::string gen = temp_dir() + "/gen_full";
+  std::filesystem::create_directories(gen);
+  std::filesystem::create_symlink("/dev/full", gen + "/summary.json");
+  EXPECT_REFUSED(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + gen, "--threads=2"}), 1,
+                 "write failed: " + gen + "/summary.json");
+  const std::string ckpt = temp_dir() + "/ckpt_full";
+  std::filesystem::create_directories(ckpt);
+  std::filesystem::create_symlink("/dev/full", ckpt + "/model.safetensors");
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), "--out=" + ckpt}), 1,
+                 "write failed: " + ckpt + "/model.safetensors");
+}
+
+// a checkpoint is written beside its place and renamed there: a rewrite
+// replaces it whole and leaves no temporary file
+TEST_F(ToolsCli, CheckpointIsReplacedWhole) {
+  const std::string dir = temp_dir() + "/rewrite";
+  for (const char* seed : {"--seed=1", "--seed=2"}) {
+    const ToolRun r = run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), seed, "--out=" + dir});
+    ASSERT_EQ(r.code, 0) << r.log;
+  }
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
+  const ToolRun check = run_tool({WMCKPT_BIN, "check", "--model=" + dir});
+  EXPECT_EQ(check.code, 0) << check.log;
+}
+
+}  // namespace
+}  // namespace wm
