@@ -6,11 +6,28 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace wm::client {
 
 namespace v1 = ::wmserve::v1;
+
+absl::Status check_server_address(const std::string& target) {
+  if (target.empty()) return absl::InvalidArgumentError("--server is empty (host:port)");
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return absl::OkStatus();
+  absl::string_view port = absl::string_view(target).substr(colon + 1);
+  const bool sign = absl::ConsumePrefix(&port, "-") || absl::ConsumePrefix(&port, "+");
+  if (port.empty() || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return absl::OkStatus();  // not a port: a unix: path, a name the resolver reads
+  int64_t p = 0;
+  if (sign || port.size() > 5 || !absl::SimpleAtoi(port, &p) || p < 1 || p > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("--server '", target.substr(0, 128), "': the port must be 1..65535"));
+  return absl::OkStatus();
+}
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options) {
   grpc::ChannelArguments args;

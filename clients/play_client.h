@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "engine/action.h"
 #include "grpcpp/grpcpp.h"
 #include "wmserve/v1/wmserve.grpc.pb.h"
@@ -29,6 +30,9 @@ struct ChannelOptions {
   bool own_connection = false;
 };
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options = {});
+// a target's port, when it ends in one (host:port, [v6]:port), is 1..65535:
+// gRPC would take 65586 as 50 and -1 as 65535
+absl::Status check_server_address(const std::string& target);
 
 // one Play stream, thin over the synchronous API
 class PlayStream {

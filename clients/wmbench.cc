@@ -117,6 +117,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string target = absl::GetFlag(FLAGS_server);
+  if (auto st = wm::client::check_server_address(target); !st.ok()) {
+    std::fprintf(stderr, "wmbench: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
   const int pid = absl::GetFlag(FLAGS_server_pid);
   if (pid < 0 || (pid > 0 && rss_bytes(pid) <= 0)) {
     std::fprintf(stderr, "wmbench: --server_pid %d: no such process whose memory can be read here\n", pid);

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wmhealth: --wait_s must be 0..86400\n");
     return 2;
   }
+  if (auto st = wm::client::check_server_address(absl::GetFlag(FLAGS_server)); !st.ok()) {
+    std::fprintf(stderr, "wmhealth: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
   auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_s) * 1000));

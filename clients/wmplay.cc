@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
       "  wmplay --web 127.0.0.1:8080 [--server host:port] [--fps F]\n"
       "  wmplay --headless --script actions.txt --out DIR [--server host:port] [--seed S] [--format F] [--fps F]");
   if (auto bad = wm::parse_flags_only(argc, argv)) return fail(*bad);
+  if (auto st = wm::client::check_server_address(absl::GetFlag(FLAGS_server)); !st.ok())
+    return fail(std::string(st.message()));
   if (!(absl::GetFlag(FLAGS_fps) == 0 || (absl::GetFlag(FLAGS_fps) >= 0.001 && absl::GetFlag(FLAGS_fps) <= 1000)))
     return fail("--fps must be 0 (per-action pacing; 20 with --web) or 0.001..1000 (the server's --max_fps may allow less)");
   if (!absl::GetFlag(FLAGS_web).empty()) {
@@ -113,6 +115,7 @@ int main(int argc, char** argv) {
   if (model == nullptr) return fail("the server does not serve model '" + absl::GetFlag(FLAGS_model) + "'");
   auto actions = wm::load_action_script(absl::GetFlag(FLAGS_script), to_space(model->action_space()));
   if (!actions.ok()) return fail(std::string(actions.status().message()));
+  if (actions->empty()) return fail(absl::GetFlag(FLAGS_script) + ": the script has no actions");
 
   wm::client::PlayConfig pc;
   pc.start.set_model(absl::GetFlag(FLAGS_model));

@@ -8,7 +8,8 @@
 //
 // KEYS is a string of key letters from the model's action space ("W", "WA",
 // "SD") or "-" for no key; YAW and PITCH are mouse deltas for that frame
-// (default 0); "*N" repeats the line N times (1..100000). Example:
+// (default 0); "*N", last and once, repeats the line N times (1..100000). A
+// script holds at most 1,000,000 actions and a file at most 64 MiB. Example:
 //
 //   W 0 0 *10     walk forward for 10 frames
 //   - 15          turn right by 15 units

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   }
   if (cmd == "check") {
     const std::string dir = absl::GetFlag(FLAGS_model);
+    if (dir.empty()) {
+      std::fprintf(stderr, "wmckpt: check needs --model DIR\n");
+      return 2;
+    }
     auto config = wm::load_model_config(dir + "/config.json");
     if (!config.ok()) {
       std::fprintf(stderr, "wmckpt: %s\n", config.status().ToString().c_str());

@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
   const wm::ModelConfig& cfg = (*engine)->config();
   auto actions = wm::load_action_script(absl::GetFlag(FLAGS_script), cfg.actions);
   if (!actions.ok()) return fail(actions.status());
+  if (actions->empty())
+    return fail(absl::InvalidArgumentError(absl::StrCat(absl::GetFlag(FLAGS_script), ": the script has no actions")));
   wm::SessionOptions so;
   so.seed = absl::GetFlag(FLAGS_seed);
   so.cache_format = absl::GetFlag(FLAGS_format);
@@ -66,7 +69,7 @@ int main(int argc, char** argv) {
       auto bytes = wm::read_file(std::string(p), 64 << 20);
       if (!bytes.ok()) return fail(bytes.status());
       auto img = wm::jpeg_decode(bytes->data(), bytes->size());
-      if (!img.ok()) return fail(img.status());
+      if (!img.ok()) return fail(absl::Status(img.status().code(), absl::StrCat(p, ": ", img.status().message())));
       so.prompt.push_back(std::move(*img));
     }
   }

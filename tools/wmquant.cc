@@ -280,6 +280,7 @@ absl::StatusOr<Rollout> run_model(KvObserver* observer, std::function<void(const
   if (absl::GetFlag(FLAGS_script).empty()) return absl::InvalidArgumentError("--script is required");
   auto actions = load_action_script(absl::GetFlag(FLAGS_script), cfg.actions);
   if (!actions.ok()) return actions.status();
+  if (actions->empty()) return absl::InvalidArgumentError(absl::StrCat(absl::GetFlag(FLAGS_script), ": the script has no actions"));
   Rollout r;
   r.model = cfg.name;
   r.geometry = (*engine)->kv_geometry();
