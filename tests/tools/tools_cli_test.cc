@@ -149,6 +149,18 @@ TEST_F(ToolsCli, ThreadsOutsideTheServersRangeAreRefused) {
 }
 
 // the largest config that validates: terabytes of weights, refused before any is allocated
+// a script without actions would make no frames and exit 0; an empty --model
+// would read /config.json
+TEST_F(ToolsCli, EmptyScriptsAndModelsAreRefused) {
+  const std::string empty = temp_dir() + "/empty.txt";
+  write_text(empty, "# nothing but a comment\n\n");
+  const std::string out = temp_dir() + "/gen_empty";
+  EXPECT_REFUSED(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + empty, "--out=" + out}), 1, "no actions");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--model=" + model_, "--script=" + empty}), 1, "no actions");
+  EXPECT_REFUSED(run_tool({WMGEN_BIN, "--model=", "--script=" + script_, "--out=" + out}), 1, "no model directory");
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "check"}), 2, "--model");
+}
+
 TEST_F(ToolsCli, WeightsAbovePhysicalMemoryAreRefused) {
   auto cfg = load_model_config(source("configs/tiny-test.json"));
   ASSERT_TRUE(cfg.ok()) << cfg.status();
