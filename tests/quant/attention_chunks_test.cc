@@ -69,7 +69,7 @@ TEST(AttentionChunks, ChunkedScoreBlocksGiveTheUnchunkedOutput) {
   }
 }
 
-// A 4096-token block over QuantWM-2 spans with a PSAC basis: 4 row chunks
+// A 4096-token block over QuantWM-2 spans with a PSAC basis: 2 row chunks
 // at the default limits. Each query's output depends on that query alone,
 // so swapping the two halves of the block's queries swaps the two halves of
 // the output; a chunk whose logit correction used another chunk's queries
