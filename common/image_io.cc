@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <jpeglib.h>
 
@@ -141,19 +142,14 @@ absl::StatusOr<std::string> read_file(const std::string& path, size_t max_bytes)
   // waiting forever for a writer
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  const std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) { ::close(*f); });
   struct stat st;
-  const bool stat_ok = fstat(fd, &st) == 0;
-  auto refuse = [&](absl::Status s) {
-    ::close(fd);
-    return s;
-  };
-  if (!stat_ok) return refuse(absl::InternalError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno))));
-  if (S_ISDIR(st.st_mode)) return refuse(absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file")));
-  if (!S_ISREG(st.st_mode)) return refuse(absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file")));
+  if (fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file"));
+  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
   const size_t size = static_cast<size_t>(st.st_size);
   if (size > max_bytes)
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat(path, ": file too large (", size, " bytes; at most ", max_bytes, ")")));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file too large (", size, " bytes; at most ", max_bytes, ")"));
   std::string out(size, '\0');
   size_t got = 0;
   while (got < size) {
@@ -162,7 +158,6 @@ absl::StatusOr<std::string> read_file(const std::string& path, size_t max_bytes)
     if (r <= 0) break;
     got += static_cast<size_t>(r);
   }
-  ::close(fd);
   if (got != size) return absl::DataLossError(absl::StrCat(path, ": short read (", got, " of ", size, " bytes)"));
   return out;
 }

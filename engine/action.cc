@@ -108,7 +108,8 @@ absl::StatusOr<std::vector<Action>> parse_action_script(absl::string_view text, 
 }
 
 absl::StatusOr<std::vector<Action>> load_action_script(const std::string& path, const ActionSpace& space) {
-  if (std::filesystem::is_directory(path))
+  std::error_code ec;  // the overload that cannot throw (a loop of links, a name too long)
+  if (std::filesystem::is_directory(path, ec))
     return absl::InvalidArgumentError(absl::StrCat("action script ", path, " is a directory, not a file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open action script ", path));

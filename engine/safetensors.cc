@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -294,9 +295,25 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(path, ec);
   const bool atomic = !std::filesystem::exists(st) || std::filesystem::is_regular_file(st);
-  const std::string target = atomic ? absl::StrCat(path, ".tmp-", getpid()) : path;
-  std::FILE* f = std::fopen(target.c_str(), "wb");
-  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot write ", target, ": ", std::strerror(errno)));
+  static std::atomic<int> serial{0};
+  const std::string target = atomic ? absl::StrCat(path, ".tmp-", getpid(), "-", serial++) : path;
+  std::FILE* f = nullptr;
+  if (atomic) {
+    // a fresh file, never one planted at that name (no link followed); a file
+    // it replaces keeps its permission bits
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 && std::filesystem::exists(st)) (void)::fchmod(fd, static_cast<mode_t>(st.permissions()) & 07777);
+    if (fd >= 0) f = ::fdopen(fd, "wb");
+    if (fd >= 0 && f == nullptr) {
+      ::close(fd);
+      ::unlink(target.c_str());
+    }
+  } else {
+    f = std::fopen(target.c_str(), "wb");
+  }
+  if (f == nullptr)
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, atomic ? absl::StrCat(" (through ", target, ")") : "",
+                                               ": ", std::strerror(errno)));
   int err = 0;
   auto put = [&](const void* data, size_t bytes) {
     if (err == 0 && std::fwrite(data, 1, bytes, f) != bytes) err = errno;

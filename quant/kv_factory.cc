@@ -64,6 +64,9 @@ absl::StatusOr<Parsed> parse(absl::string_view name, const KvFormatOptions& base
     return absl::NotFoundError(
         absl::StrCat("unknown cache format '", name, "'; known: ", absl::StrJoin(kv_format_variants(), ", ")));
   }
+  // what the format does not use is off, so that it is neither validated nor replayed
+  if (p.family != Family::quantwm) p.options.qsac = p.options.psac = false;
+  if (!p.options.quantize_keys) p.options.psac = false;  // PSAC corrects key logits
   return p;
 }
 
@@ -87,7 +90,8 @@ int64_t horizon_frames(Family family, const KvGeometry& g, const KvFormatOptions
   const int64_t base = g.sink_frames + 4 * static_cast<int64_t>(g.window_frames) + 64;
   if (family == Family::kivi) return base + 4 * static_cast<int64_t>(g.frames_per_block) + 2 * o.kivi_residual;
   const int64_t span = std::max(o.span_frames, g.frames_per_block);
-  const int64_t period = std::lcm(std::lcm<int64_t>(span, o.psac_refresh_frames), g.frames_per_block);
+  const int64_t refresh = o.psac ? o.psac_refresh_frames : 1;
+  const int64_t period = std::lcm(std::lcm<int64_t>(span, refresh), g.frames_per_block);
   return base + 4 * period;
 }
 

@@ -319,7 +319,11 @@ absl::Status span_validate(const KvGeometry& g, const KvFormatOptions& o) {
   // the value given is checked, not the one capped at head_dim, so that 256 fails like 48
   if (o.block != 16 && o.block != 32 && o.block != 64 && o.block != 128)
     return absl::InvalidArgumentError(absl::StrCat("block ", o.block, " is not 16, 32, 64 or 128"));
+  // and the block it takes, capped at head_dim, is one the codec has: a head_dim of 48 caps 64 at 48
   const int B = effective_block(g, o);
+  if (B != 16 && B != 32 && B != 64 && B != 128)
+    return absl::InvalidArgumentError(absl::StrCat("block ", o.block, " capped at head_dim ", g.head_dim, " is ", B,
+                                                   ", not 16, 32, 64 or 128"));
   if (g.head_dim % B != 0) return absl::InvalidArgumentError(absl::StrCat("block ", B, " does not divide head_dim ", g.head_dim));
   if (o.span_frames < 0 || o.span_frames > g.window_frames)
     return absl::InvalidArgumentError(absl::StrCat("span_frames ", o.span_frames, " must be within 0..window (",
@@ -334,6 +338,9 @@ absl::Status span_validate(const KvGeometry& g, const KvFormatOptions& o) {
   if (o.psac_bits != 8 && o.psac_bits != 4)
     return absl::InvalidArgumentError(absl::StrCat("psac_bits ", o.psac_bits, " must be 8 or 4"));
   if (o.psac && g.head_dim < kPsacRank) return absl::InvalidArgumentError("head_dim below the PSAC rank");
+  if (o.qsac_candidates < 1) return absl::InvalidArgumentError("qsac_candidates must be positive");
+  if (!(o.qsac_weight_floor > 0.0f)) return absl::InvalidArgumentError("qsac_weight_floor must be positive");
+  if (!o.psac) return absl::OkStatus();  // qvg2, -v and -qsac never refresh a basis
   // the ledger's worst case replays a multiple of the refresh period
   if (o.psac_refresh_frames < 1 || o.psac_refresh_frames > kMaxPsacRefreshFrames)
     return absl::InvalidArgumentError(absl::StrCat("psac_refresh_frames ", o.psac_refresh_frames, " must be within 1..",
@@ -345,8 +352,6 @@ absl::Status span_validate(const KvGeometry& g, const KvFormatOptions& o) {
                                                    " frames, blocks of ", g.frames_per_block, " and psac_refresh_frames ",
                                                    o.psac_refresh_frames, " line up only every ", period,
                                                    " frames, above ", kMaxPsacRefreshFrames));
-  if (o.qsac_candidates < 1) return absl::InvalidArgumentError("qsac_candidates must be positive");
-  if (!(o.qsac_weight_floor > 0.0f)) return absl::InvalidArgumentError("qsac_weight_floor must be positive");
   return absl::OkStatus();
 }
 

@@ -55,7 +55,7 @@ TEST(ActionScript, ReadsAtMostTheBound) {
   auto z = load_action_script("/dev/zero", default_action_space());
   ASSERT_EQ(z.status().code(), absl::StatusCode::kInvalidArgument) << z.status();
   EXPECT_NE(std::string(z.status().message()).find("larger than 64 MiB"), std::string::npos) << z.status();
-  const std::string fifo = ::testing::TempDir() + "/script_fifo";
+  const std::string fifo = ::testing::TempDir() + "/script_fifo_" + std::to_string(::getpid());
   ::unlink(fifo.c_str());
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   std::thread writer([&] {

@@ -85,7 +85,7 @@ TEST(Safetensors, RejectsDamagedFiles) {
 // model files are regular files: a FIFO (no writer) or a directory is refused
 // at once instead of blocking the loader
 TEST(Safetensors, OnlyRegularFilesOpen) {
-  const std::string fifo = ::testing::TempDir() + "/model_fifo.safetensors";
+  const std::string fifo = ::testing::TempDir() + "/model_fifo_" + std::to_string(::getpid()) + ".safetensors";
   ::unlink(fifo.c_str());
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   auto f = SafetensorsFile::open(fifo);
@@ -105,7 +105,7 @@ TEST(Safetensors, OnlyRegularFilesOpen) {
         << r.status();
   }
   ::unlink(fifo.c_str());
-  const std::string big = ::testing::TempDir() + "/big.bin";
+  const std::string big = ::testing::TempDir() + "/big_" + std::to_string(::getpid()) + ".bin";
   std::ofstream(big) << std::string(100, 'x');
   auto r = read_file(big, 99);
   ASSERT_FALSE(r.ok());
@@ -120,7 +120,7 @@ TEST(Safetensors, FuzzedMutationsFailCleanly) {
   auto cfg = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   HostWeights w = random_host_weights(*cfg, 1);
-  const std::string dir = ::testing::TempDir() + "/fuzz_ckpt";
+  const std::string dir = ::testing::TempDir() + "/fuzz_ckpt_" + std::to_string(::getpid());
   ASSERT_TRUE(save_checkpoint(*cfg, w, dir).ok());
   std::string good;
   {
@@ -161,7 +161,7 @@ TEST(Safetensors, CheckpointRejectsExtraAndMismatchedTensors) {
   auto cfg = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
   ASSERT_TRUE(cfg.ok());
   HostWeights w = random_host_weights(*cfg, 2);
-  const std::string dir = ::testing::TempDir() + "/mismatch_ckpt";
+  const std::string dir = ::testing::TempDir() + "/mismatch_ckpt_" + std::to_string(::getpid());
   ASSERT_TRUE(save_checkpoint(*cfg, w, dir).ok());
   auto file = SafetensorsFile::open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());

@@ -463,6 +463,19 @@ TEST(Formats, NamesOptionsAndErrors) {
   bad.psac_refresh_frames = 1024;
   EXPECT_EQ(make_kv_cache("quantwm2", wide, bad).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(kv_format_max_bytes("quantwm2", wide, bad), 0);
+  // the PSAC period binds only formats that refresh a basis
+  EXPECT_TRUE(make_kv_cache("qvg2", wide, bad).ok());
+  EXPECT_TRUE(make_kv_cache("quantwm2-qsac", wide, bad).ok());
+  EXPECT_TRUE(make_kv_cache("quantwm2-v", wide, bad).ok());
+  // a head_dim that caps the block below the codec's sizes has no span format
+  // (the codec would code nothing): 64 capped at 48, or at 8
+  for (const int hd : {8, 24, 48, 56}) {
+    const KvGeometry odd = kv_case_geometry(hd, 2, 16, 4, 1);
+    for (const char* f : {"qvg2", "quantwm2"}) {
+      EXPECT_EQ(make_kv_cache(f, odd).status().code(), absl::StatusCode::kInvalidArgument) << f << " hd " << hd;
+      EXPECT_EQ(kv_format_max_bytes(f, odd), 0) << f << " hd " << hd;
+    }
+  }
   // an option of another family does not stretch the worst-case replay (these hung)
   KvFormatOptions other = {};
   other.span_frames = 2147483647;

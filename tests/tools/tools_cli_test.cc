@@ -58,8 +58,11 @@ ToolRun run_tool(const std::vector<std::string>& argv, int timeout_s = 60) {
       dup2(fd, 2);
       close(fd);
     }
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    // (a sanitizer's shadow memory would not fit under the cap)
     const rlimit data{rlim_t{4} << 30, rlim_t{4} << 30};
     setrlimit(RLIMIT_DATA, &data);
+#endif
     alarm(static_cast<unsigned>(timeout_s));
     execv(args[0], args.data());
     _exit(127);
