@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/model_config.h"
+#include "tests/support/spawn.h"
 #include "engine/weights.h"
 
 namespace wm::testing {
@@ -43,27 +44,7 @@ std::string make_tiny_model(const std::string& name, uint64_t seed, int frames_p
 
 namespace {
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    // the child must not inherit a blocked signal mask from the test runner
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) { return spawn_logged(argv, log_path); }
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);

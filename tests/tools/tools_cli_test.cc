@@ -2,7 +2,6 @@
 // processes on bad flags and files: each must exit non-zero with a one-line
 // message that names the flag or the problem, within bounded time and memory
 // (no abort, no hang, no allocation the input asks for).
-#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
+#include "tests/support/spawn.h"
 
 namespace wm {
 namespace {
@@ -41,32 +41,24 @@ std::string temp_dir() {
   return dir;
 }
 
-// runs argv with a time limit (SIGALRM survives exec) and a cap on its data
-// segment, so that a hang or a runaway allocation fails the test instead of
-// the machine
+// the child's limits, set between fork and exec: a time limit (SIGALRM
+// survives exec) and a cap on its data segment, so that a hang or a runaway
+// allocation fails the test instead of the machine
+unsigned child_timeout_s = 60;
+void limit_child() {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (a sanitizer's shadow memory would not fit under the cap)
+  const rlimit data{rlim_t{4} << 30, rlim_t{4} << 30};
+  setrlimit(RLIMIT_DATA, &data);
+#endif
+  alarm(child_timeout_s);
+}
+
 ToolRun run_tool(const std::vector<std::string>& argv, int timeout_s = 60) {
   static int count = 0;
   const std::string log_path = temp_dir() + "/run" + std::to_string(count++) + ".log";
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    // (a sanitizer's shadow memory would not fit under the cap)
-    const rlimit data{rlim_t{4} << 30, rlim_t{4} << 30};
-    setrlimit(RLIMIT_DATA, &data);
-#endif
-    alarm(static_cast<unsigned>(timeout_s));
-    execv(args[0], args.data());
-    _exit(127);
-  }
+  child_timeout_s = static_cast<unsigned>(timeout_s);
+  const pid_t pid = testing::spawn_logged(argv, log_path, limit_child);
   int status = 0;
   waitpid(pid, &status, 0);
   ToolRun r;
