@@ -99,8 +99,12 @@ TEST_P(FpCacheTest, MatchesNaiveAttentionAcrossEviction) {
   EXPECT_FALSE((*cache)->append(0, z.data(), z.data(), 3, 1).ok());
 }
 
+// named by value: a const char* parameter would print as its address, which changes with every build
 INSTANTIATE_TEST_SUITE_P(Formats, FpCacheTest,
-                         ::testing::Combine(::testing::Values("fp32", "fp16"), ::testing::Values(64, 128)));
+                         ::testing::Combine(::testing::Values("fp32", "fp16"), ::testing::Values(64, 128)),
+                         [](const ::testing::TestParamInfo<FpCacheTest::ParamType>& info) {
+                           return std::string(std::get<0>(info.param)) + "_hd" + std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(KvFactory, UnknownFormatIsNotFound) {
   auto c = make_kv_cache("int3", geometry(64));
