@@ -423,7 +423,7 @@ class Handler final : public CivetHandler {
 }  // namespace
 
 int run_web_player(const WebPlayerOptions& o) {
-  if (!(o.fps >= 0.001 && o.fps <= 1000)) {
+  if (!fps_in_range(o.fps)) {
     std::fprintf(stderr, "wmplay: --fps must be 0.001..1000 with --web (the server's --max_fps may allow less)\n");
     return 2;
   }

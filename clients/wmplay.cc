@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   if (auto bad = wm::parse_flags_only(argc, argv)) return fail(*bad);
   if (auto st = wm::client::check_server_address(absl::GetFlag(FLAGS_server)); !st.ok())
     return fail(std::string(st.message()));
-  if (!(absl::GetFlag(FLAGS_fps) == 0 || (absl::GetFlag(FLAGS_fps) >= 0.001 && absl::GetFlag(FLAGS_fps) <= 1000)))
+  if (!(absl::GetFlag(FLAGS_fps) == 0 || wm::client::fps_in_range(absl::GetFlag(FLAGS_fps))))
     return fail("--fps must be 0 (per-action pacing; 20 with --web) or 0.001..1000 (the server's --max_fps may allow less)");
   if (!absl::GetFlag(FLAGS_web).empty()) {
     if (absl::GetFlag(FLAGS_headless)) return fail("--web and --headless are two ways to play: pick one");
@@ -95,8 +95,7 @@ int main(int argc, char** argv) {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (absl::GetFlag(FLAGS_script).empty() || out.empty()) return fail("--script and --out are required");
   if (absl::GetFlag(FLAGS_window) < 1) return fail("--window must be at least 1");
-  // becomes int64 microseconds: a week is far inside, NaN and 1e300 are not
-  if (!(absl::GetFlag(FLAGS_timeout_s) > 0 && absl::GetFlag(FLAGS_timeout_s) <= 7 * 86400))
+  if (!wm::client::timeout_in_range(absl::GetFlag(FLAGS_timeout_s)))
     return fail("--timeout_s must be in (0, 604800]");
 
   auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));

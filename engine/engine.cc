@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli.h"
 #include "common/status_macros.h"
 #include "engine/blas.h"
 #include "engine/plugin_loader.h"
@@ -67,8 +68,8 @@ static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   // the OpenMP runtime crashes or allocates without bound far above this
-  if (options.threads < 0 || options.threads > 1024)
-    return absl::InvalidArgumentError(absl::StrCat("threads ", options.threads, " must be 0..1024 (0: all cores)"));
+  if (!threads_in_range(options.threads))
+    return absl::InvalidArgumentError(absl::StrCat("threads ", options.threads, " must be 0..", kMaxThreads, " (0: all cores)"));
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   ModelConfig config;

@@ -175,8 +175,7 @@ int main(int argc, char** argv) {
     return fail("--audit_fraction must be in [0, 1]");
   if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
-  if (o.worker.engine.threads < 0 || o.worker.engine.threads > 1024)
-    return fail("--threads must be 0..1024 (0: all cores)");
+  if (!wm::threads_in_range(o.worker.engine.threads)) return fail(wm::kThreadsRange);
   // each queued action is held in memory: a bound a client cannot push past
   if (o.worker.action_queue < 1 || o.worker.action_queue > 4096) return fail("--action_queue must be 1..4096");
   if (o.sessions.max_sessions < 0 || o.sessions.max_sessions_per_client < 0)
