@@ -941,6 +941,10 @@ TEST(ServerIntegration, MetricsAreScrapedOverHttp) {
   ASSERT_NE(server, nullptr);
   const PlayResult r = client::play(channel(*server), per_action(1, script_actions()));
   ASSERT_TRUE(r.status.ok());
+  // the client has its status once the stream finishes; the server counts
+  // the session's end right after: scrape once it has (on a loaded machine
+  // the scrape could come first)
+  wait_for_metric(*server, "wm_sessions_ended_total{reason=\"client_closed\"}", 1);
   int code = 0;
   const std::string body = testing::http_get(server->metrics_port(), "/metrics", &code);
   ASSERT_EQ(code, 200);
