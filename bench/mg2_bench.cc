@@ -15,8 +15,12 @@
 // filled to the window with random K/V first (the write path, not a forward
 // per frame). The host-side conditioning and uploads are inside the timings.
 //
+// With --batch_invariant=1 every session is batch-invariant
+// (SessionOptions::batch_invariant): its GEMMs and, on a device, its
+// attention run on their own; what that costs against the shared batch.
+//
 //   mg2_bench [--device=cuda|cpu] [--plugin=PATH] [--config=configs/mg2-shape.json]
-//             [--sessions=1,2,4,8] [--windows=6,60] [--reps=3] [--blocks=2]
+//             [--sessions=1,2,4,8] [--windows=6,60] [--reps=3] [--blocks=2] [--batch_invariant=0|1]
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -40,6 +44,7 @@ int run(int argc, char** argv) {
   const std::vector<int> sessions = f.list("sessions", "1,2,4,8");
   const std::vector<int> windows = f.list("windows", "6,60");
   const int reps = static_cast<int>(f.num("reps", 3)), block_reps = static_cast<int>(f.num("blocks", 2));
+  const bool invariant = f.num("batch_invariant", 0) != 0;
   const int T = cfg.tokens_per_frame(), B = cfg.frames_per_block, D = cfg.dim, L = cfg.layers;
   const int64_t Q = cfg.qkv_dim();
 
@@ -122,7 +127,7 @@ int run(int argc, char** argv) {
         in.tokens = x;
         in.write_pass = write;
         for (int s = 0; s < S; ++s) {
-          in.sessions.push_back({caches[static_cast<size_t>(s)].get(), s * B, B});
+          in.sessions.push_back({caches[static_cast<size_t>(s)].get(), s * B, B, invariant});
           for (int k = 0; k < B; ++k) {
             Action a;
             a.keys = 1u << (k % 4);
@@ -178,6 +183,7 @@ int run(int argc, char** argv) {
                           {"device", dev.name},
                           {"sessions_batched", S},
                           {"window_latent_frames", W},
+                          {"batch_invariant", invariant},
                           {"forward_ms", std::round(forward_s * 1e5) / 100},
                           {"block_ms", std::round(block_s * 1e4) / 10},
                           {"fps_per_session", std::round(video_frames / block_s * 100) / 100},

@@ -44,7 +44,8 @@ ABSL_FLAG(int, quality, 0, "JPEG quality (0: the server's default)");
 ABSL_FLAG(std::string, prompt, "", "comma-separated JPEG start frames");
 ABSL_FLAG(bool, audit, false, "ask the server to measure this session's token-selection drift");
 ABSL_FLAG(bool, batch_invariant, false,
-          "ask for this session's frames exactly as wmgen makes them, whatever else the server runs (CPU servers)");
+          "ask for this session's frames exactly as it gets them alone (on a CPU server: as wmgen makes them), "
+          "whatever else the server runs");
 ABSL_FLAG(double, timeout_s, 300, "give up after this long");
 
 namespace v1 = ::wmserve::v1;

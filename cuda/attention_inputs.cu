@@ -10,9 +10,11 @@ struct Tensors {
   uint16_t* dst[3];
 };
 
-// grid.y picks q, k or v; one thread per 8 channels of one (row, head)
-__global__ void attention_inputs_kernel(Tensors t, int32_t rows, int32_t heads, int32_t head_dim, int64_t total) {
-  const float* src = t.src[blockIdx.y];
+// grid.y picks q, k or v; one thread per 8 channels of one (row, head) of
+// rows [first_row, rows); total counts those
+__global__ void attention_inputs_kernel(Tensors t, int32_t first_row, int32_t rows, int32_t heads, int32_t head_dim,
+                                        int64_t total) {
+  const float* src = t.src[blockIdx.y] + static_cast<int64_t>(first_row) * heads * head_dim;
   uint16_t* dst = t.dst[blockIdx.y];
   const int32_t chunks = head_dim / 8;
   // 32-bit index math (the launcher checks total < 2^31): 64-bit division is slow on the GPU
@@ -20,8 +22,9 @@ __global__ void attention_inputs_kernel(Tensors t, int32_t rows, int32_t heads, 
        e += gridDim.x * blockDim.x) {
     const uint32_t rh = e / static_cast<uint32_t>(chunks);
     const int32_t c = static_cast<int32_t>(e - rh * static_cast<uint32_t>(chunks));
-    const uint32_t r = rh / static_cast<uint32_t>(heads);
-    const int32_t h = static_cast<int32_t>(rh - r * static_cast<uint32_t>(heads));
+    const uint32_t rr = rh / static_cast<uint32_t>(heads);  // row - first_row
+    const int32_t h = static_cast<int32_t>(rh - rr * static_cast<uint32_t>(heads));
+    const int64_t r = static_cast<int64_t>(first_row) + rr;
     const float* s = src + static_cast<int64_t>(e) * 8;  // [rows, heads, head_dim] is row-major in (r, h, c)
     const float4 a = reinterpret_cast<const float4*>(s)[0];
     const float4 b = reinterpret_cast<const float4*>(s)[1];
@@ -36,18 +39,19 @@ __global__ void attention_inputs_kernel(Tensors t, int32_t rows, int32_t heads, 
 
 }  // namespace
 
-cudaError_t launch_attention_inputs(const float* q, const float* k, const float* v, int32_t rows, int32_t heads,
-                                    int32_t head_dim, uint16_t* q16, uint16_t* k16, uint16_t* v16,
+cudaError_t launch_attention_inputs(const float* q, const float* k, const float* v, int32_t first_row, int32_t rows,
+                                    int32_t heads, int32_t head_dim, uint16_t* q16, uint16_t* k16, uint16_t* v16,
                                     cudaStream_t stream) {
-  const int64_t total = static_cast<int64_t>(rows) * heads * (head_dim / 8);
+  if (first_row < 0 || first_row > rows) return cudaErrorInvalidValue;
+  const int64_t total = static_cast<int64_t>(rows - first_row) * heads * (head_dim / 8);
   if (total <= 0) return cudaSuccess;
   for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
                         static_cast<const void*>(q16), static_cast<const void*>(k16), static_cast<const void*>(v16)})
     if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return cudaErrorMisalignedAddress;
   if (head_dim % 8 != 0 || total >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   Tensors t{{q, k, v}, {q16, k16, v16}};
-  return launch_kernel(attention_inputs_kernel, dim3(grid_for(total), 3), kThreads, 0, stream, t, rows, heads, head_dim,
-                       total);
+  return launch_kernel(attention_inputs_kernel, dim3(grid_for(total), 3), kThreads, 0, stream, t, first_row, rows, heads,
+                       head_dim, total);
 }
 
 }  // namespace wm::cuda

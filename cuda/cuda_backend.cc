@@ -317,6 +317,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.cublaslt_calls") return gemm_ != nullptr ? gemm_->cublaslt_calls() : 0;
   if (name == "gemm.fallback_calls") return gemm_ != nullptr ? gemm_->fallback_calls() : 0;
   if (name == "gemm.gelu_epilogue_calls") return gemm_ != nullptr ? gemm_->gelu_epilogue_calls() : 0;
+  if (name == "gemm.realigned_outputs") return gemm_ != nullptr ? gemm_->realigned_outputs() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "kv.append_launches") return append_launches_;
   if (name == "graph.recorded") return graphs_recorded_;
@@ -326,6 +327,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "upload.staged") return staged_uploads_;
   if (name == "upload.pageable") return pageable_uploads_;
   if (name == "attention.plans") return plans_made_;
+  if (name == "attention.plans_kept") return static_cast<int64_t>(plan_slots_.size());
   if (name == "attention.launches") return attention_launches_;
   if (name == "attention.sm90_launches") return sm90_launches_;
   if (name == "attention.overlap_launches") return overlap_launches_;
@@ -430,6 +432,7 @@ absl::Status CudaBackend::graph_begin() {
   WM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   recording_ = true;
   recording_broken_ = false;
+  recorded_attention_.clear();
   t_recording_graph = true;
   return absl::OkStatus();
 }
@@ -453,10 +456,12 @@ absl::Status CudaBackend::graph_end(bool keep) {
   if (e != cudaSuccess) return failed(cudaGetErrorName(e));
   if (!keep) return failed("the caller's pass failed");
   if (recording_broken_ || g == nullptr) return failed("an op could not be recorded");
-  // one executable graph per shape of work (rows, split or not, tile, tuning):
+  // one executable graph per shape of work (each attention call's rows,
+  // split or not and tile, and the tuning):
   // a batch of that shape again updates its parameters in place, which is
   // cheaper than instantiating; the least recently used of kGraphSlots goes
-  const GraphKey key{plan_.rows_total, plan_.partials > 0, plan_.block_q, tuning_generation_};
+  const GraphKey key{std::move(recorded_attention_), tuning_generation_};
+  recorded_attention_.clear();
   auto slot = std::find_if(graph_slots_.begin(), graph_slots_.end(), [&](const GraphSlot& x) { return x.key == key; });
   if (slot != graph_slots_.end()) {
     cudaGraphExecUpdateResultInfo info{};
@@ -1006,22 +1011,65 @@ absl::Status CudaBackend::kv_reconstruct(const DeviceKvCache& kv, int32_t layer,
 
 // ---- attention ------------------------------------------------------------
 
-bool CudaBackend::plan_fits(int32_t layer, std::span<DeviceKvCache* const> caches,
-                            std::span<const WmSessionRows> rows) const {
-  if (plan_key_.tuning != tuning_generation_ || plan_key_.sessions.size() != caches.size()) return false;
-  const size_t L = static_cast<size_t>(plan_.layers);
-  for (size_t s = 0; s < caches.size(); ++s) {
-    if (plan_key_.sessions[s] != std::make_tuple(caches[s]->id, rows[s].row0, rows[s].rows)) return false;
-    if (caches[s]->pages.version(layer) != plan_key_.versions[s * L + static_cast<size_t>(layer)]) return false;
-  }
-  return true;
+const AttentionPlan& CudaBackend::last_plan() const {
+  static const AttentionPlan kNone;
+  return last_plan_ != nullptr ? last_plan_->plan : kNone;
 }
 
-absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows) {
+CudaBackend::PlanSlot* CudaBackend::fitting_plan(int32_t layer, std::span<DeviceKvCache* const> caches,
+                                                 std::span<const WmSessionRows> rows) const {
+  for (const std::unique_ptr<PlanSlot>& slot : plan_slots_) {
+    const PlanKey& key = slot->key;
+    if (key.tuning != tuning_generation_ || key.sessions.size() != caches.size()) continue;
+    const size_t L = static_cast<size_t>(slot->plan.layers);
+    bool fits = true;
+    for (size_t s = 0; s < caches.size() && fits; ++s)
+      fits = key.sessions[s] == std::make_tuple(caches[s]->id, rows[s].row0, rows[s].rows) &&
+             caches[s]->pages.version(layer) == key.versions[s * L + static_cast<size_t>(layer)];
+    if (fits) return slot.get();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<CudaBackend::PlanSlot*> CudaBackend::plan_for(int32_t layer, std::span<DeviceKvCache* const> caches,
+                                                             std::span<const WmSessionRows> rows) {
+  PlanSlot* slot = fitting_plan(layer, caches, rows);
+  if (slot == nullptr) {
+    auto made = make_plan(caches, rows);
+    if (!made.ok()) return made.status();
+    slot = *made;
+  }
+  slot->used = ++plan_clock_;
+  return slot;
+}
+
+absl::StatusOr<CudaBackend::PlanSlot*> CudaBackend::make_plan(std::span<DeviceKvCache* const> caches,
+                                                              std::span<const WmSessionRows> rows) {
   std::vector<PlanInput> in;
-  for (size_t s = 0; s < caches.size(); ++s) in.push_back({&caches[s]->pages, rows[s].row0, rows[s].rows});
+  std::vector<std::tuple<uint64_t, int32_t, int32_t>> sessions;
+  for (size_t s = 0; s < caches.size(); ++s) {
+    in.push_back({&caches[s]->pages, rows[s].row0, rows[s].rows});
+    sessions.emplace_back(caches[s]->id, rows[s].row0, rows[s].rows);
+  }
+  // the slot of an older plan of these same rows (its caches have changed
+  // since), else a new one, else the least recently used
+  auto same = std::find_if(plan_slots_.begin(), plan_slots_.end(),
+                           [&](const std::unique_ptr<PlanSlot>& x) { return x->key.sessions == sessions; });
+  PlanSlot* slot = nullptr;
+  if (same != plan_slots_.end()) {
+    slot = same->get();
+  } else if (plan_slots_.size() < kPlanSlots) {
+    plan_slots_.push_back(std::make_unique<PlanSlot>());
+    slot = plan_slots_.back().get();
+  } else {
+    slot = std::min_element(plan_slots_.begin(), plan_slots_.end(),
+                            [](const std::unique_ptr<PlanSlot>& a, const std::unique_ptr<PlanSlot>& b) {
+                              return a->used < b->used;
+                            })->get();
+  }
   // whatever fails below leaves no plan that a later batch could match
-  plan_key_ = PlanKey{};
+  slot->key = PlanKey{};
+  if (last_plan_ == slot) last_plan_ = nullptr;
   ++plans_made_;
   PlanTuning t = plan_tuning_;
   const int32_t hd = caches.empty() ? 0 : caches[0]->pages.geometry().head_dim;
@@ -1033,25 +1081,23 @@ absl::Status CudaBackend::make_plan(std::span<DeviceKvCache* const> caches, std:
     }
   auto plan = make_attention_plan(in, t);
   if (!plan.ok()) return plan.status();
-  plan_ = std::move(*plan);
-  plan_layout_ = plan_.layout();
-  const std::vector<uint8_t> blob = plan_.blob();
-  absl::Status s = plan_memory_.reserve(blob.size());
+  slot->plan = std::move(*plan);
+  slot->layout = slot->plan.layout();
+  const std::vector<uint8_t> blob = slot->plan.blob();
+  absl::Status s = slot->memory.reserve(blob.size());
   if (!s.ok()) return s;
-  s = copy_to_device(plan_memory_.get(), blob.data(), blob.size());
+  s = copy_to_device(slot->memory.get(), blob.data(), blob.size());
   if (!s.ok()) return s;
   PlanKey key;
   key.tuning = tuning_generation_;
-  for (size_t i = 0; i < caches.size(); ++i) {
-    key.sessions.emplace_back(caches[i]->id, rows[i].row0, rows[i].rows);
-    for (int32_t l = 0; l < plan_.layers; ++l) key.versions.push_back(caches[i]->pages.version(l));
-  }
-  plan_key_ = std::move(key);
-  return absl::OkStatus();
+  key.sessions = std::move(sessions);
+  for (size_t i = 0; i < caches.size(); ++i)
+    for (int32_t l = 0; l < slot->plan.layers; ++l) key.versions.push_back(caches[i]->pages.version(l));
+  slot->key = std::move(key);
+  return slot;
 }
 
-absl::Status CudaBackend::reserve_attention_workspaces() {
-  const AttentionPlan& p = plan_;
+absl::Status CudaBackend::reserve_attention_workspaces(const AttentionPlan& p) {
   const size_t one = static_cast<size_t>(p.heads) * p.rows_total * p.head_dim;
   absl::Status s = qkv16_.reserve(3 * one * sizeof(uint16_t));
   if (!s.ok() || p.partials <= 0) return s;
@@ -1066,13 +1112,17 @@ absl::Status CudaBackend::prepare_attention(std::span<DeviceKvCache* const> cach
   for (DeviceKvCache* c : caches)
     if (c == nullptr) return absl::InvalidArgumentError("attention: a session has no device cache");
   const int32_t layers = caches[0]->pages.geometry().layers;
-  for (int32_t l = 0; l < layers; ++l)
-    if (!plan_fits(l, caches, rows)) {
-      absl::Status s = make_plan(caches, rows);
-      if (!s.ok()) return s;
-      break;
+  PlanSlot* slot = nullptr;
+  for (int32_t l = 0; l < layers && slot == nullptr; ++l)
+    if (fitting_plan(l, caches, rows) == nullptr) {
+      auto made = make_plan(caches, rows);
+      if (!made.ok()) return made.status();
+      slot = *made;
     }
-  return plan_.items.empty() ? absl::OkStatus() : reserve_attention_workspaces();
+  if (slot == nullptr) slot = fitting_plan(0, caches, rows);
+  if (slot == nullptr) return absl::InternalError("attention: no plan after planning");
+  slot->used = ++plan_clock_;
+  return slot->plan.items.empty() ? absl::OkStatus() : reserve_attention_workspaces(slot->plan);
 }
 
 absl::Status CudaBackend::reserve_rows(DeviceBuffer& buffer, size_t& widest, int64_t rows, size_t row_bytes) {
@@ -1084,8 +1134,10 @@ absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> cach
                                             std::span<const WmSessionRows> rows) {
   absl::Status s = prepare_attention(caches, rows);
   if (!s.ok()) return s;
+  // the batch's rows end at the last call's last row (a step may attend in
+  // several calls, each prepared: they cover the batch's rows between them)
   int64_t n = 0;
-  for (const WmSessionRows& r : rows) n += r.rows;
+  for (const WmSessionRows& r : rows) n = std::max<int64_t>(n, static_cast<int64_t>(r.row0) + r.rows);
   // a pass's widest operands are [n, widest row]: made now, a recording of
   // the pass finds them big enough (growing drops the contents: and the copy)
   const size_t shadow_bytes = static_cast<size_t>(n) * shadow_row_bytes_;
@@ -1115,21 +1167,27 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     if (!s.ok()) return s;
     if (!aligned16(p)) return absl::InvalidArgumentError("attention: q, k, v, out must be 16-byte aligned");
   }
-  if (!plan_fits(layer, caches, rows)) {
-    absl::Status s = make_plan(caches, rows);
-    if (!s.ok()) return s;
-  }
-  const AttentionPlan& p = plan_;
+  auto slot = plan_for(layer, caches, rows);
+  if (!slot.ok()) return slot.status();
+  last_plan_ = *slot;
+  const AttentionPlan& p = (*slot)->plan;
   if (p.items.empty()) return absl::OkStatus();
   ++attention_launches_;
-  absl::Status s = reserve_attention_workspaces();
+  absl::Status s = reserve_attention_workspaces(p);
   if (!s.ok()) return s;
+  if (recording_) recorded_attention_.emplace_back(p.rows_total, p.partials > 0, p.block_q);
   const int64_t H = p.heads, Dh = p.head_dim, R = p.rows_total;
   const size_t one = static_cast<size_t>(H * R * Dh);
   uint16_t* q16 = qkv16_.as<uint16_t>();
-  WM_CUDA_RETURN_IF_ERROR(launch_attention_inputs(q, k, v, static_cast<int32_t>(R), static_cast<int32_t>(H),
+  // the rows this call reads start at its first session's (a batch-invariant
+  // session's call reads its own rows only)
+  int32_t first_row = static_cast<int32_t>(R);
+  for (const PlanSession& ps : p.sessions)
+    if (ps.rows > 0) first_row = std::min(first_row, ps.row0);
+  WM_CUDA_RETURN_IF_ERROR(launch_attention_inputs(q, k, v, first_row, static_cast<int32_t>(R), static_cast<int32_t>(H),
                                                   static_cast<int32_t>(Dh), q16, q16 + one, q16 + 2 * one, stream_));
-  auto* base = plan_memory_.as<uint8_t>();
+  auto* base = (*slot)->memory.as<uint8_t>();
+  const AttentionPlan::Layout& plan_layout = (*slot)->layout;
   AttentionArgs a;
   a.q16 = q16;
   a.k16 = q16 + one;
@@ -1138,10 +1196,10 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.partial_o = p.partials > 0 ? partials_.as<float>() : nullptr;
   const size_t partial_rows = static_cast<size_t>(p.partials) * H * p.block_q;
   a.partial_ml = p.partials > 0 ? partials_.as<float>() + partial_rows * Dh : nullptr;
-  a.sessions = reinterpret_cast<const PlanSession*>(base + plan_layout_.sessions);
-  a.cached = reinterpret_cast<const int32_t*>(base + plan_layout_.cached) + static_cast<size_t>(layer) * caches.size();
-  a.items = reinterpret_cast<const WorkItem*>(base + plan_layout_.items);
-  a.groups = reinterpret_cast<const CombineGroup*>(base + plan_layout_.groups);
+  a.sessions = reinterpret_cast<const PlanSession*>(base + plan_layout.sessions);
+  a.cached = reinterpret_cast<const int32_t*>(base + plan_layout.cached) + static_cast<size_t>(layer) * caches.size();
+  a.items = reinterpret_cast<const WorkItem*>(base + plan_layout.items);
+  a.groups = reinterpret_cast<const CombineGroup*>(base + plan_layout.groups);
   a.rows_total = static_cast<int32_t>(R);
   a.heads = static_cast<int32_t>(H);
   a.layer = layer;
@@ -1150,7 +1208,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.pingpong = pingpong();
   PagedKvFp16View view;
   view.pool = pool_memory_.as<uint16_t>();
-  view.page_table = reinterpret_cast<const int32_t*>(base + plan_layout_.page_tables);
+  view.page_table = reinterpret_cast<const int32_t*>(base + plan_layout.page_tables);
   view.page_elems = page_bytes_ / 2;
   view.page_tokens = p.page_tokens;
   view.head_dim = p.head_dim;

@@ -160,7 +160,7 @@ class CudaBackend {
   void recording_failed() { recording_broken_ = true; }
 
   // the plan the last attention() ran (tests and benchmarks report it)
-  const AttentionPlan& last_plan() const { return plan_; }
+  const AttentionPlan& last_plan() const;
   // "gemm.cublaslt_calls", "gemm.fallback_calls", "attention.plans" (made),
   // "attention.launches" (layers attended); NOT_FOUND for other names
   absl::StatusOr<int64_t> counter(absl::string_view name) const;
@@ -172,11 +172,21 @@ class CudaBackend {
     const float* src = nullptr;
     int64_t rows = 0, cols = 0, ld = 0;
   };
-  // what the current attention plan was made from
+  // what an attention plan was made from
   struct PlanKey {
     std::vector<std::tuple<uint64_t, int32_t, int32_t>> sessions;  // cache id, row0, rows
     std::vector<uint64_t> versions;                                // [sessions][layers]
     int64_t tuning = -1;
+  };
+  // a plan, its upload and what it was made from. A step may attend in
+  // several calls (a batch-invariant session has its own: engine/backend.h),
+  // so the plans of the last calls are kept, each with its own device copy
+  struct PlanSlot {
+    AttentionPlan plan;
+    AttentionPlan::Layout layout;
+    DeviceBuffer memory;
+    PlanKey key;
+    uint64_t used = 0;
   };
 
   CudaBackend() = default;
@@ -186,8 +196,14 @@ class CudaBackend {
   // there is one, else converted now (and kept as the copy)
   absl::StatusOr<const uint16_t*> bf16_operand(const float* x, int32_t n, int32_t in, int32_t ld);
   absl::StatusOr<const RopeFreqTable*> rope_table(const WmRopeParams& rope, int32_t head_dim);
-  bool plan_fits(int32_t layer, std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows) const;
-  absl::Status make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
+  // the kept plan made from these caches and rows whose caches have not
+  // changed at `layer` since; null if none
+  PlanSlot* fitting_plan(int32_t layer, std::span<DeviceKvCache* const> caches,
+                         std::span<const WmSessionRows> rows) const;
+  // a fitting plan: kept, else made and uploaded now
+  absl::StatusOr<PlanSlot*> plan_for(int32_t layer, std::span<DeviceKvCache* const> caches,
+                                     std::span<const WmSessionRows> rows);
+  absl::StatusOr<PlanSlot*> make_plan(std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows);
 
   int32_t device_ = 0;
   WmPluginDeviceInfo info_{};
@@ -233,12 +249,14 @@ class CudaBackend {
   absl::Status norm_modulate(float* x, const float* ry, const float* gate, int32_t gate_stride, int32_t n, int32_t d,
                              int32_t tokens_per_frame, const float* shift, const float* scale, int32_t mod_stride,
                              float eps, float* y);
-  // the current plan's conversion and partial-result buffers
-  absl::Status reserve_attention_workspaces();
+  // a plan's conversion and partial-result buffers (shared by all plans:
+  // their calls run one after another in stream order)
+  absl::Status reserve_attention_workspaces(const AttentionPlan& p);
   // graphs
   bool recording_ = false, recording_broken_ = false;
   std::vector<void*> frees_after_recording_;
-  using GraphKey = std::tuple<int32_t, bool, int32_t, int64_t>;  // rows, split, block_q, tuning generation
+  // rows, split, block_q of each attention call of the recorded pass, and the tuning generation
+  using GraphKey = std::pair<std::vector<std::tuple<int32_t, bool, int32_t>>, int64_t>;
   struct GraphSlot {
     GraphKey key;
     cudaGraphExec_t exec = nullptr;
@@ -249,12 +267,14 @@ class CudaBackend {
   cudaGraphExec_t graph_exec_ = nullptr;  // the last recorded (one of the slots)
   uint64_t graph_clock_ = 0;
   int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0, graphs_instantiated_ = 0;
-  DeviceBuffer plan_memory_;
+  std::vector<std::tuple<int32_t, bool, int32_t>> recorded_attention_;  // the recording's calls (GraphKey)
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;
-  AttentionPlan plan_;
-  AttentionPlan::Layout plan_layout_;
-  PlanKey plan_key_;
+  // kept plans; the least recently used goes when a new one needs a slot
+  static constexpr size_t kPlanSlots = 64;
+  std::vector<std::unique_ptr<PlanSlot>> plan_slots_;
+  const PlanSlot* last_plan_ = nullptr;
+  uint64_t plan_clock_ = 0;
   int64_t plans_made_ = 0, attention_launches_ = 0;
 
   // tuning (set_tuning): see docs/CUDA.md

@@ -125,11 +125,24 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
       if (pl.bias_in_epilogue)
         WM_CUBLAS_RETURN_IF_ERROR(
             cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      // the heuristic chose for outputs on kOutputAlignment: a less aligned y
+      // (the rows of one session inside a batch) gets the result through an
+      // aligned buffer, so the same algorithm computes it (the same values)
+      const size_t y_bytes = static_cast<size_t>(n) * out * sizeof(float);
+      float* d = y;
+      if (reinterpret_cast<uintptr_t>(y) % kOutputAlignment != 0) {
+        if (absl::Status r = aligned_out_.reserve(y_bytes); !r.ok()) return r;
+        d = aligned_out_.as<float>();
+      }
       const float alpha = 1.0f, beta = 0.0f;
-      const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c,
+      const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, d, pl.c, d, pl.c,
                                                &pl.algo, workspace_.get(), workspace_.size(), stream_);
       if (st == CUBLAS_STATUS_SUCCESS) {
         ++cublaslt_calls_;
+        if (d != y) {
+          WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(y, d, y_bytes, cudaMemcpyDeviceToDevice, stream_));
+          ++realigned_outputs_;
+        }
         if (bias != nullptr && !pl.bias_in_epilogue)
           WM_CUDA_RETURN_IF_ERROR(launch_bias_add(y, bias, n, out, stream_));
         return absl::OkStatus();

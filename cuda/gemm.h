@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -39,6 +40,12 @@ class Gemm {
   // GEMMs that ran on the fallback kernel so far (tests check the path they meant)
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t cublaslt_calls() const { return cublaslt_calls_; }
+  // of those, GEMMs whose output was not on kOutputAlignment (computed in an
+  // aligned buffer and copied)
+  int64_t realigned_outputs() const { return realigned_outputs_; }
+  // the output alignment cuBLASLt's heuristic assumes when not told (its
+  // documented default for CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES)
+  static constexpr uintptr_t kOutputAlignment = 256;
   // of those, GEMMs with the GELU epilogue and a bf16 output
   int64_t gelu_epilogue_calls() const { return gelu_epilogue_calls_; }
 
@@ -69,11 +76,13 @@ class Gemm {
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer workspace_;
-  DeviceBuffer bias_bf16_;  // the bias of a GELU GEMM whose epilogue wants it in bf16
+  DeviceBuffer bias_bf16_;
+  DeviceBuffer aligned_out_;  // run()'s output where y is not on kOutputAlignment  // the bias of a GELU GEMM whose epilogue wants it in bf16
   std::map<Key, Plan> plans_;
   bool force_fallback_ = false;
   int64_t fallback_calls_ = 0;
   int64_t cublaslt_calls_ = 0;
+  int64_t realigned_outputs_ = 0;
   int64_t gelu_epilogue_calls_ = 0;
 };
 

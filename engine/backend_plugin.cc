@@ -1,6 +1,7 @@
 // The engine Backend over a plugin's C ABI (engine/plugin_api.h): argument
 // translation only. KV caches made here live in the plugin's device page
-// pool; attention batches every plugin cache of a step into one call.
+// pool; attention batches every plugin cache of a step into one call (a
+// batch-invariant session's into one of its own).
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -219,23 +220,40 @@ class PluginBackendImpl final : public PluginBackend {
     return out;
   }
 
-  // the plugin caches of a batch, as the plugin's session list; false if any
-  // cache is not the plugin's own (a wrapper around one)
-  bool plugin_rows(std::span<const SessionSlice> sessions, int tokens_per_frame, std::vector<WmSessionRows>* rows) {
-    rows->clear();
+  // The plugin caches of a batch as attention calls: a batch-invariant
+  // session in a call of its own (the plugin plans each call by its sessions
+  // alone: the split of its keys and the query tile, and so the order of the
+  // additions, are then those of stepping alone), every other plugin cache
+  // in one call. Any other cache (a wrapper around one) goes to `others`.
+  static std::vector<std::vector<WmSessionRows>> attention_calls(std::span<const SessionSlice> sessions,
+                                                                 int tokens_per_frame,
+                                                                 std::vector<const SessionSlice*>* others) {
+    std::vector<std::vector<WmSessionRows>> calls(1);  // calls[0]: the batch's shared call
     for (const SessionSlice& s : sessions) {
       auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
-      if (pc == nullptr || pc->handle() == nullptr) return false;
-      rows->push_back({pc->handle(), s.batch_frame * tokens_per_frame, s.frames * tokens_per_frame});
+      if (pc == nullptr || pc->handle() == nullptr) {
+        others->push_back(&s);
+        continue;
+      }
+      const WmSessionRows rows{pc->handle(), s.batch_frame * tokens_per_frame, s.frames * tokens_per_frame};
+      if (s.invariant) {
+        calls.push_back({rows});
+      } else {
+        calls[0].push_back(rows);
+      }
     }
-    return true;
+    if (calls[0].empty()) calls.erase(calls.begin());
+    return calls;
   }
 
   bool prepare_recording(std::span<const SessionSlice> sessions, int tokens_per_frame) override {
-    std::vector<WmSessionRows> rows;
-    if (!plugin_rows(sessions, tokens_per_frame, &rows) || rows.empty()) return false;
+    std::vector<const SessionSlice*> others;
+    const auto calls = attention_calls(sessions, tokens_per_frame, &others);
+    if (!others.empty() || calls.empty()) return false;
     // a failure here shows again, as an error, when the pass runs as usual
-    return api_.prepare_attention(b_, rows.data(), static_cast<int32_t>(rows.size())) == WM_OK;
+    for (const std::vector<WmSessionRows>& c : calls)
+      if (api_.prepare_attention(b_, c.data(), static_cast<int32_t>(c.size())) != WM_OK) return false;
+    return true;
   }
   bool graph_begin() override {
     if (recording_ || api_.graph_begin(b_) != WM_OK) return false;
@@ -277,26 +295,21 @@ class PluginBackendImpl final : public PluginBackend {
                   "kv_append");
   }
 
-  // plugin caches of the batch in one launch; any other cache (a wrapper
-  // around one) runs through its own attend()
+  // plugin caches of the batch in one launch (a batch-invariant session in
+  // its own: attention_calls); any other cache (a wrapper around one) runs
+  // through its own attend()
   void attention(int layer, std::span<const SessionSlice> sessions, int tokens_per_frame, const float* q,
                  const float* k, const float* v, float* out) override {
-    std::vector<WmSessionRows> rows;
-    rows.reserve(sessions.size());
-    for (const SessionSlice& s : sessions) {
-      auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
-      if (pc != nullptr && pc->handle() != nullptr) {
-        rows.push_back({pc->handle(), s.batch_frame * tokens_per_frame, s.frames * tokens_per_frame});
-        continue;
-      }
-      const KvGeometry& g = s.cache->geometry();
-      const size_t off = static_cast<size_t>(s.batch_frame) * tokens_per_frame * g.heads * g.head_dim;
-      const int n = s.frames * tokens_per_frame;
-      s.cache->observe_queries(layer, q + off, n);
-      s.cache->attend(layer, q + off, k + off, v + off, n, out + off);
+    std::vector<const SessionSlice*> others;
+    for (const std::vector<WmSessionRows>& c : attention_calls(sessions, tokens_per_frame, &others))
+      check(api_.attention(b_, layer, c.data(), static_cast<int32_t>(c.size()), q, k, v, out), "attention");
+    for (const SessionSlice* s : others) {
+      const KvGeometry& g = s->cache->geometry();
+      const size_t off = static_cast<size_t>(s->batch_frame) * tokens_per_frame * g.heads * g.head_dim;
+      const int n = s->frames * tokens_per_frame;
+      s->cache->observe_queries(layer, q + off, n);
+      s->cache->attend(layer, q + off, k + off, v + off, n, out + off);
     }
-    if (!rows.empty())
-      check(api_.attention(b_, layer, rows.data(), static_cast<int32_t>(rows.size()), q, k, v, out), "attention");
   }
 
  private:

@@ -28,11 +28,8 @@ uint8_t to_u8(float x) {
 // "cpu", "cuda" or "auto" (engine.h, EngineOptions::device)
 static absl::StatusOr<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, const ModelConfig& c,
                                                       std::string* device, std::string* note) {
-  // batch-invariant frames are the CPU backend's (Engine::create refuses them on a device)
-  const bool auto_cpu = o.device == "auto" && o.batch_invariant;
-  if (o.device == "cpu" || auto_cpu) {
+  if (o.device == "cpu") {
     *device = "cpu";
-    if (auto_cpu) *note = "device auto: batch-invariant steps run on the CPU backend only; running on the CPU";
     WM_RETURN_IF_ERROR(blas::load());
     return make_cpu_backend(o.threads);
   }
@@ -88,12 +85,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
   if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
   WM_ASSIGN_OR_RETURN(e->backend_, make_backend(options, config, &e->device_, &e->device_note_));
   e->plugin_ = dynamic_cast<PluginBackend*>(e->backend_.get());
-  // on a device the attention plan (how the cache is split across blocks)
-  // depends on the whole batch too: per-session GEMMs would not be enough
-  if (options.batch_invariant && e->plugin_ != nullptr)
-    return absl::UnimplementedError(
-        "batch-invariant frames are a CPU backend guarantee for now (on a GPU the attention plan depends on the "
-        "batch); use --device cpu or leave batch invariance off");
   // on a device the KV budget is the page pool: admission counts its real bytes
   if (const int64_t pool = e->backend_->memory().kv_pool_capacity; pool > 0)
     e->options_.kv_budget_bytes = std::min(e->options_.kv_budget_bytes, pool);
@@ -174,10 +165,6 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   // the audit shadow reads K/V on the host: not on a device backend yet
   if (options.audit && !audit_supported())
     return absl::UnimplementedError("audit mode runs on the CPU backend only for now");
-  if (options.batch_invariant && plugin_ != nullptr)
-    return absl::UnimplementedError(
-        "batch-invariant sessions run on the CPU backend only for now (on a GPU the attention plan depends on the "
-        "batch)");
   const int64_t need = session_reservation(options.cache_format, options.audit);
   if (reserved_ + need > options_.kv_budget_bytes)
     return absl::ResourceExhaustedError(absl::StrCat("KV budget full: a ", options.cache_format, " session needs ", need,

@@ -54,11 +54,11 @@ struct EngineOptions {
   // host's work of issuing every op again (docs/CUDA.md, "Graphs")
   bool device_graphs = false;
   // every session batch-invariant (SessionOptions::batch_invariant): its
-  // frames are exactly those it gets stepped alone (and from wmgen), whatever
-  // else shares its batch, since its dense ops run on their own instead of
-  // once over the batch (a GEMM's rounding may depend on how many rows it
-  // has). CPU backend only: UNIMPLEMENTED with device "cuda", and device
-  // "auto" picks the CPU
+  // frames are exactly those it gets stepped alone on this backend (and from
+  // wmgen on it), whatever else shares its batch, since its dense ops run on
+  // their own instead of once over the batch (a GEMM's rounding may depend on
+  // how many rows it has), and on a device its attention too (the plan, how
+  // its keys are split across blocks, would depend on the batch)
   bool batch_invariant = false;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
@@ -75,8 +75,8 @@ struct SessionOptions {
   // keep a full-precision shadow of the cache and measure drift against it
   bool audit = false;
   // this session's frames are exactly those it gets stepped alone, whatever
-  // shares its batch (its dense ops run on their own; CPU backend only,
-  // UNIMPLEMENTED on a device). EngineOptions::batch_invariant sets it for all
+  // shares its batch (its dense ops, and on a device its attention, run on
+  // their own). EngineOptions::batch_invariant sets it for all
   bool batch_invariant = false;
   // wraps the session's cache once it is created (wmquant's capture); may be empty
   std::function<std::unique_ptr<KvCache>(std::unique_ptr<KvCache>)> wrap_cache = nullptr;
@@ -169,8 +169,6 @@ class Engine {
   int64_t session_reservation(absl::string_view format, bool audit = false) const;
   // whether sessions can be audited on this engine's device (the CPU only, for now)
   bool audit_supported() const;
-  // whether sessions can be batch-invariant here (the CPU backend only, for now)
-  bool batch_invariant_supported() const { return plugin_ == nullptr; }
   // EngineOptions::batch_invariant: every session is
   bool all_batch_invariant() const { return options_.batch_invariant; }
   KvGeometry kv_geometry() const;

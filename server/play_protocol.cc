@@ -47,11 +47,6 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
     return absl::UnimplementedError(absl::StrCat("audit mode (a full-precision shadow cache) runs on the CPU only; this "
                                                  "server runs on ", model.device));
   p.batch_invariant = start.batch_invariant() || model.all_batch_invariant;
-  if (start.batch_invariant() && !model.batch_invariant_supported)
-    return absl::UnimplementedError(absl::StrCat(
-        "batch-invariant sessions run on the CPU only (on a GPU the attention plan depends on the batch); this "
-        "server runs on ",
-        model.device));
 
   const ModelConfig& c = model.config;
   if (start.prompt_jpeg_size() > 0) {

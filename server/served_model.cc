@@ -41,7 +41,6 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
         "' session: one reserves ", m.reservation_bytes[default_format], " bytes"));
   m.default_format = default_format;
   m.audit_supported = engine.audit_supported();
-  m.batch_invariant_supported = engine.batch_invariant_supported();
   m.all_batch_invariant = engine.all_batch_invariant();
   if (m.audit_supported)
     m.audit_bytes = engine.session_reservation(default_format, true) - engine.session_reservation(default_format);

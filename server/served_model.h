@@ -28,7 +28,6 @@ struct ServedModel {
   std::map<std::string, int64_t> reservation_bytes;  // per format: one session's most KV bytes
   bool audit_supported = false;                      // sessions can keep a full-precision shadow (Start.audit)
   int64_t audit_bytes = 0;                           // what that shadow adds to a session's reservation
-  bool batch_invariant_supported = false;            // sessions can ask for Start.batch_invariant
   bool all_batch_invariant = false;                  // --batch_invariant: every session is
   std::map<std::string, double> compression_ratio;   // per format: fp16 bytes / format bytes (full window)
   int64_t kv_capacity_bytes = 0;

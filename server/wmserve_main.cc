@@ -36,8 +36,9 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(bool, device_graphs, false,
           "on the GPU: record each step's first denoising pass as a CUDA graph and run the others from it");
 ABSL_FLAG(bool, batch_invariant, false,
-          "every session's frames are exactly those it gets alone (and from wmgen) whatever shares its batch: the "
-          "dense layers run per session, some 10-15% of a CPU's batched throughput (CPU backend only)");
+          "every session's frames are exactly those it gets alone (on the CPU: and from wmgen) whatever shares its "
+          "batch: the dense layers (on a GPU: and attention) run per session, some 10-15% of a CPU's batched "
+          "throughput");
 ABSL_FLAG(std::string, cuda_plugin, "", "path of libwm_cuda.so (default: beside wmserve, then the loader's path)");
 ABSL_FLAG(int, threads, 0, "engine CPU threads (0: the libraries' default, all cores)");
 ABSL_FLAG(int64_t, kv_budget_bytes, int64_t{2} << 30,

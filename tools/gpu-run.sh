@@ -32,6 +32,8 @@
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
 #               model, how many players hold 20 frames/s with p99 < 100 ms
 #   serving_graphs  the same with --device_graphs
+#   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
+#               window 6): what per-session GEMMs and attention launches cost
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
 # parsed, with the PyTorch ratios) and parity.json.
 # WM_GPU_STAGES="parity e2e" runs only the stages named (a rerun after a fix).
@@ -187,6 +189,8 @@ stage serving_graphs 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity_gra
   LADDER="1 2 4 8 16 32 64 128 256" bash tools/serving_capacity.sh .gpu/bin --device cuda --device_graphs \
   --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4
 cp "$raw/capacity_graphs/wmserve.log" "$OUT/serving-graphs-wmserve.log" 2>/dev/null
+# last, so that it is what a short budget drops: batch-invariant sessions beside mg2's B=8 W=6 row
+stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1
 
 results
 echo "=== done in $(( $(date +%s) - start ))s; summary:" | tee -a "$log"

@@ -158,6 +158,7 @@ def collect(raw, out_path, build_info):
     results["mg2_stages"] = (json_lines(os.path.join(raw, "mg2_stages.out")) +
                              json_lines(os.path.join(raw, "mg2_ws.out")) +
                              json_lines(os.path.join(raw, "mg2_ws64.out")))
+    results["mg2_invariant"] = json_lines(os.path.join(raw, "mg2_invariant.out"))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
     for name in ("serving", "serving_graphs"):
@@ -217,6 +218,11 @@ def summary(path):
                 ", %s keys a step" % m["attention_ws_keys"] if "attention_ws_keys" in m else "",
                 m.get("forward_ms"), m.get("fps_aggregate"), m.get("attention_ms_per_forward"),
                 m.get("attention_TFLOPs")))
+    for m in r.get("mg2_invariant", []):
+        if "fps_aggregate" in m:
+            print("mg2 B=%s W=%s every session batch-invariant: %s ms/forward, %s ms/block, %s fps" % (
+                m.get("sessions_batched"), m.get("window_latent_frames"), m.get("forward_ms"), m.get("block_ms"),
+                m.get("fps_aggregate")))
     for name in ("serving", "serving_graphs"):
         sv = r.get(name) or {}
         for run in sv.get("runs", []):

@@ -1248,6 +1248,97 @@ TEST(CudaCounters, AttentionIsPlannedOncePerStep) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// a batch-invariant session attends in a call of its own, planned as when it
+// is alone: its output is bit for bit the one it gets alone, while a session
+// that shares the batch's call is planned with the batch (its keys split into
+// fewer, longer ranges once the batch fills a wave of CTAs) and rounds
+// differently. Every session's cache is full (17 frames of 64 keys, 4 heads):
+// alone, each is split into 18 one-tile ranges; 12 sessions are 864 tile-CTAs,
+// more than a wave on an H200 or the emulator, so the shared call's ranges
+// are longer. The same batch again makes no plan
+TEST(CudaAttention, BatchInvariantSessionsAttendAsIfAlone) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  Tuning t(b, {{"attention.min_tiles_per_split", 1}});
+  AttnSpec a;
+  a.heads = 4;
+  a.head_dim = 64;
+  a.tokens_per_frame = 64;
+  a.window = 16;
+  a.sinks = 1;
+  a.frames_per_block = 1;
+  a.layers = 2;
+  a.cached.assign(12, 17);
+  Buffers buf(b);
+  auto caches = filled_caches(b, buf, a, 77);
+  ASSERT_EQ(caches.size(), a.cached.size());
+  const size_t S = caches.size(), rows = static_cast<size_t>(a.tokens_per_frame);
+  const size_t per_session = rows * a.heads * a.head_dim, vals = S * per_session;
+  float* q = buf.put(randn(vals, 81));
+  float* k = buf.put(randn(vals, 82));
+  float* v = buf.put(randn(vals, 83));
+  float *batched = buf.zeros(vals), *alone = buf.zeros(vals);
+  auto invariant = [](size_t s) { return s % 3 == 1; };
+  std::vector<SessionSlice> slices;
+  for (size_t s = 0; s < S; ++s)
+    slices.push_back({caches[s].get(), static_cast<int>(s), 1, invariant(s)});
+  for (int l = 0; l < a.layers; ++l) {
+    b.attention(l, slices, a.tokens_per_frame, q, k, v, batched);
+    for (size_t s = 0; s < S; ++s) {
+      const SessionSlice one{caches[s].get(), 0, 1, invariant(s)};
+      const size_t o = s * per_session;
+      b.attention(l, std::span<const SessionSlice>(&one, 1), a.tokens_per_frame, q + o, k + o, v + o, alone + o);
+    }
+    ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+    const auto got = buf.get(batched, vals), want = buf.get(alone, vals);
+    int shared_differ = 0;
+    for (size_t s = 0; s < S; ++s) {
+      const size_t o = s * per_session;
+      const bool same = std::equal(got.begin() + static_cast<std::ptrdiff_t>(o),
+                                   got.begin() + static_cast<std::ptrdiff_t>(o + per_session),
+                                   want.begin() + static_cast<std::ptrdiff_t>(o));
+      if (invariant(s)) {
+        EXPECT_TRUE(same) << "batch-invariant session " << s << " layer " << l;
+      }
+      shared_differ += same ? 0 : 1;
+    }
+    // what the invariant sessions are kept from: the shared call's plan is the batch's
+    EXPECT_GT(shared_differ, 0) << "layer " << l << ": no shared session rounded differently; the test shows nothing";
+  }
+  // kept plans: the shared call, 4 invariant sessions; alone, 12 sessions
+  const int64_t plans0 = counter("attention.plans");
+  b.attention(0, slices, a.tokens_per_frame, q, k, v, batched);
+  ASSERT_TRUE(backends().cuda->synchronize().ok());
+  EXPECT_EQ(counter("attention.plans") - plans0, 0) << "the same batch again is planned already";
+  EXPECT_GE(counter("attention.plans_kept"), 5);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// a GEMM whose output is not where cuBLASLt's heuristic assumes (256-byte
+// aligned: the rows of one session inside a batch) is computed in an aligned
+// buffer by the same algorithm: the same values bit for bit
+TEST(CudaCounters, MisalignedGemmOutputsGiveTheAlignedValues) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  const int n = 9, in = 96, out = 40;
+  Buffers buf(b);
+  const auto w = randn(static_cast<size_t>(out) * in, 31, 0.05f), x = randn(static_cast<size_t>(n) * in, 32);
+  LinearWeight lw{b.upload_weight(w.data(), out, in), buf.put(randn(static_cast<size_t>(out), 33)), out, in};
+  float* xd = buf.put(x);
+  float* y = buf.zeros(static_cast<size_t>(n) * out + 64);
+  const int64_t re0 = counter("gemm.realigned_outputs"), fb0 = counter("gemm.fallback_calls");
+  b.linear(lw, xd, n, y);
+  const auto aligned = buf.get(y, static_cast<size_t>(n) * out);
+  b.linear(lw, xd, n, y + 4);  // 16 bytes past a 256-byte boundary
+  const auto shifted = buf.get(y + 4, static_cast<size_t>(n) * out);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+  EXPECT_EQ(aligned, shifted);
+  // (the CUDA-core fallback, where cuBLASLt has no algorithm, takes any output)
+  if (counter("gemm.fallback_calls") == fb0) {
+    EXPECT_EQ(counter("gemm.realigned_outputs") - re0, 1);
+  }
+}
+
 // "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped (2 and 3 for
 // head_dim 64 and 128 only, on compute capability 9.0), 0 the process default (WM_CUDA_ATTENTION, else 3
 // wherever it runs)
@@ -1553,27 +1644,80 @@ TEST(CudaGraphs, RecordedPassesGiveTheSameFramesUnfused) {
   expect_graphs_change_no_frame(/*fused=*/false, 5);
 }
 
-// batch-invariant frames are a CPU guarantee: on a device (whose attention
-// plan depends on the batch) asking for them fails at creation, and "auto"
-// picks the CPU
-TEST(CudaEndToEnd, BatchInvarianceIsRefusedOnADevice) {
+// batch-invariant sessions on a device: their frames bit for bit those they
+// get stepped alone, in a batch with a session that is not, joining at
+// different steps, the batch's steps with deferred writes and graphs (each
+// attention call of a recorded pass is planned before the recording). Every
+// session batch-invariant (EngineOptions::batch_invariant) is a device
+// engine too, with "auto" as with "cuda"
+TEST(CudaEndToEnd, BatchInvariantSessionsGiveTheFramesOfSteppingAlone) {
   WM_REQUIRE_CUDA();
+  const std::string config = test::source_file("configs/default.json");
+  auto alone = engine_on("cuda", config), batched = engine_on("cuda", config, true, /*graphs=*/true);
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(batched, nullptr);
+  const int B = alone->config().frames_per_block;
+  std::vector<SessionId> ia, ib;
+  for (int k = 0; k < 3; ++k) {
+    SessionOptions so;
+    so.seed = static_cast<uint64_t>(40 + k);
+    ia.push_back(*alone->open_session(so));
+    so.batch_invariant = k != 1;
+    auto id = batched->open_session(so);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ib.push_back(*id);
+  }
+  const int64_t plans0 = *batched->device_plugin()->counter("attention.plans");
+  for (int step = 0; step < 5; ++step) {
+    std::vector<StepRequest> reqs;
+    std::vector<size_t> who;
+    for (size_t k = 0; k < ib.size(); ++k) {
+      if (step < static_cast<int>(k)) continue;  // session k joins at step k
+      std::vector<Action> acts;
+      for (int b = 0; b < B; ++b) acts.push_back(act(step * B + b + static_cast<int>(k)));
+      reqs.push_back({ib[k], acts, {}});
+      who.push_back(k);
+    }
+    auto res = batched->step(reqs, nullptr, /*keep_values=*/true);
+    ASSERT_TRUE(res.ok()) << res.status();
+    for (size_t r = 0; r < who.size(); ++r) {
+      StepRequest one = reqs[r];
+      one.session = ia[who[r]];
+      auto ref = alone->step(std::span<const StepRequest>(&one, 1), nullptr, /*keep_values=*/true);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      if (who[r] == 1) continue;  // not asked: equal up to rounding
+      ASSERT_EQ((*res)[r].frames.size(), (*ref)[0].frames.size());
+      for (size_t f = 0; f < (*ref)[0].frames.size(); ++f) {
+        ASSERT_EQ((*res)[r].frames[f].values, (*ref)[0].frames[f].values)
+            << "session " << who[r] << " step " << step << " frame " << f;
+        ASSERT_EQ((*res)[r].frames[f].rgb, (*ref)[0].frames[f].rgb);
+      }
+    }
+  }
+  const PluginBackend& pb = *batched->device_plugin();
+  EXPECT_GT(*pb.counter("graph.launches"), 0) << "the batched engine's steps ran from graphs";
+  // every call's plan and the batch's activation copies were prepared: only the very first
+  // recording fails (it makes the RoPE table and the first copies), not those of the batches
+  // that grew since
+  EXPECT_EQ(*pb.counter("graph.recordings_failed"), 1);
+  // a step of three sessions: a shared call and two of their own, each planned once per step
+  EXPECT_GE(*pb.counter("attention.plans") - plans0, 3);
+  ASSERT_TRUE(batched->flush_writes().ok());
+
   EngineOptions o;
   o.random_weights = true;
   o.random_seed = 3;
-  o.config_path = test::source_file("configs/default.json");
-  o.device = "cuda";
+  o.config_path = config;
   o.cuda_plugin = test::cuda_plugin_path();
   o.kv_budget_bytes = int64_t{64} << 20;
   o.batch_invariant = true;
-  auto e = Engine::create(o);
-  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented) << e.status();
-  EXPECT_TRUE(absl::StrContains(e.status().message(), "CPU backend")) << e.status();
-  o.device = "auto";
-  auto a = Engine::create(o);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ((*a)->device(), "cpu");
-  EXPECT_TRUE(absl::StrContains((*a)->device_note(), "batch-invariant")) << (*a)->device_note();
+  for (const char* device : {"cuda", "auto"}) {
+    o.device = device;
+    auto e = Engine::create(o);
+    ASSERT_TRUE(e.ok()) << device << ": " << e.status();
+    EXPECT_EQ((*e)->device(), "cuda") << device;
+    EXPECT_TRUE((*e)->all_batch_invariant());
+  }
 }
 
 // a recording runs the ops once and again on demand: GELU twice
