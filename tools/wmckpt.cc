@@ -1,7 +1,10 @@
 // wmckpt: model checkpoint utility.
-//   wmckpt init --config F --seed N --out DIR   seeded random checkpoint for any config
+//   wmckpt init --config F --seed N --out DIR [--force]
+//                                               seeded random checkpoint for any config
+//                                               (--force: replace the model DIR holds)
 //   wmckpt check --model DIR                    load and validate a checkpoint, print its summary
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -15,10 +18,11 @@
 ABSL_FLAG(std::string, config, "", "model config.json (init)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed (init)");
 ABSL_FLAG(std::string, out, "", "output model directory (init)");
+ABSL_FLAG(bool, force, false, "init: replace the model the output directory already holds");
 ABSL_FLAG(std::string, model, "", "model directory (check)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("wmckpt init --config F --seed N --out DIR | wmckpt check --model DIR");
+  absl::SetProgramUsageMessage("wmckpt init --config F --seed N --out DIR [--force] | wmckpt check --model DIR");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
@@ -29,6 +33,16 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_out).empty()) {
       std::fprintf(stderr, "wmckpt init: --config and --out are required\n");
       return 2;
+    }
+    // random weights over a model's own (a trained one, say) only when asked
+    const std::string out = absl::GetFlag(FLAGS_out);
+    for (const char* name : {"config.json", "model.safetensors"}) {
+      std::error_code ec;
+      const auto st = std::filesystem::symlink_status(out + "/" + name, ec);
+      if (!absl::GetFlag(FLAGS_force) && !ec && std::filesystem::exists(st)) {
+        std::fprintf(stderr, "wmckpt: %s already holds a model (%s); pass --force to replace it\n", out.c_str(), name);
+        return 1;
+      }
     }
     auto config = wm::load_model_config(absl::GetFlag(FLAGS_config));
     if (!config.ok()) {

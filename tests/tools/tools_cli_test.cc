@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -75,6 +76,11 @@ std::string source(const std::string& rel) { return std::string(WM_SOURCE_DIR) +
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // expects a refusal: this exit code (not a crash) and a message containing `what`
@@ -321,16 +327,18 @@ TEST_F(ToolsCli, WriteErrorsFail) {
   const std::string ckpt = temp_dir() + "/ckpt_full";
   std::filesystem::create_directories(ckpt);
   std::filesystem::create_symlink("/dev/full", ckpt + "/model.safetensors");
-  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), "--out=" + ckpt}), 1,
-                 "write failed: " + ckpt + "/model.safetensors");
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), "--out=" + ckpt,
+                           "--force"}),
+                 1, "write failed: " + ckpt + "/model.safetensors");
 }
 
 // a checkpoint is written beside its place and renamed there: a rewrite
-// replaces it whole and leaves no temporary file
+// (asked for with --force) replaces it whole and leaves no temporary file
 TEST_F(ToolsCli, CheckpointIsReplacedWhole) {
   const std::string dir = temp_dir() + "/rewrite";
   for (const char* seed : {"--seed=1", "--seed=2"}) {
-    const ToolRun r = run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), seed, "--out=" + dir});
+    const ToolRun r = run_tool(
+        {WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), seed, "--out=" + dir, "--force"});
     ASSERT_EQ(r.code, 0) << r.log;
   }
   std::vector<std::string> names;
@@ -339,6 +347,22 @@ TEST_F(ToolsCli, CheckpointIsReplacedWhole) {
   EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
   const ToolRun check = run_tool({WMCKPT_BIN, "check", "--model=" + dir});
   EXPECT_EQ(check.code, 0) << check.log;
+}
+
+// without --force, init leaves a model it finds (a trained one, say) as it was
+TEST_F(ToolsCli, CheckpointInitKeepsAnExistingModel) {
+  const std::string dir = temp_dir() + "/keep";
+  const std::string config = source("configs/tiny-test.json");
+  ASSERT_EQ(run_tool({WMCKPT_BIN, "init", "--config=" + config, "--seed=1", "--out=" + dir}).code, 0);
+  const std::string before = read_text(dir + "/model.safetensors");
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + config, "--seed=2", "--out=" + dir}), 1,
+                 "already holds a model (config.json); pass --force");
+  EXPECT_EQ(read_text(dir + "/model.safetensors"), before);
+  // a weights file alone is a model too
+  std::filesystem::remove(dir + "/config.json");
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + config, "--seed=2", "--out=" + dir}), 1,
+                 "already holds a model (model.safetensors)");
+  EXPECT_EQ(read_text(dir + "/model.safetensors"), before);
 }
 
 }  // namespace
