@@ -1021,7 +1021,10 @@ TEST(ServerIntegration, ClientsRefuseFlagValuesThatOverflowAClock) {
            // a port past 65535 wrapped around to another server's
            {{WMPLAY_BIN, "--server=127.0.0.1:65545", "--headless", "--script=x", "--out=/nonexistent"}, "--server"},
            {{WMBENCH_BIN, "--server=localhost:-1"}, "--server"},
-           {{WMHEALTH_BIN, "--server=[::1]:99999"}, "--server"}}) {
+           {{WMHEALTH_BIN, "--server=[::1]:99999"}, "--server"},
+           // an IPv6 address without brackets used to be read as host ':' and port 1
+           {{WMHEALTH_BIN, "--server=::1"}, "--server"},
+           {{WMBENCH_BIN, "--server=fe80::1:50051"}, "--server"}}) {
     std::string log;
     const int rc = testing::run_program(argv, &log);
     EXPECT_TRUE(rc == 1 || rc == 2) << argv[0] << " " << argv.back() << ":\n" << log;
