@@ -264,6 +264,11 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "attention.split") {
     if (value < -1 || value == 0 || value > 4096) return absl::InvalidArgumentError("attention.split: -1 or 1..4096");
     plan_tuning_.split = static_cast<int32_t>(value);
+  } else if (key == "attention.sms") {
+    // plans as for a GPU of this many SMs (0: this one's); tests show with it
+    // how a plan follows the batch without filling a real GPU's SMs
+    if (value < 0 || value > 4096) return absl::InvalidArgumentError("attention.sms: 0 (this GPU's) or 1..4096");
+    plan_tuning_.num_sms = value == 0 ? std::max(1, info_.multiprocessors) : static_cast<int32_t>(value);
   } else if (key == "attention.min_tiles_per_split") {
     if (value < 1 || value > 1 << 20) return absl::InvalidArgumentError("attention.min_tiles_per_split: >= 1");
     plan_tuning_.min_tiles_per_split = static_cast<int32_t>(value);
@@ -1033,13 +1038,21 @@ CudaBackend::PlanSlot* CudaBackend::fitting_plan(int32_t layer, std::span<Device
 
 absl::StatusOr<CudaBackend::PlanSlot*> CudaBackend::plan_for(int32_t layer, std::span<DeviceKvCache* const> caches,
                                                              std::span<const WmSessionRows> rows) {
+  // a pass starts where the layers come round again: a lower layer than the
+  // last call's (not after a recording's prepares, which start the pass), or
+  // a plan this pass used at this layer already (a one-layer model)
+  if (!last_use_was_prepare_ && layer < last_use_layer_) pass_start_ = plan_clock_ + 1;
   PlanSlot* slot = fitting_plan(layer, caches, rows);
+  if (slot != nullptr && slot->used >= pass_start_ && slot->layer == layer) pass_start_ = plan_clock_ + 1;
+  last_use_was_prepare_ = false;
+  last_use_layer_ = layer;
   if (slot == nullptr) {
     auto made = make_plan(caches, rows);
     if (!made.ok()) return made.status();
     slot = *made;
   }
   slot->used = ++plan_clock_;
+  slot->layer = layer;
   return slot;
 }
 
@@ -1052,20 +1065,24 @@ absl::StatusOr<CudaBackend::PlanSlot*> CudaBackend::make_plan(std::span<DeviceKv
     sessions.emplace_back(caches[s]->id, rows[s].row0, rows[s].rows);
   }
   // the slot of an older plan of these same rows (its caches have changed
-  // since), else a new one, else the least recently used
+  // since); else, with kPlanSlots kept, the least recently used one that
+  // this pass has not used (a pass may have more calls than that: every
+  // batch-invariant session is one); else a new one
   auto same = std::find_if(plan_slots_.begin(), plan_slots_.end(),
                            [&](const std::unique_ptr<PlanSlot>& x) { return x->key.sessions == sessions; });
   PlanSlot* slot = nullptr;
   if (same != plan_slots_.end()) {
     slot = same->get();
-  } else if (plan_slots_.size() < kPlanSlots) {
+  } else if (plan_slots_.size() >= kPlanSlots) {
+    auto lru = std::min_element(plan_slots_.begin(), plan_slots_.end(),
+                                [](const std::unique_ptr<PlanSlot>& a, const std::unique_ptr<PlanSlot>& b) {
+                                  return a->used < b->used;
+                                });
+    if ((*lru)->used < pass_start_) slot = lru->get();
+  }
+  if (slot == nullptr) {
     plan_slots_.push_back(std::make_unique<PlanSlot>());
     slot = plan_slots_.back().get();
-  } else {
-    slot = std::min_element(plan_slots_.begin(), plan_slots_.end(),
-                            [](const std::unique_ptr<PlanSlot>& a, const std::unique_ptr<PlanSlot>& b) {
-                              return a->used < b->used;
-                            })->get();
   }
   // whatever fails below leaves no plan that a later batch could match
   slot->key = PlanKey{};
@@ -1112,6 +1129,9 @@ absl::Status CudaBackend::prepare_attention(std::span<DeviceKvCache* const> cach
   for (DeviceKvCache* c : caches)
     if (c == nullptr) return absl::InvalidArgumentError("attention: a session has no device cache");
   const int32_t layers = caches[0]->pages.geometry().layers;
+  // a recording's prepares (one per attention call) start its pass
+  if (!last_use_was_prepare_) pass_start_ = plan_clock_ + 1;
+  last_use_was_prepare_ = true;
   PlanSlot* slot = nullptr;
   for (int32_t l = 0; l < layers && slot == nullptr; ++l)
     if (fitting_plan(l, caches, rows) == nullptr) {
@@ -1122,6 +1142,7 @@ absl::Status CudaBackend::prepare_attention(std::span<DeviceKvCache* const> cach
   if (slot == nullptr) slot = fitting_plan(0, caches, rows);
   if (slot == nullptr) return absl::InternalError("attention: no plan after planning");
   slot->used = ++plan_clock_;
+  slot->layer = -1;
   return slot->plan.items.empty() ? absl::OkStatus() : reserve_attention_workspaces(slot->plan);
 }
 
@@ -1149,6 +1170,10 @@ absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> cach
     s = shadow_memory_.reserve(shadow_bytes);
     if (!s.ok()) return s;
   }
+  // and the buffer of GEMMs whose output rows are off cuBLASLt's alignment
+  auto grew = gemm_->reserve_realigned(n);
+  if (!grew.ok()) return grew.status();
+  if (*grew) graph_exec_ = nullptr;
   return ffn_hidden_.reserve(hidden_bytes);
 }
 

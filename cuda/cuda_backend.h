@@ -186,7 +186,8 @@ class CudaBackend {
     AttentionPlan::Layout layout;
     DeviceBuffer memory;
     PlanKey key;
-    uint64_t used = 0;
+    uint64_t used = 0;  // plan_clock_ at its last use
+    int32_t layer = -1;  // the layer of that use (-1: a prepare)
   };
 
   CudaBackend() = default;
@@ -270,11 +271,15 @@ class CudaBackend {
   std::vector<std::tuple<int32_t, bool, int32_t>> recorded_attention_;  // the recording's calls (GraphKey)
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;
-  // kept plans; the least recently used goes when a new one needs a slot
+  // kept plans: at least kPlanSlots, and all of the current pass's; when a
+  // new one needs a slot the least recently used that the pass has not used goes
   static constexpr size_t kPlanSlots = 64;
   std::vector<std::unique_ptr<PlanSlot>> plan_slots_;
   const PlanSlot* last_plan_ = nullptr;
   uint64_t plan_clock_ = 0;
+  uint64_t pass_start_ = 0;  // plan_clock_ of the current pass's first use
+  bool last_use_was_prepare_ = false;
+  int32_t last_use_layer_ = -1;
   int64_t plans_made_ = 0, attention_launches_ = 0;
 
   // tuning (set_tuning): see docs/CUDA.md

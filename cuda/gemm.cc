@@ -1,5 +1,6 @@
 #include "cuda/gemm.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -131,6 +132,7 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
       const size_t y_bytes = static_cast<size_t>(n) * out * sizeof(float);
       float* d = y;
       if (reinterpret_cast<uintptr_t>(y) % kOutputAlignment != 0) {
+        realigned_widest_ = std::max(realigned_widest_, out);
         if (absl::Status r = aligned_out_.reserve(y_bytes); !r.ok()) return r;
         d = aligned_out_.as<float>();
       }
@@ -162,6 +164,13 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
   ++fallback_calls_;
   WM_CUDA_RETURN_IF_ERROR(launch_linear_fallback(w, ld_w, x, ld_x, bias, n, in, out, y, stream_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Gemm::reserve_realigned(int64_t rows) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows, 0)) * realigned_widest_ * sizeof(float);
+  if (bytes <= aligned_out_.size()) return false;
+  if (absl::Status s = aligned_out_.reserve(bytes); !s.ok()) return s;
+  return true;
 }
 
 absl::StatusOr<bool> Gemm::run_gelu_bf16(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32_t ld_x,

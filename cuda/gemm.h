@@ -40,14 +40,18 @@ class Gemm {
   // GEMMs that ran on the fallback kernel so far (tests check the path they meant)
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t cublaslt_calls() const { return cublaslt_calls_; }
+  // of those, GEMMs with the GELU epilogue and a bf16 output
+  int64_t gelu_epilogue_calls() const { return gelu_epilogue_calls_; }
   // of those, GEMMs whose output was not on kOutputAlignment (computed in an
   // aligned buffer and copied)
   int64_t realigned_outputs() const { return realigned_outputs_; }
   // the output alignment cuBLASLt's heuristic assumes when not told (its
   // documented default for CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES)
   static constexpr uintptr_t kOutputAlignment = 256;
-  // of those, GEMMs with the GELU epilogue and a bf16 output
-  int64_t gelu_epilogue_calls() const { return gelu_epilogue_calls_; }
+  // makes the aligned output buffer big enough for `rows` rows of the
+  // widest output realigned so far (a recorded pass cannot grow it); true
+  // if it grew (moved)
+  absl::StatusOr<bool> reserve_realigned(int64_t rows);
 
  private:
   // what a GEMM writes: fp32 (+ bias), or bf16 GELU(+ bias)
@@ -76,8 +80,9 @@ class Gemm {
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   DeviceBuffer workspace_;
-  DeviceBuffer bias_bf16_;
-  DeviceBuffer aligned_out_;  // run()'s output where y is not on kOutputAlignment  // the bias of a GELU GEMM whose epilogue wants it in bf16
+  DeviceBuffer bias_bf16_;    // the bias of a GELU GEMM whose epilogue wants it in bf16
+  DeviceBuffer aligned_out_;  // run()'s output where y is not on kOutputAlignment
+  int32_t realigned_widest_ = 0;  // the widest output (columns) computed there
   std::map<Key, Plan> plans_;
   bool force_fallback_ = false;
   int64_t fallback_calls_ = 0;

@@ -54,8 +54,8 @@ struct EngineOptions {
   // host's work of issuing every op again (docs/CUDA.md, "Graphs")
   bool device_graphs = false;
   // every session batch-invariant (SessionOptions::batch_invariant): its
-  // frames are exactly those it gets stepped alone on this backend (and from
-  // wmgen on it), whatever else shares its batch, since its dense ops run on
+  // frames are exactly those it gets stepped alone on this backend (on the
+  // CPU backend: and from wmgen), whatever else shares its batch, since its dense ops run on
   // their own instead of once over the batch (a GEMM's rounding may depend on
   // how many rows it has), and on a device its attention too (the plan, how
   // its keys are split across blocks, would depend on the batch)
