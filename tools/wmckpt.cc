@@ -1,7 +1,8 @@
 // wmckpt: model checkpoint utility.
 //   wmckpt init --config F --seed N --out DIR [--force]
 //                                               seeded random checkpoint for any config
-//                                               (--force: replace the model DIR holds)
+//                                               (--force: replace the weights DIR holds;
+//                                               other files, prompts/ say, stay)
 //   wmckpt check --model DIR                    load and validate a checkpoint, print its summary
 #include <cstdio>
 #include <filesystem>
@@ -18,7 +19,9 @@
 ABSL_FLAG(std::string, config, "", "model config.json (init)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed (init)");
 ABSL_FLAG(std::string, out, "", "output model directory (init)");
-ABSL_FLAG(bool, force, false, "init: replace the model the output directory already holds");
+ABSL_FLAG(bool, force, false,
+          "init: replace the model (config.json, model.safetensors) the output directory holds; other files such "
+          "as prompts/ stay");
 ABSL_FLAG(std::string, model, "", "model directory (check)");
 
 int main(int argc, char** argv) {
@@ -34,15 +37,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "wmckpt init: --config and --out are required\n");
       return 2;
     }
-    // random weights over a model's own (a trained one, say) only when asked
+    // random weights over a model's own (a trained one, say) only when asked;
+    // a config.json alone (an init that failed writing the weights) is no model
     const std::string out = absl::GetFlag(FLAGS_out);
-    for (const char* name : {"config.json", "model.safetensors"}) {
-      std::error_code ec;
-      const auto st = std::filesystem::symlink_status(out + "/" + name, ec);
-      if (!absl::GetFlag(FLAGS_force) && !ec && std::filesystem::exists(st)) {
-        std::fprintf(stderr, "wmckpt: %s already holds a model (%s); pass --force to replace it\n", out.c_str(), name);
-        return 1;
-      }
+    std::error_code ec;
+    const auto weights = std::filesystem::symlink_status(out + "/model.safetensors", ec);
+    if (!absl::GetFlag(FLAGS_force) && !ec && std::filesystem::exists(weights)) {
+      std::fprintf(stderr, "wmckpt: %s already holds a model (model.safetensors); pass --force to replace it\n",
+                   out.c_str());
+      return 1;
     }
     auto config = wm::load_model_config(absl::GetFlag(FLAGS_config));
     if (!config.ok()) {
