@@ -6,6 +6,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,15 +21,16 @@ absl::Status check_server_address(const std::string& target) {
   if (target.empty()) return absl::InvalidArgumentError("--server is empty (host:port)");
   const size_t colon = target.rfind(':');
   if (colon == std::string::npos) return absl::OkStatus();
-  // gRPC reads an IPv6 address without brackets as a host and a port (`::1`
-  // as host `:`, port 1); a target with a scheme (unix:, ipv6:, dns:///) is
-  // the resolver's
+  // an IPv6 address without brackets: gRPC takes all of it (`fe80::1:50051`
+  // too) for the address and connects to its default port, 443. What comes
+  // before the last colon is such an address when it holds a colon and
+  // nothing but hex digits, colons and dots (a scheme, `unix:`, `ipv6:[...]`,
+  // `dns:///`, a name, has other characters)
   const absl::string_view host = absl::string_view(target).substr(0, colon);
-  const bool scheme = absl::StrContains(target, "://") ||
-                      absl::StartsWithIgnoreCase(target, "unix:") || absl::StartsWithIgnoreCase(target, "unix-abstract:") ||
-                      absl::StartsWithIgnoreCase(target, "ipv4:") || absl::StartsWithIgnoreCase(target, "ipv6:") ||
-                      absl::StartsWithIgnoreCase(target, "dns:") || absl::StartsWithIgnoreCase(target, "vsock:");
-  if (!scheme && absl::StrContains(host, ':') && !absl::StartsWith(host, "["))
+  const bool ipv6_literal = absl::StrContains(host, ':') && std::all_of(host.begin(), host.end(), [](char c) {
+                              return absl::ascii_isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
+                            });
+  if (ipv6_literal)
     return absl::InvalidArgumentError(absl::StrCat("--server '", target.substr(0, 128),
                                                    "': an IPv6 address goes in brackets, with a port: [::1]:50051"));
   absl::string_view port = absl::string_view(target).substr(colon + 1);

@@ -1022,7 +1022,7 @@ TEST(ServerIntegration, ClientsRefuseFlagValuesThatOverflowAClock) {
            {{WMPLAY_BIN, "--server=127.0.0.1:65545", "--headless", "--script=x", "--out=/nonexistent"}, "--server"},
            {{WMBENCH_BIN, "--server=localhost:-1"}, "--server"},
            {{WMHEALTH_BIN, "--server=[::1]:99999"}, "--server"},
-           // an IPv6 address without brackets used to be read as host ':' and port 1
+           // an IPv6 address without brackets went to gRPC's default port, 443
            {{WMHEALTH_BIN, "--server=::1"}, "--server"},
            {{WMBENCH_BIN, "--server=fe80::1:50051"}, "--server"}}) {
     std::string log;
