@@ -52,6 +52,9 @@ class Outbox {
     return true;
   }
   void push_essential(Item item) { items_.emplace_back(OutKind::kEssential, std::move(item)); }
+  // an essential message ahead of everything queued (Started: the first
+  // message of a stream, whatever was queued before it existed)
+  void push_essential_first(Item item) { items_.emplace_front(OutKind::kEssential, std::move(item)); }
 
   // the oldest item, in push order
   std::optional<std::pair<OutKind, Item>> pop() {

@@ -23,7 +23,8 @@ void ServerSession::send_started(v1::Started started) {
     if (finish_requested_) return;
     OutItem item;
     *item.message.mutable_started() = std::move(started);
-    outbox_.push_essential(std::move(item));
+    outbox_.push_essential_first(std::move(item));
+    started_queued_ = true;
   }
   pump();
 }
@@ -119,7 +120,10 @@ void ServerSession::pump() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (finish_called_ || write_in_flight_ || encoding_) return;
-    if (finish_requested_ && (!flush_ || broken_)) dropped = outbox_.clear();
+    // nothing goes before Started; a stream that ends without one (its
+    // session never opened) ends with its status alone
+    if (!started_queued_ && !finish_requested_) return;
+    if (finish_requested_ && (!flush_ || broken_ || !started_queued_)) dropped = outbox_.clear();
     auto item = outbox_.pop();
     if (!item) {
       if (finish_requested_) {

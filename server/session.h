@@ -116,6 +116,9 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   bool flush_ = false;
   bool finish_called_ = false;
   bool broken_ = false;               // a write failed: the stream is gone
+  // Started is queued: until then nothing is written (an event about an
+  // action sent right after the Start waits for it; API.md: Started first)
+  bool started_queued_ = false;
   absl::Status finish_status_;
   wmserve::v1::PlayResponse writing_;  // the message in flight
   bool writing_frame_ = false;

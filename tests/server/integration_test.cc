@@ -492,6 +492,9 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
     const grpc::Status mid = raw_play_status(
         *server, {start_req().SerializeAsString(), garbage, action_req(1).SerializeAsString()}, &got);
     EXPECT_TRUE(mid.ok()) << mid.error_message();
+    // Started first, though the garbage's event was made before the session opened
+    ASSERT_FALSE(got.empty());
+    EXPECT_TRUE(got[0].has_started());
     int frames_seen = 0, warnings = 0;
     for (const auto& r : got) {
       if (r.has_frame()) ++frames_seen;
@@ -522,6 +525,9 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
   std::vector<v1::PlayResponse> responses;
   const grpc::Status st = play_status(*server, reqs, &responses);
   EXPECT_TRUE(st.ok()) << st.error_message();
+  // the events of actions sent right after the Start come after Started
+  ASSERT_FALSE(responses.empty());
+  EXPECT_TRUE(responses[0].has_started());
   std::vector<uint64_t> invalid_seqs;
   std::map<int64_t, std::string> frames;
   uint64_t dropped = 0;

@@ -70,6 +70,21 @@ TEST(Outbox, EventsAreBoundedButEssentialsNeverDrop) {
   EXPECT_EQ(drain(b), (std::vector<std::string>{"started", "e2", "e3"}));
 }
 
+TEST(Outbox, AFirstEssentialGoesAheadOfWhatIsQueued) {
+  Box b(1, 4);
+  b.push_event("e1");
+  b.push_event("e2");
+  b.push_essential_first("started");
+  b.push_event("e3");
+  EXPECT_EQ(drain(b), (std::vector<std::string>{"started", "e1", "e2", "e3"}));
+  // an event dropped for room is still the oldest event, not the first message
+  Box c(1, 1);
+  c.push_essential_first("started");
+  c.push_event("e1");
+  EXPECT_FALSE(c.push_event("e2"));
+  EXPECT_EQ(drain(c), (std::vector<std::string>{"started", "e2"}));
+}
+
 TEST(Outbox, ClearDropsUnsentFramesAndCountsThem) {
   Box b(2, 2);
   b.push_frame("a");

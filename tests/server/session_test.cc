@@ -99,6 +99,12 @@ struct Fixture {
     v.push_back(frame(index));
     session->send_frames(std::move(v));
   }
+  // Started, written: the first write of every stream
+  void started() {
+    session->send_started(v1::Started());
+    ASSERT_TRUE(writer.wait_writes(1));
+    writer.complete(*session);
+  }
   ServedModel model;
   EncoderPool encoder;
   std::unique_ptr<Metrics> metrics;
@@ -133,55 +139,81 @@ TEST(ServerSession, OneWriteInFlightAndNewerFramesReplaceUnsentOnes) {
 
 TEST(ServerSession, FinishWaitsForTheWriteInFlight) {
   Fixture t;
+  t.started();
   t.send(0);
-  ASSERT_TRUE(t.writer.wait_writes(1));
+  ASSERT_TRUE(t.writer.wait_writes(2));
   t.send(1);  // waits
   t.session->finish(absl::UnavailableError("bye"), /*flush=*/false);
   EXPECT_FALSE(t.writer.finished());
   t.writer.complete(*t.session);
   ASSERT_TRUE(t.writer.wait_finished());
   EXPECT_EQ(t.writer.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(t.writer.writes().size(), 1u);  // frame 1 was dropped, not written
+  EXPECT_EQ(t.writer.writes().size(), 2u);  // frame 1 was dropped, not written
   EXPECT_EQ(t.metrics->frames_dropped_session_end->Value(), 1);
   // later frames and events go nowhere, and nothing touches the writer again
   t.send(2);
   t.session->send_event(v1::Event::WARNING, "X", "late");
   t.session->finish(absl::OkStatus(), true);
-  EXPECT_EQ(t.writer.writes().size(), 1u);
+  EXPECT_EQ(t.writer.writes().size(), 2u);
 }
 
 TEST(ServerSession, FlushWritesWhatIsQueuedThenFinishes) {
   Fixture t;
+  t.started();
   t.send(0);
-  ASSERT_TRUE(t.writer.wait_writes(1));
+  ASSERT_TRUE(t.writer.wait_writes(2));
   t.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "x", 7);
   t.send(1);
   t.session->finish(absl::OkStatus(), /*flush=*/true);
   t.writer.complete(*t.session);
-  ASSERT_TRUE(t.writer.wait_writes(2));
-  t.writer.complete(*t.session);
   ASSERT_TRUE(t.writer.wait_writes(3));
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_writes(4));
   EXPECT_FALSE(t.writer.finished());
   t.writer.complete(*t.session);
   ASSERT_TRUE(t.writer.wait_finished());
   EXPECT_TRUE(t.writer.status().ok());
   const auto w = t.writer.writes();
-  ASSERT_EQ(w.size(), 3u);
-  EXPECT_EQ(w[1].event().code(), "INVALID_ACTION");
-  EXPECT_EQ(w[1].event().action_seq(), 7u);
-  EXPECT_EQ(w[2].frame().index(), 1);
+  ASSERT_EQ(w.size(), 4u);
+  EXPECT_EQ(w[2].event().code(), "INVALID_ACTION");
+  EXPECT_EQ(w[2].event().action_seq(), 7u);
+  EXPECT_EQ(w[3].frame().index(), 1);
 }
 
 TEST(ServerSession, AFailedWriteEndsTheStream) {
   Fixture t;
+  t.started();
   t.send(0);
-  ASSERT_TRUE(t.writer.wait_writes(1));
+  ASSERT_TRUE(t.writer.wait_writes(2));
   t.send(1);
   t.writer.complete(*t.session, /*ok=*/false);
   ASSERT_TRUE(t.writer.wait_finished());
   EXPECT_EQ(t.writer.status().code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(t.writer.writes().size(), 1u);
+  EXPECT_EQ(t.writer.writes().size(), 2u);
   EXPECT_TRUE(t.session->finishing());
+}
+
+// an event made before the session opened (an invalid action sent right
+// after the Start) waits for Started, which goes first; a stream whose
+// session never opened ends with its status alone
+TEST(ServerSession, NothingIsWrittenBeforeStarted) {
+  Fixture t;
+  t.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "early", 1);
+  EXPECT_TRUE(t.writer.writes().empty());  // messages are written at once when nothing holds them
+  t.session->send_started(v1::Started());
+  ASSERT_TRUE(t.writer.wait_writes(1));
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_writes(2));
+  const auto w = t.writer.writes();
+  EXPECT_TRUE(w[0].has_started());
+  EXPECT_EQ(w[1].event().code(), "INVALID_ACTION");
+
+  Fixture never;
+  never.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "early", 1);
+  never.session->finish(absl::ResourceExhaustedError("no room"), /*flush=*/true);
+  ASSERT_TRUE(never.writer.wait_finished());
+  EXPECT_EQ(never.writer.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(never.writer.writes().empty());
 }
 
 }  // namespace
