@@ -108,6 +108,12 @@ TEST(PlayProtocol, BadStartsGetTheirStatus) {
          s->set_fps(1000);
        },
        absl::StatusCode::kInvalidArgument, "[0.001, 240]"},
+      {"fps just above the limit reads as such",
+       [](v1::Start* s) {
+         s->set_pacing(v1::PACING_FIXED_RATE);
+         s->set_fps(240.0001);
+       },
+       absl::StatusCode::kInvalidArgument, "fps 240.0001 is outside [0.001, 240]"},
       {"fps too low (its period would overflow the clock)",
        [](v1::Start* s) {
          s->set_pacing(v1::PACING_FIXED_RATE);
