@@ -10,9 +10,12 @@
 namespace wm::server {
 
 namespace {
-// the metrics endpoint's HTTP threads, and how long one waits for a request
-constexpr int kMetricsThreads = 8;
-constexpr int kMetricsRequestTimeoutMs = 5000;
+// the metrics endpoint's HTTP threads, and how long one waits for a request:
+// civetweb holds a thread per connection until its request is read, so it
+// takes this many connections that send nothing, each renewed within the
+// timeout, to hold a scrape up
+constexpr int kMetricsThreads = 32;
+constexpr int kMetricsRequestTimeoutMs = 3000;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
@@ -44,6 +47,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.service.max_request_bytes));
+  // no compressed requests: gRPC inflates a message whole before it checks
+  // the size limit, so a 1 MB gzip request could cost a GB of memory; a
+  // client's messages are small, and JPEGs do not compress anyway
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_send_bytes));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive.time_s * 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive.timeout_s * 1000);

@@ -18,6 +18,9 @@
 
 namespace wm::server {
 
+// the longest keepalive setting: gRPC takes them in milliseconds, as an int
+inline constexpr int kMaxKeepaliveSeconds = 2000000;
+
 struct KeepaliveOptions {
   int time_s = 30;                  // ping an idle connection this often
   int timeout_s = 10;               // and drop it when the ping is not answered this fast

@@ -198,8 +198,12 @@ int main(int argc, char** argv) {
     return fail("--start_timeout_s must be 0..86400");
   if (o.service.max_request_bytes < 1024 || o.service.max_request_bytes > (int64_t{1} << 30))
     return fail("--max_request_bytes must be 1 KiB..1 GiB");
-  if (o.keepalive.time_s < 1 || o.keepalive.timeout_s < 1 || o.keepalive.min_client_ping_interval_s < 1)
-    return fail("keepalive settings must be at least 1 s");
+  // gRPC takes them in milliseconds, as an int: beyond some 24 days they would wrap
+  for (const auto& [name, value] : {std::pair{"--keepalive_time_s", o.keepalive.time_s},
+                                    std::pair{"--keepalive_timeout_s", o.keepalive.timeout_s},
+                                    std::pair{"--min_client_ping_interval_s", o.keepalive.min_client_ping_interval_s}})
+    if (value < 1 || value > wm::server::kMaxKeepaliveSeconds)
+      return fail(absl::StrCat(name, " must be 1..", wm::server::kMaxKeepaliveSeconds, " s"));
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_s);
   if (!(grace >= 0 && grace <= 3600)) return fail("--shutdown_grace_s must be 0..3600");
   // converted only once in range: a double beyond int64 nanoseconds does not convert

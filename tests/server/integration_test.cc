@@ -182,11 +182,13 @@ grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::stri
 }
 
 // a unary call of `method` with raw request bytes
-grpc::Status raw_unary_status(const ServerProcess& s, const std::string& method, const std::string& request) {
+grpc::Status raw_unary_status(const ServerProcess& s, const std::string& method, const std::string& request,
+                              grpc_compression_algorithm compression = GRPC_COMPRESS_NONE) {
   auto ch = channel(s);
   grpc::GenericStub generic(ch);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  ctx.set_compression_algorithm(compression);
   grpc::CompletionQueue cq;
   grpc::Slice slice(request);
   const grpc::ByteBuffer out(&slice, 1);
@@ -511,6 +513,14 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
       EXPECT_TRUE(absl::StrContains(u.error_message(), "does not parse")) << u.error_message();
     }
     EXPECT_TRUE(raw_unary_status(*server, "/wmserve.v1.WorldModel/GetServerInfo", "").ok());
+    // a compressed request is refused, not inflated (a small gzip could hold a GB)
+    std::string padded("\x7a\x80\x08", 3);  // an unknown field 15 of 1024 bytes
+    padded.append(1024, '\0');
+    EXPECT_TRUE(raw_unary_status(*server, "/wmserve.v1.WorldModel/GetServerInfo", padded).ok());
+    for (grpc_compression_algorithm a : {GRPC_COMPRESS_GZIP, GRPC_COMPRESS_DEFLATE}) {
+      const grpc::Status z = raw_unary_status(*server, "/wmserve.v1.WorldModel/GetServerInfo", padded, a);
+      EXPECT_EQ(z.error_code(), grpc::StatusCode::UNIMPLEMENTED) << z.error_message();
+    }
   }
 
   // invalid actions are dropped with an in-band event; the session goes on
@@ -997,6 +1007,10 @@ TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
            {"--threads=-1", "--threads"}, {"--kv_budget_bytes=100", "--kv_budget_bytes"},
            {"--max_batch_wait_ms=1e12", "--max_batch_wait_ms"}, {"--max_batch_wait_ms=nan", "--max_batch_wait_ms"},
            {"--action_queue=2000000000", "--action_queue"}, {"--max_prompt_frames=100000000", "--max_prompt_frames"},
+           // milliseconds in an int: 2147484 s wrapped to a ping every few microseconds
+           {"--keepalive_time_s=2147484", "--keepalive_time_s"},
+           {"--keepalive_timeout_s=0", "--keepalive_timeout_s"},
+           {"--min_client_ping_interval_s=3000000", "--min_client_ping_interval_s"},
            {"stray_word", "unexpected argument 'stray_word'"}}) {
     std::string log;
     const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
