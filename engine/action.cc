@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/number_text.h"
 
 namespace wm {
 
@@ -28,7 +29,7 @@ absl::Status ActionSpace::validate(const Action& a) const {
     if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat("mouse ", mouse[i], " is not finite"));
     if (std::fabs(v) > mouse_limit) {
       return absl::InvalidArgumentError(
-          absl::StrCat("mouse ", mouse[i], " = ", v, " is outside [-", mouse_limit, ", ", mouse_limit, "]"));
+          absl::StrCat("mouse ", mouse[i], " = ", exact_text(v), " is outside [-", mouse_limit, ", ", mouse_limit, "]"));
     }
   }
   return absl::OkStatus();

@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/number_text.h"
 #include "server/client_text.h"
 
 namespace wm::server {
@@ -32,9 +32,9 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
     case v1::PACING_FIXED_RATE:
       p.pacing = PacingMode::kFixedRate;
       if (!(start.fps() >= kMinFixedRateFps && start.fps() <= limits.max_fps))
-        // %.10g: 240.0001 must not read as 240, inside the range it is refused for
-        return absl::InvalidArgumentError(absl::StrFormat("fps %.10g is outside [%g, %g] for PACING_FIXED_RATE",
-                                                          start.fps(), kMinFixedRateFps, limits.max_fps));
+        return absl::InvalidArgumentError(absl::StrCat("fps ", exact_text(start.fps()), " is outside [",
+                                                       exact_text(kMinFixedRateFps), ", ", exact_text(limits.max_fps),
+                                                       "] for PACING_FIXED_RATE"));
       p.fps = start.fps();
       break;
     default:

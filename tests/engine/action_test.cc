@@ -10,6 +10,8 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/match.h"
+
 namespace wm {
 namespace {
 
@@ -92,6 +94,12 @@ TEST(ActionSpace, ValidatesAndEmbeds) {
   bad = a;
   bad.mouse[0] = -45.5f;
   EXPECT_FALSE(s.validate(bad).ok());
+  // a value one float step past the limit is quoted as itself, not as the limit
+  bad = a;
+  bad.mouse[0] = std::nextafter(45.0f, 100.0f);
+  const absl::Status st = s.validate(bad);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(absl::StrContains(st.message(), "= 45.000004 is outside [-45, 45]")) << st;
 }
 
 }  // namespace

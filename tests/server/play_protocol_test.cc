@@ -111,9 +111,15 @@ TEST(PlayProtocol, BadStartsGetTheirStatus) {
       {"fps just above the limit reads as such",
        [](v1::Start* s) {
          s->set_pacing(v1::PACING_FIXED_RATE);
-         s->set_fps(240.0001);
+         s->set_fps(240.00000001);
        },
-       absl::StatusCode::kInvalidArgument, "fps 240.0001 is outside [0.001, 240]"},
+       absl::StatusCode::kInvalidArgument, "fps 240.00000001 is outside [0.001, 240]"},
+      {"fps just below the floor reads as such",
+       [](v1::Start* s) {
+         s->set_pacing(v1::PACING_FIXED_RATE);
+         s->set_fps(0.00099999999999);
+       },
+       absl::StatusCode::kInvalidArgument, "fps 0.00099999999999 is outside [0.001, 240]"},
       {"fps too low (its period would overflow the clock)",
        [](v1::Start* s) {
          s->set_pacing(v1::PACING_FIXED_RATE);
