@@ -20,7 +20,8 @@ ServerSession::ServerSession(SessionSetup setup, StreamWriter* writer, EncoderPo
 void ServerSession::send_started(v1::Started started) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (finish_requested_) return;
+    // one Started per stream: a second would jump ahead of what is queued
+    if (finish_requested_ || started_queued_) return;
     OutItem item;
     *item.message.mutable_started() = std::move(started);
     outbox_.push_essential_first(std::move(item));

@@ -208,12 +208,38 @@ TEST(ServerSession, NothingIsWrittenBeforeStarted) {
   EXPECT_TRUE(w[0].has_started());
   EXPECT_EQ(w[1].event().code(), "INVALID_ACTION");
 
-  Fixture never;
-  never.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "early", 1);
-  never.session->finish(absl::ResourceExhaustedError("no room"), /*flush=*/true);
-  ASSERT_TRUE(never.writer.wait_finished());
-  EXPECT_EQ(never.writer.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(never.writer.writes().empty());
+  // a second Started writes nothing
+  t.session->send_started(v1::Started());
+  t.writer.complete(*t.session);
+  EXPECT_EQ(t.writer.writes().size(), 2u);
+
+  // held events stay bounded (the oldest go); Started goes ahead of them all
+  Fixture many;
+  for (int i = 0; i < 20; ++i)
+    many.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "early", static_cast<uint64_t>(i));
+  EXPECT_TRUE(many.writer.writes().empty());
+  many.session->send_started(v1::Started());
+  for (size_t n = 1; n <= 17; ++n) {
+    ASSERT_TRUE(many.writer.wait_writes(n));
+    many.writer.complete(*many.session);
+  }
+  const auto mw = many.writer.writes();
+  ASSERT_EQ(mw.size(), 17u);  // Started and the newest 16 events
+  EXPECT_TRUE(mw[0].has_started());
+  EXPECT_EQ(mw[1].event().action_seq(), 4u);
+  EXPECT_EQ(mw[16].event().action_seq(), 19u);
+
+  // a session that never opens ends with its status alone, flushed or not
+  for (bool flush : {false, true}) {
+    Fixture never;
+    never.session->send_event(v1::Event::WARNING, "INVALID_ACTION", "early", 1);
+    never.session->finish(absl::ResourceExhaustedError("no room"), flush);
+    ASSERT_TRUE(never.writer.wait_finished());
+    EXPECT_EQ(never.writer.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(never.writer.writes().empty());
+    never.session->send_started(v1::Started());  // too late: nothing touches the writer
+    EXPECT_TRUE(never.writer.writes().empty());
+  }
 }
 
 }  // namespace
