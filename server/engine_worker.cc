@@ -110,7 +110,11 @@ bool EngineWorker::park(const ServerSession& from) {
   if (it == entries_.end()) return false;
   Entry& e = it->second;
   if (e.session.get() != &from || !e.opened || e.close_requested || e.input_closed) return false;
-  if (e.parked) return true;  // attached by a resume that never got going
+  if (e.parked) {
+    // attached by a resume that never got going: activate() must not wake it
+    e.resume_broke = true;
+    return true;
+  }
   e.parked = true;
   // actions not applied yet are dropped: the resumed stream's frame indices
   // tell the client where the session stands
@@ -142,6 +146,7 @@ bool EngineWorker::attach(std::shared_ptr<ServerSession> fresh) {
   auto it = entries_.find(fresh->key());
   if (it == entries_.end() || !it->second.parked || it->second.close_requested || stopping_) return false;
   it->second.session = std::move(fresh);
+  it->second.resume_broke = false;
   return true;
 }
 
@@ -157,7 +162,11 @@ void EngineWorker::activate(const std::shared_ptr<ServerSession>& fresh) {
   fresh->send_started(std::move(st));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = entries_.find(fresh->key());
-  if (it == entries_.end() || it->second.session != fresh || it->second.close_requested) return;
+  // the resuming stream may have broken since (OnCancel parked the session
+  // again): it stays parked, for the next resume or its park TTL
+  if (it == entries_.end() || it->second.session != fresh || it->second.close_requested ||
+      it->second.resume_broke)
+    return;
   Entry& e = it->second;
   e.parked = false;
   e.input = new_action_queue(fresh->params());

@@ -107,6 +107,7 @@ class EngineWorker {
     bool input_closed = false;
     bool close_requested = false;
     bool parked = false;     // no stream: not stepped until resumed
+    bool resume_broke = false;  // parked again by its resuming stream before activate()
     EndReason end_reason = EndReason::kClientClosed;
     TimePoint last_deadline_event;
   };

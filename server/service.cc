@@ -204,8 +204,12 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       if (!cancelled) session_ = *s;
     }
     if (cancelled) {
-      // the new stream is gone already: the session goes back to its parking
+      // the new stream is gone already: the session goes back to its parking,
+      // and its ServerSession is finished now (as OnCancel finishes one), so
+      // that a later close of the parked session never reaches this reactor,
+      // which is deleted once the stream is done
       service_->park_or_close(*s, absl::CancelledError("cancelled"), EndReason::kCancelled);
+      (*s)->finish(absl::CancelledError("cancelled"), /*flush=*/false);
       finish_once(absl::CancelledError("cancelled"));
       return false;
     }
