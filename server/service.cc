@@ -220,6 +220,14 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   bool handle_start(const v1::Start& start) {
     const TimePoint now = Clock::now();
     if (!start.resume_token().empty()) return handle_resume(start, now);
+    // a client past its prompt frames is refused before its JPEGs are
+    // decoded (admit checks again, with the model's own prompt counted)
+    if (const int n = start.prompt_jpeg_size(); n > 0 && n <= service_->config().limits.max_prompt_frames) {
+      if (absl::Status st = service_->check_prompt_frames(client_, n, now); !st.ok()) {
+        reject("prompt_rate", st);
+        return false;
+      }
+    }
     auto params = parse_start(start, service_->model(), service_->config().limits);
     if (!params.ok()) {
       absl::string_view reason = "invalid_start";
@@ -231,7 +239,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       return false;
     }
     std::string token;
-    auto key = service_->admit(client_, params->cache_format, &params->audit, now, &token);
+    const int prompt_frames = static_cast<int>(params->prompt.size());
+    auto key = service_->admit(client_, params->cache_format, prompt_frames, &params->audit, now, &token);
     if (!key.ok()) {
       finish_once(key.status());  // admit() counted the rejection
       return false;
@@ -334,7 +343,8 @@ void PlayService::update_health_locked() {
 }
 
 absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client, const std::string& format,
-                                                       bool* audit, TimePoint now, std::string* token) {
+                                                       int prompt_frames, bool* audit, TimePoint now,
+                                                       std::string* token) {
   std::lock_guard<std::mutex> lk(mu_);
   RejectReason reason = RejectReason::kNone;
   std::string t = new_resume_token_locked();
@@ -347,6 +357,7 @@ absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client
   }
   AdmitRequest request{client, format, t};
   request.audit = *audit || sampled;
+  request.prompt_frames = prompt_frames;
   auto key = manager_.admit(request, now, &reason);
   if (!key.ok()) {
     metrics_->sessions_rejected(reject_reason_label(reason)).Increment();
@@ -409,6 +420,11 @@ absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_
 void PlayService::close_parked(const std::vector<SessionManager::Key>& keys, const absl::Status& status,
                                EndReason reason) {
   for (auto key : keys) worker_->close(key, status, reason);
+}
+
+absl::Status PlayService::check_prompt_frames(const std::string& client, int prompt_frames, TimePoint now) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return manager_.check_prompt_frames(client, prompt_frames, now);
 }
 
 void PlayService::release(SessionManager::Key key) {
@@ -558,6 +574,7 @@ grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext
   info.set_default_cache_format(model_.default_format);
   info.set_device(model_.device);
   info.set_max_request_bytes(config_.max_request_bytes);
+  info.set_max_prompt_frames(config_.limits.max_prompt_frames);
   info.set_kv_used_bytes(worker_->kv_used_bytes());
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -567,6 +584,8 @@ grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext
     info.set_sessions_active(manager_.sessions());
     info.set_max_sessions(manager_.config().max_sessions);
     info.set_max_sessions_per_client(manager_.config().max_sessions_per_client);
+    info.set_client_prompt_rate(manager_.config().client_prompt_rate);
+    info.set_client_prompt_burst(manager_.config().client_prompt_burst);
     info.set_draining(manager_.draining());
     info.set_admitting(manager_.can_admit(model_.default_format));
     info.set_idle_ttl_seconds(to_seconds(manager_.config().idle_ttl));

@@ -102,9 +102,13 @@ class PlayService final : public RawWorldModelService {
   EncoderPool& encoder() { return *encoder_; }
   // admits a session and gives it a fresh resume token (*token); *audit:
   // in, whether the Start asked for an audit; out, whether the session is
-  // audited (asked, or sampled by audit_fraction), its shadow reserved
-  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format, bool* audit,
-                                            TimePoint now, std::string* token);
+  // audited (asked, or sampled by audit_fraction), its shadow reserved;
+  // prompt_frames: the frames written before its first block (the client's
+  // prompt-frame bucket pays them)
+  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format,
+                                            int prompt_frames, bool* audit, TimePoint now, std::string* token);
+  // SessionManager::check_prompt_frames under the service's lock
+  absl::Status check_prompt_frames(const std::string& client, int prompt_frames, TimePoint now);
   void release(SessionManager::Key key);
   void touch(SessionManager::Key key, TimePoint now);
   std::string new_session_id();

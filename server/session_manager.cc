@@ -1,8 +1,11 @@
 #include "server/session_manager.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/number_text.h"
 #include "common/status_macros.h"
 #include "server/client_text.h"
 
@@ -16,6 +19,7 @@ absl::string_view reject_reason_label(RejectReason r) {
     case RejectReason::kMaxSessions: return "max_sessions";
     case RejectReason::kClientCap: return "client_cap";
     case RejectReason::kUnknownFormat: return "unknown_format";
+    case RejectReason::kPromptRate: return "prompt_rate";
   }
   return "unknown";
 }
@@ -24,6 +28,7 @@ SessionManager::SessionManager(SessionManagerConfig config) : config_(std::move(
   WM_CHECK(config_.kv_capacity_bytes > 0);
   WM_CHECK(config_.max_sessions >= 0 && config_.max_sessions_per_client >= 0);
   for (const auto& [format, bytes] : config_.reservation_bytes) WM_CHECK(bytes > 0);
+  WM_CHECK(config_.client_prompt_rate >= 0 && config_.client_prompt_burst >= 0);
 }
 
 int SessionManager::sessions_of(absl::string_view client) const {
@@ -31,7 +36,41 @@ int SessionManager::sessions_of(absl::string_view client) const {
   return it == per_client_.end() ? 0 : it->second;
 }
 
-absl::Status SessionManager::check(const AdmitRequest& request, RejectReason* reason) const {
+double SessionManager::refilled(const PromptBucket& b, TimePoint now) const {
+  // a caller's clock that went back refills nothing
+  const double elapsed = std::max(0.0, to_seconds(now - b.at));
+  return std::min<double>(config_.client_prompt_burst, b.frames + elapsed * config_.client_prompt_rate);
+}
+
+double SessionManager::prompt_frames_left(absl::string_view client, TimePoint now) const {
+  auto it = prompt_buckets_.find(client);
+  if (config_.client_prompt_rate <= 0 || it == prompt_buckets_.end()) return config_.client_prompt_burst;
+  return refilled(it->second, now);
+}
+
+absl::Status SessionManager::check_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now) const {
+  if (config_.client_prompt_rate <= 0 || prompt_frames <= 0) return absl::OkStatus();
+  const double left = prompt_frames_left(client, now);
+  if (left >= prompt_frames) return absl::OkStatus();
+  const double wait_s = (prompt_frames - left) / config_.client_prompt_rate;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "client %s sends prompt frames faster than %s a second (--client_prompt_rate): this Start has %d, %d may "
+      "be sent now; retry in %.1f s",
+      client, exact_text(config_.client_prompt_rate), prompt_frames, static_cast<int>(left),
+      std::max(0.1, std::ceil(wait_s * 10) / 10)));
+}
+
+void SessionManager::take_prompt_frames(const AdmitRequest& request, TimePoint now) {
+  if (config_.client_prompt_rate <= 0 || request.prompt_frames <= 0) return;
+  const double left = prompt_frames_left(request.client, now) - request.prompt_frames;
+  // a full bucket is the same as none: forget every client that has refilled
+  // (so the map holds only the clients of the last burst / rate seconds)
+  std::erase_if(prompt_buckets_,
+                [&](const auto& kv) { return refilled(kv.second, now) >= config_.client_prompt_burst; });
+  prompt_buckets_[request.client] = PromptBucket{left, now};
+}
+
+absl::Status SessionManager::check(const AdmitRequest& request, TimePoint now, RejectReason* reason) const {
   auto refuse = [&](RejectReason r, absl::Status st) {
     if (reason != nullptr) *reason = r;
     return st;
@@ -53,6 +92,8 @@ absl::Status SessionManager::check(const AdmitRequest& request, RejectReason* re
                                                             sessions_of(request.client), " sessions, the cap is ",
                                                             config_.max_sessions_per_client,
                                                             " (--max_sessions_per_client)")));
+  if (absl::Status st = check_prompt_frames(request.client, request.prompt_frames, now); !st.ok())
+    return refuse(RejectReason::kPromptRate, st);
   if (reserved_ + reservation(request) > config_.kv_capacity_bytes)
     return refuse(RejectReason::kKvBudget,
                   absl::ResourceExhaustedError(absl::StrCat(
@@ -66,7 +107,8 @@ absl::Status SessionManager::check(const AdmitRequest& request, RejectReason* re
 
 absl::StatusOr<SessionManager::Key> SessionManager::admit(const AdmitRequest& request, TimePoint now,
                                                           RejectReason* reason) {
-  WM_RETURN_IF_ERROR(check(request, reason));
+  WM_RETURN_IF_ERROR(check(request, now, reason));
+  take_prompt_frames(request, now);
   const int64_t need = reservation(request);
   WM_CHECK(request.resume_token.empty() || tokens_.count(request.resume_token) == 0);
   const Key key = next_key_++;

@@ -24,7 +24,7 @@
 namespace wm::server {
 
 // why a session was refused (the label of wm_sessions_rejected_total)
-enum class RejectReason { kNone, kDraining, kKvBudget, kMaxSessions, kClientCap, kUnknownFormat };
+enum class RejectReason { kNone, kDraining, kKvBudget, kMaxSessions, kClientCap, kUnknownFormat, kPromptRate };
 absl::string_view reject_reason_label(RejectReason r);
 
 struct SessionManagerConfig {
@@ -35,6 +35,11 @@ struct SessionManagerConfig {
   int max_sessions_per_client = 16;         // 0: no per-client cap
   Duration idle_ttl = std::chrono::seconds(60);  // zero: sessions never expire
   Duration park_ttl = std::chrono::seconds(30);  // how long a parked session waits; zero: never park
+  // prompt frames (engine passes before a session's first frame) per client
+  // address: a bucket of client_prompt_burst frames, refilled at
+  // client_prompt_rate frames a second; a rate of 0: no limit
+  double client_prompt_rate = 0;
+  int client_prompt_burst = 32;
 };
 
 struct AdmitRequest {
@@ -42,6 +47,7 @@ struct AdmitRequest {
   std::string cache_format;
   std::string resume_token = "";  // "" = not resumable; otherwise unique among held sessions
   bool audit = false;             // keeps a full-precision shadow: reserves audit_bytes more
+  int prompt_frames = 0;          // frames written into the cache before the first block
 };
 
 class SessionManager {
@@ -50,9 +56,11 @@ class SessionManager {
 
   explicit SessionManager(SessionManagerConfig config);
 
-  // reserves the session's KV bytes; on refusal the status says why
-  // (UNAVAILABLE while draining, RESOURCE_EXHAUSTED when full, NOT_FOUND for
-  // an unknown format) and *reason names it for metrics
+  // reserves the session's KV bytes and takes its prompt frames from the
+  // client's bucket; on refusal the status says why (UNAVAILABLE while
+  // draining, RESOURCE_EXHAUSTED when full or when the client's prompt frames
+  // come too fast, NOT_FOUND for an unknown format) and *reason names it for
+  // metrics
   absl::StatusOr<Key> admit(const AdmitRequest& request, TimePoint now, RejectReason* reason = nullptr);
   // frees the session's reservation; false if the key is not held
   bool release(Key key);
@@ -90,6 +98,13 @@ class SessionManager {
   int64_t free_bytes() const { return config_.kv_capacity_bytes - reserved_; }
   int sessions() const { return static_cast<int>(sessions_.size()); }
   int sessions_of(absl::string_view client) const;
+  // whether the client may send prompt_frames now: RESOURCE_EXHAUSTED, saying
+  // when to retry, if not (admit checks it too; this takes nothing)
+  absl::Status check_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now) const;
+  // the prompt frames a client may send now (client_prompt_burst when the rate is off)
+  double prompt_frames_left(absl::string_view client, TimePoint now) const;
+  // clients whose bucket is not full (the others are not stored)
+  int prompt_buckets() const { return static_cast<int>(prompt_buckets_.size()); }
   const SessionManagerConfig& config() const { return config_; }
 
  private:
@@ -106,13 +121,21 @@ class SessionManager {
     bool parked = false;
     TimePoint parked_since;
   };
+  // what is left of a client's prompt frames at a time (a full bucket is not stored)
+  struct PromptBucket {
+    double frames = 0;
+    TimePoint at;
+  };
   void forget_token(Entry& e);
-  absl::Status check(const AdmitRequest& request, RejectReason* reason) const;
+  absl::Status check(const AdmitRequest& request, TimePoint now, RejectReason* reason) const;
+  void take_prompt_frames(const AdmitRequest& request, TimePoint now);
+  double refilled(const PromptBucket& b, TimePoint now) const;
 
   SessionManagerConfig config_;
   std::map<Key, Entry> sessions_;
   std::map<std::string, int, std::less<>> per_client_;
   std::map<std::string, Key, std::less<>> tokens_;
+  std::map<std::string, PromptBucket, std::less<>> prompt_buckets_;
   int parked_ = 0;
   int64_t reserved_ = 0;
   Key next_key_ = 1;

@@ -57,6 +57,11 @@ ABSL_FLAG(int, jpeg_quality, 90, "JPEG quality when Start asks for none (1..100)
 ABSL_FLAG(double, max_fps, 240, "highest fixed-rate fps a session may ask for");
 ABSL_FLAG(int, max_prompt_frames, 16,
           "prompt frames a Start may carry at most (each costs one engine pass on the engine thread)");
+ABSL_FLAG(double, client_prompt_rate, 4,
+          "prompt frames a second per client address (0: no limit): a client may send --client_prompt_burst at "
+          "once, then this many a second; a Start past that is refused (RESOURCE_EXHAUSTED, with when to retry)");
+ABSL_FLAG(int, client_prompt_burst, 32,
+          "prompt frames a client address may send at once (at least --max_prompt_frames)");
 ABSL_FLAG(double, audit_fraction, 0.0,
           "fraction of sessions (0..1) that keep a full-precision shadow of their cache and feed "
           "wm_token_selection_drift_ratio{format}; each reserves one more fp32 cache of the KV budget "
@@ -159,6 +164,8 @@ int main(int argc, char** argv) {
   o.worker.action_queue = absl::GetFlag(FLAGS_action_queue);
   o.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.sessions.max_sessions_per_client = absl::GetFlag(FLAGS_max_sessions_per_client);
+  o.sessions.client_prompt_rate = absl::GetFlag(FLAGS_client_prompt_rate);
+  o.sessions.client_prompt_burst = absl::GetFlag(FLAGS_client_prompt_burst);
   o.service.version = WM_VERSION;
   o.service.limits.default_jpeg_quality = absl::GetFlag(FLAGS_jpeg_quality);
   o.service.limits.max_fps = absl::GetFlag(FLAGS_max_fps);
@@ -194,6 +201,14 @@ int main(int argc, char** argv) {
     return fail("--max_fps must be 0.001..1000");
   if (o.service.limits.max_prompt_frames < 0 || o.service.limits.max_prompt_frames > 256)
     return fail("--max_prompt_frames must be 0..256");
+  if (!(o.sessions.client_prompt_rate >= 0 && o.sessions.client_prompt_rate <= 1e6))
+    return fail("--client_prompt_rate must be 0..1000000 frames a second");
+  if (o.sessions.client_prompt_burst < 1 || o.sessions.client_prompt_burst > 1000000)
+    return fail("--client_prompt_burst must be 1..1000000");
+  // a Start the bucket can never pay for would be refused forever
+  if (o.sessions.client_prompt_rate > 0 && o.sessions.client_prompt_burst < o.service.limits.max_prompt_frames)
+    return fail(absl::StrCat("--client_prompt_burst ", o.sessions.client_prompt_burst, " is below --max_prompt_frames ",
+                             o.service.limits.max_prompt_frames, ": a Start with that many prompt frames could never be admitted"));
   if (!(absl::GetFlag(FLAGS_start_timeout_s) >= 0 && absl::GetFlag(FLAGS_start_timeout_s) <= 86400))
     return fail("--start_timeout_s must be 0..86400");
   if (o.service.max_request_bytes < 1024 || o.service.max_request_bytes > (int64_t{1} << 30))

@@ -702,6 +702,59 @@ TEST(ServerIntegration, AdmissionRefusesWhenTheBudgetOrTheClientCapIsFull) {
   EXPECT_EQ(reserved, 2.0 * bytes["fp16"]);
 }
 
+// a client that opens sessions with long prompts and drops them, in a loop,
+// would keep the engine thread busy with prompt passes: each client address
+// gets --client_prompt_burst prompt frames, then --client_prompt_rate a second
+TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
+  auto server = ServerProcess::start(
+      tiny_model(), {"--client_prompt_rate=0.01", "--client_prompt_burst=4", "--max_prompt_frames=3"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  std::vector<uint8_t> px(32 * 32 * 3, 100);
+  const std::string jpeg = *jpeg_encode(px.data(), 32, 32, 90);
+  auto with_prompt = [&](int frames) {
+    v1::Start s;
+    for (int i = 0; i < frames; ++i) s.add_prompt_jpeg(jpeg);
+    return s;
+  };
+  client::PlayStream a(ch), b(ch), c(ch), d(ch), e(ch);
+  ASSERT_TRUE(a.start(with_prompt(3)).ok());
+  EXPECT_EQ(a.started().prompt_frames(), 3);
+  const grpc::Status refused = b.start(with_prompt(3));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(refused.error_message(),
+                                "faster than 0.01 a second (--client_prompt_rate): this Start has 3, 1 may be sent "
+                                "now; retry in 200.0 s"))
+      << refused.error_message();
+  // a Start without a prompt costs no engine pass (this model has no prompt images); the last frame does
+  ASSERT_TRUE(c.start(v1::Start()).ok());
+  EXPECT_EQ(c.started().prompt_frames(), 0);
+  ASSERT_TRUE(d.start(with_prompt(1)).ok());
+  EXPECT_EQ(e.start(with_prompt(1)).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(scrape(*server).at("wm_sessions_rejected_total{reason=\"prompt_rate\"}"), 2);
+  {
+    v1::ServerInfo info;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(ch)->GetServerInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.client_prompt_rate(), 0.01);
+    EXPECT_EQ(info.client_prompt_burst(), 4);
+    EXPECT_EQ(info.max_prompt_frames(), 3);
+  }
+  // the refusals harmed nothing: the client's sessions play on
+  v1::Action act;
+  act.set_seq(1);
+  ASSERT_TRUE(a.send_action(act));
+  v1::PlayResponse r;
+  bool framed = false;
+  while (!framed && a.read(&r)) framed = r.has_frame();
+  EXPECT_TRUE(framed);
+  EXPECT_EQ(r.frame().index(), 3) << "the prompt's three frames come first";
+  a.writes_done();
+  while (a.read(&r)) {
+  }
+  EXPECT_TRUE(a.finish().ok());
+}
+
 TEST(ServerIntegration, IdleSessionsExpireAndFreeTheirCache) {
   auto server = ServerProcess::start(tiny_model(), {"--idle_ttl_s=0.5"});
   ASSERT_NE(server, nullptr);
@@ -1014,6 +1067,10 @@ TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
            {"--keepalive_time_s=2147484", "--keepalive_time_s"},
            {"--keepalive_timeout_s=0", "--keepalive_timeout_s"},
            {"--min_client_ping_interval_s=3000000", "--min_client_ping_interval_s"},
+           {"--client_prompt_rate=nan", "--client_prompt_rate"}, {"--client_prompt_rate=-1", "--client_prompt_rate"},
+           {"--client_prompt_burst=0", "--client_prompt_burst"},
+           // a 16-frame Start could never be paid for
+           {"--client_prompt_burst=15", "is below --max_prompt_frames 16"},
            {"stray_word", "unexpected argument 'stray_word'"}}) {
     std::string log;
     const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",

@@ -261,6 +261,103 @@ TEST(SessionManager, NoParkingWhenOffOrDrainingAndDrainingTakesTheParked) {
   EXPECT_EQ(m.parked(), 0);
 }
 
+TEST(SessionManager, PromptFramesComeOutOfEachClientsBucketStepByStep) {
+  SessionManagerConfig c = config();
+  c.max_sessions = 0;
+  c.max_sessions_per_client = 0;
+  c.kv_capacity_bytes = 100000;
+  c.client_prompt_rate = 2;  // frames a second
+  c.client_prompt_burst = 8;
+  SessionManager m(c);
+  const TimePoint t0{};
+  struct Step {
+    double at_s;
+    const char* client;
+    int prompt_frames;
+    absl::StatusCode code;
+    double a_left_after;  // client a's frames left after the step
+  };
+  const Step steps[] = {
+      {0, "a", 8, absl::StatusCode::kOk, 0},                   // the whole burst at once
+      {0, "a", 0, absl::StatusCode::kOk, 0},                   // a Start without a prompt costs nothing
+      {0, "a", 1, absl::StatusCode::kResourceExhausted, 0},    // nothing left
+      {0, "b", 8, absl::StatusCode::kOk, 0},                   // another client has its own bucket
+      {1.5, "a", 4, absl::StatusCode::kResourceExhausted, 3},  // 3 refilled, a refusal takes nothing
+      {1.5, "a", 3, absl::StatusCode::kOk, 0},
+      {100, "a", 1, absl::StatusCode::kOk, 7},                 // refilled to the burst, not beyond
+      {99, "a", 7, absl::StatusCode::kOk, 0},                  // a clock that went back refills nothing
+  };
+  int i = 0;
+  for (const Step& s : steps) {
+    SCOPED_TRACE(testing::Message() << "step " << i++);
+    const TimePoint now = t0 + from_seconds(s.at_s);
+    AdmitRequest r{s.client, "q2"};
+    r.prompt_frames = s.prompt_frames;
+    RejectReason reason = RejectReason::kNone;
+    auto key = m.admit(r, now, &reason);
+    EXPECT_EQ(key.status().code(), s.code) << key.status();
+    EXPECT_EQ(reason, s.code == absl::StatusCode::kOk ? RejectReason::kNone : RejectReason::kPromptRate);
+    EXPECT_DOUBLE_EQ(m.prompt_frames_left("a", now), s.a_left_after);
+  }
+  EXPECT_EQ(reject_reason_label(RejectReason::kPromptRate), "prompt_rate");
+}
+
+TEST(SessionManager, APromptRefusalSaysWhenToRetryAndOtherRefusalsTakeNoFrames) {
+  SessionManagerConfig c = config();
+  c.client_prompt_rate = 0.5;
+  c.client_prompt_burst = 4;
+  SessionManager m(c);
+  AdmitRequest r{"ipv4:10.0.0.1", "q2"};
+  r.prompt_frames = 3;
+  ASSERT_TRUE(m.admit(r, {}).ok());
+  auto refused = m.admit(r, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  // 1 frame left, 3 needed: 2 more at 0.5 a second
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "client ipv4:10.0.0.1 sends prompt frames faster than 0.5 a second "
+                                "(--client_prompt_rate): this Start has 3, 1 may be sent now; retry in 4.0 s"))
+      << refused.status();
+  // refused by the budget or a cap: the prompt frames stay with the client
+  AdmitRequest big{"c", "fp16"};
+  big.prompt_frames = 2;
+  ASSERT_TRUE(m.admit(big, {}).ok());
+  ASSERT_TRUE(m.admit(big, {}).ok());
+  EXPECT_DOUBLE_EQ(m.prompt_frames_left("c", {}), 0);
+  AdmitRequest d{"d", "fp16"};
+  d.prompt_frames = 4;
+  RejectReason reason = RejectReason::kNone;
+  EXPECT_FALSE(m.admit(d, {}, &reason).ok());
+  EXPECT_EQ(reason, RejectReason::kKvBudget);
+  EXPECT_DOUBLE_EQ(m.prompt_frames_left("d", {}), 4);
+  // with the rate off, nothing is counted
+  SessionManager off(config());
+  AdmitRequest many{"e", "q2"};
+  many.prompt_frames = 1000;
+  ASSERT_TRUE(off.admit(many, {}).ok());
+  EXPECT_EQ(off.prompt_buckets(), 0);
+}
+
+TEST(SessionManager, OnlyClientsStillRefillingAreRemembered) {
+  SessionManagerConfig c = config();
+  c.max_sessions = 0;
+  c.max_sessions_per_client = 0;
+  c.kv_capacity_bytes = int64_t{1} << 40;
+  c.client_prompt_rate = 1;
+  c.client_prompt_burst = 2;
+  SessionManager m(c);
+  const TimePoint t0{};
+  // a thousand clients, one a second: each refills within two seconds, so
+  // at most two are remembered at any time (however many came before)
+  for (int i = 0; i < 1000; ++i) {
+    AdmitRequest r{"client" + std::to_string(i), "q2"};
+    r.prompt_frames = 2;
+    ASSERT_TRUE(m.admit(r, t0 + seconds(i)).ok()) << i;
+    EXPECT_LE(m.prompt_buckets(), 2) << i;
+  }
+  EXPECT_DOUBLE_EQ(m.prompt_frames_left("client999", t0 + seconds(999)), 0);
+  EXPECT_DOUBLE_EQ(m.prompt_frames_left("client998", t0 + seconds(999)), 1);
+}
+
 TEST(SessionManager, PeerAddressesLoseTheirPort) {
   EXPECT_EQ(client_of_peer("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
   EXPECT_EQ(client_of_peer("ipv6:[::1]:5555"), "ipv6:[::1]");
