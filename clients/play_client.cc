@@ -50,7 +50,13 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_s * 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!options.tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = options.tls_ca;
+  tls.pem_private_key = options.tls_key;
+  tls.pem_cert_chain = options.tls_cert;
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(tls), args);
 }
 
 int64_t now_us() {

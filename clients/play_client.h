@@ -28,6 +28,13 @@ struct ChannelOptions {
   int keepalive_timeout_s = 10;
   // a separate connection per channel (so that N benchmark sessions are N TCP connections)
   bool own_connection = false;
+  // TLS (PEM text): the CAs to trust (empty: the system's), a client
+  // certificate and key for servers that require one, and the name the
+  // server's certificate must carry (empty: the target's host)
+  bool tls = false;
+  std::string tls_ca = "";
+  std::string tls_cert = "", tls_key = "";
+  std::string tls_server_name = "";
 };
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options = {});
 // a target's port, when it ends in one (host:port, [v6]:port), is 1..65535:

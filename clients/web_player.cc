@@ -151,7 +151,7 @@ struct Player {
 
 class WebPlayer {
  public:
-  explicit WebPlayer(const WebPlayerOptions& o) : o_(o), channel_(make_channel(o.server)) {}
+  explicit WebPlayer(const WebPlayerOptions& o) : o_(o), channel_(make_channel(o.server, o.channel)) {}
 
   void handle(mg_connection* conn) {
     const mg_request_info* ri = mg_get_request_info(conn);

@@ -22,10 +22,13 @@
 
 #include <string>
 
+#include "clients/play_client.h"
+
 namespace wm::client {
 
 struct WebPlayerOptions {
   std::string server = "localhost:50051";  // wmserve
+  ChannelOptions channel;                  // how to reach it (TLS)
   std::string listen = "127.0.0.1:8080";   // host:port of the page; port 0 picks a free one
   std::string port_file;                   // {"port": P} is written here once listening
   double fps = 20;                         // the fixed rate players ask wmserve for

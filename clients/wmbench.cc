@@ -18,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "clients/play_client.h"
+#include "clients/tls_flags.h"
 #include "common/cli.h"
 #include "clients/stats.h"
 
@@ -126,8 +127,13 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  wm::client::ChannelOptions channel_options;
+  if (auto st = wm::client::apply_tls_flags(&channel_options); !st.ok()) {
+    std::fprintf(stderr, "wmbench: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
   // the server's view, polled during the run
-  auto info_channel = wm::client::make_channel(target);
+  auto info_channel = wm::client::make_channel(target, channel_options);
   auto stub = v1::WorldModel::NewStub(info_channel);
   auto server_info = [&](v1::ServerInfo* info) {
     grpc::ClientContext ctx;
@@ -163,7 +169,7 @@ int main(int argc, char** argv) {
   // players that did run on, and the rest count as errors
   for (int i = 0; i < n; ++i) {
     auto play_one = [&, i] {
-      wm::client::ChannelOptions co;
+      wm::client::ChannelOptions co = channel_options;
       co.own_connection = true;  // one connection per player, as real players have
       auto channel = wm::client::make_channel(target, co);
       wm::client::PlayConfig pc;

@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "clients/play_client.h"
+#include "clients/tls_flags.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "wmserve address host:port");
 ABSL_FLAG(std::string, service, "", "\"\": the server is live; \"wmserve.v1.admit\": it admits new sessions");
@@ -29,7 +30,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wmhealth: %s\n", std::string(st.message()).c_str());
     return 2;
   }
-  auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));
+  wm::client::ChannelOptions channel_options;
+  if (auto st = wm::client::apply_tls_flags(&channel_options); !st.ok()) {
+    std::fprintf(stderr, "wmhealth: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server), channel_options);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_s) * 1000));
   static const char* names[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/play_client.h"
 #include "clients/stats.h"
+#include "clients/tls_flags.h"
 #include "clients/web_player.h"
 #include "common/image_io.h"
 
@@ -76,12 +77,15 @@ int main(int argc, char** argv) {
   if (auto bad = wm::parse_flags_only(argc, argv)) return fail(*bad);
   if (auto st = wm::client::check_server_address(absl::GetFlag(FLAGS_server)); !st.ok())
     return fail(std::string(st.message()));
+  wm::client::ChannelOptions channel_options;
+  if (auto st = wm::client::apply_tls_flags(&channel_options); !st.ok()) return fail(std::string(st.message()));
   if (!(absl::GetFlag(FLAGS_fps) == 0 || wm::client::fps_in_range(absl::GetFlag(FLAGS_fps))))
     return fail("--fps must be 0 (per-action pacing; 20 with --web) or 0.001..1000 (the server's --max_fps may allow less)");
   if (!absl::GetFlag(FLAGS_web).empty()) {
     if (absl::GetFlag(FLAGS_headless)) return fail("--web and --headless are two ways to play: pick one");
     wm::client::WebPlayerOptions w;
     w.server = absl::GetFlag(FLAGS_server);
+    w.channel = channel_options;
     w.listen = absl::GetFlag(FLAGS_web);
     w.port_file = absl::GetFlag(FLAGS_port_file);
     w.fps = absl::GetFlag(FLAGS_fps) > 0 ? absl::GetFlag(FLAGS_fps) : 20;
@@ -99,7 +103,7 @@ int main(int argc, char** argv) {
   if (!wm::client::timeout_in_range(absl::GetFlag(FLAGS_timeout_s)))
     return fail("--timeout_s must be in (0, 604800]");
 
-  auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server));
+  auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server), channel_options);
   auto stub = v1::WorldModel::NewStub(channel);
   v1::ListModelsResponse models;
   {

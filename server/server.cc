@@ -44,7 +44,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    grpc::SslServerCredentialsOptions tls(options.tls.client_ca.empty()
+                                              ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    tls.pem_key_cert_pairs.push_back({options.tls.private_key, options.tls.cert_chain});
+    tls.pem_root_certs = options.tls.client_ca;
+    credentials = grpc::SslServerCredentials(tls);
+  }
+  builder.AddListeningPort(address, credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.service.max_request_bytes));
   // no compressed requests: gRPC inflates a message whole before it checks

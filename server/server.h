@@ -27,6 +27,14 @@ struct KeepaliveOptions {
   int min_client_ping_interval_s = 10;  // clients may ping at most this often (then GOAWAY)
 };
 
+// TLS on the gRPC port, as PEM text; no certificate: plaintext
+struct TlsOptions {
+  std::string cert_chain;  // the server's certificate, then any intermediates
+  std::string private_key;
+  std::string client_ca;   // set: every client must present a certificate this CA signed
+  bool enabled() const { return !cert_chain.empty(); }
+};
+
 struct ServerOptions {
   std::string host = "0.0.0.0";
   int port = 50051;                 // 0: any free port
@@ -36,6 +44,7 @@ struct ServerOptions {
   int max_concurrent_streams = 0;   // per connection; 0: gRPC's default
   int64_t max_send_bytes = 16 << 20;
   KeepaliveOptions keepalive;
+  TlsOptions tls;
   WorkerConfig worker;
   SessionManagerConfig sessions;    // capacity and reservations come from the engine
   ServiceConfig service;

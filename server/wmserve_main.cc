@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/tls_files.h"
 #include "common/cli.h"
 #include "common/image_io.h"
 #include "server/server.h"
@@ -31,6 +32,11 @@ ABSL_FLAG(int, port, 50051, "gRPC port (0: any free port, printed and written to
 ABSL_FLAG(std::string, metrics_host, "", "address of the Prometheus /metrics endpoint (default: --host)");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0: any free port; -1: off)");
 ABSL_FLAG(std::string, port_file, "", "write {\"port\": P, \"metrics_port\": M} here once listening");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve gRPC over TLS with it (and --tls_key); the metrics port stays plain HTTP");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: with TLS, every client must present a certificate one of them signed (mutual TLS)");
 ABSL_FLAG(std::string, device, "cpu",
           "engine device: cpu, cuda (the CUDA plugin and a GPU, or an error) or auto (cuda if possible)");
 ABSL_FLAG(bool, device_graphs, false,
@@ -221,6 +227,28 @@ int main(int argc, char** argv) {
       return fail(absl::StrCat(name, " must be 1..", wm::server::kMaxKeepaliveSeconds, " s"));
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_s);
   if (!(grace >= 0 && grace <= 3600)) return fail("--shutdown_grace_s must be 0..3600");
+  // TLS files are read and checked now: gRPC would only fail to listen, or fail every handshake
+  {
+    const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
+                      ca = absl::GetFlag(FLAGS_tls_client_ca);
+    if (cert.empty() != key.empty()) return fail("--tls_cert and --tls_key go together");
+    if (!ca.empty() && cert.empty()) return fail("--tls_client_ca needs --tls_cert and --tls_key");
+    if (!cert.empty()) {
+      auto chain = wm::read_certificates(cert, "--tls_cert");
+      if (!chain.ok()) return fail(std::string(chain.status().message()));
+      auto pkey = wm::read_private_key(key, "--tls_key");
+      if (!pkey.ok()) return fail(std::string(pkey.status().message()));
+      if (auto st = wm::check_key_matches(*chain, *pkey, "--tls_cert", "--tls_key"); !st.ok())
+        return fail(std::string(st.message()));
+      o.tls.cert_chain = std::move(*chain);
+      o.tls.private_key = std::move(*pkey);
+      if (!ca.empty()) {
+        auto cas = wm::read_certificates(ca, "--tls_client_ca");
+        if (!cas.ok()) return fail(std::string(cas.status().message()));
+        o.tls.client_ca = std::move(*cas);
+      }
+    }
+  }
   // converted only once in range: a double beyond int64 nanoseconds does not convert
   o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);
   o.sessions.idle_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_idle_ttl_s));
@@ -235,7 +263,8 @@ int main(int argc, char** argv) {
               m.config.height, m.config.frames_per_block, m.device.c_str(), m.default_format.c_str(),
               static_cast<long long>(m.kv_capacity_bytes));
   if (!m.device_note.empty()) std::printf("wmserve: device: %s\n", m.device_note.c_str());
-  std::printf("wmserve: listening on %s:%d", o.host.c_str(), (*server)->port());
+  std::printf("wmserve: listening on %s:%d%s", o.host.c_str(), (*server)->port(),
+              o.tls.enabled() ? (o.tls.client_ca.empty() ? " (TLS)" : " (TLS, client certificates required)") : "");
   if ((*server)->metrics_port() >= 0)
     std::printf(", metrics on http://%s:%d/metrics", o.metrics_host.c_str(), (*server)->metrics_port());
   std::printf("\n");

@@ -52,10 +52,16 @@ def main():
     ap.add_argument("--frames", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
+    ap.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's CAs")
+    ap.add_argument("--tls_ca", default="", help="PEM CA certificates to trust instead (implies --tls)")
     args = ap.parse_args()
     pb2, pb2_grpc = load_stubs()
 
-    channel = grpc.insecure_channel(args.server)
+    if args.tls or args.tls_ca:
+        ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
+        channel = grpc.secure_channel(args.server, grpc.ssl_channel_credentials(root_certificates=ca))
+    else:
+        channel = grpc.insecure_channel(args.server)
     stub = pb2_grpc.WorldModelStub(channel)
     print("health: live", health(channel, ""), "admit", health(channel, "wmserve.v1.admit"))
     info = stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=5)

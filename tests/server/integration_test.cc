@@ -755,6 +755,135 @@ TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
   EXPECT_TRUE(a.finish().ok());
 }
 
+// a test CA, a certificate for 127.0.0.1 and localhost signed by it, a
+// client certificate, an expired one, and a second CA that signed nothing of
+// these, made by the openssl tool in a fresh directory
+std::string make_test_pki() {
+  const std::string dir = testing::fresh_dir("pki");
+  const char* script = R"(set -e
+cd "$1"
+o() { openssl "$@" 2>>openssl.log; }
+key() { o req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "$@"; }
+key -x509 -days 2 -subj /CN=wmserve-test-ca -keyout ca.key -out ca.pem
+key -x509 -days 2 -subj /CN=other-ca -keyout other_ca.key -out other_ca.pem
+key -subj /CN=localhost -keyout server.key -out server.csr
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > san.ext
+o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out server.pem
+o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days -1 -extfile san.ext -out expired.pem
+key -subj /CN=player -keyout client.key -out client.csr
+o x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem
+key -subj /CN=stranger -keyout stranger.key -out stranger.csr
+o x509 -req -in stranger.csr -CA other_ca.pem -CAkey other_ca.key -CAcreateserial -days 2 -out stranger.pem
+)";
+  std::string log;
+  const int rc = testing::run_program({"/bin/sh", "-c", script, "sh", dir}, &log);
+  EXPECT_EQ(rc, 0) << "openssl (tools/install-deps.sh installs it) failed:\n" << log;
+  return rc == 0 ? dir : "";
+}
+
+std::string file_text(const std::string& path) { return *read_file(path); }
+
+TEST(ServerIntegration, TlsServesOnlyClientsThatTrustItAndMutualTlsOnlyKnownClients) {
+  const std::string pki = make_test_pki();
+  ASSERT_FALSE(pki.empty());
+  auto server = ServerProcess::start(tiny_model(), {"--tls_cert=" + pki + "/server.pem", "--tls_key=" + pki + "/server.key"});
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(absl::StrContains(server->log(), "(TLS)")) << server->log();
+  client::ChannelOptions tls;
+  tls.tls = true;
+  tls.tls_ca = file_text(pki + "/ca.pem");
+  tls.own_connection = true;
+  // a whole session over TLS
+  PlayResult r = client::play(client::make_channel(server->target(), tls), per_action(1, script_actions()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.frames.size(), script_actions().size());
+  // a plaintext client, a client that trusts another CA, and one that expects another name get no answer
+  client::ChannelOptions other = tls;
+  other.tls_ca = file_text(pki + "/other_ca.pem");
+  client::ChannelOptions wrong_name = tls;
+  wrong_name.tls_server_name = "wmserve.example";
+  client::ChannelOptions plain;
+  plain.own_connection = true;
+  for (const auto& co : {plain, other, wrong_name}) {
+    const auto h = client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(5));
+    EXPECT_EQ(h.status.error_code(), grpc::StatusCode::UNAVAILABLE) << h.status.error_message();
+  }
+  EXPECT_TRUE(client::health_check(client::make_channel(server->target(), tls), "").serving());
+  // the clients' flags reach the same server
+  std::string log;
+  EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=" + server->target(), "--tls_ca=" + pki + "/ca.pem"}, &log), 0)
+      << log;
+  EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=localhost:" + std::to_string(server->port()),
+                                  "--tls_ca=" + pki + "/ca.pem", "--wait_s=0"},
+                                 &log),
+            0)
+      << log;
+  EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=" + server->target(), "--wait_s=0"}, &log), 1) << log;
+
+  // mutual TLS: only a client with a certificate the CA signed gets in
+  auto mutual = ServerProcess::start(tiny_model(), {"--tls_cert=" + pki + "/server.pem", "--tls_key=" + pki +
+                                                    "/server.key", "--tls_client_ca=" + pki + "/ca.pem"});
+  ASSERT_NE(mutual, nullptr);
+  EXPECT_TRUE(absl::StrContains(mutual->log(), "(TLS, client certificates required)")) << mutual->log();
+  client::ChannelOptions known = tls, stranger = tls;
+  known.tls_cert = file_text(pki + "/client.pem");
+  known.tls_key = file_text(pki + "/client.key");
+  stranger.tls_cert = file_text(pki + "/stranger.pem");
+  stranger.tls_key = file_text(pki + "/stranger.key");
+  for (const auto& co : {tls, stranger}) {
+    const auto h = client::health_check(client::make_channel(mutual->target(), co), "", std::chrono::seconds(5));
+    EXPECT_EQ(h.status.error_code(), grpc::StatusCode::UNAVAILABLE) << h.status.error_message();
+  }
+  r = client::play(client::make_channel(mutual->target(), known), per_action(2, script_actions()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.frames.size(), script_actions().size());
+  EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=" + mutual->target(), "--tls_ca=" + pki + "/ca.pem",
+                                  "--tls_cert=" + pki + "/client.pem", "--tls_key=" + pki + "/client.key"},
+                                 &log),
+            0)
+      << log;
+}
+
+TEST(ServerIntegration, BadTlsFilesStopTheServerAndTheClientsWithAMessage) {
+  const std::string pki = make_test_pki();
+  ASSERT_FALSE(pki.empty());
+  const std::string cert = "--tls_cert=" + pki + "/server.pem", key = "--tls_key=" + pki + "/server.key";
+  for (const auto& [flags, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{cert}, "--tls_cert and --tls_key go together"},
+           {{"--tls_client_ca=" + pki + "/ca.pem"}, "--tls_client_ca needs --tls_cert and --tls_key"},
+           {{"--tls_cert=" + pki + "/nope.pem", key}, "nope.pem: No such file"},
+           {{"--tls_cert=" + pki + "/server.key", key}, "holds no certificate"},
+           {{cert, "--tls_key=" + pki + "/server.pem"}, "holds no private key"},
+           {{cert, "--tls_key=" + pki + "/client.key"}, "--tls_key is not the private key of --tls_cert"},
+           {{"--tls_cert=" + pki + "/expired.pem", key}, "certificate 1 has expired"},
+           {{cert, key, "--tls_client_ca=" + pki + "/san.ext"}, "not a PEM file"}}) {
+    std::vector<std::string> argv = {WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
+                                     "--metrics_port=-1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::string log;
+    EXPECT_EQ(testing::run_program(argv, &log), 1) << flags.back() << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, says)) << flags.back() << ":\n" << log;
+  }
+  // the clients check theirs before they connect (no server listens on port 9)
+  for (const auto& [flags, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--tls_ca=" + pki + "/server.key"}, "--tls_ca"},
+           {{"--tls_cert=" + pki + "/client.pem"}, "--tls_cert and --tls_key go together"},
+           {{"--tls_cert=" + pki + "/client.pem", "--tls_key=" + pki + "/server.key"}, "is not the private key"}}) {
+    for (const char* bin : {WMHEALTH_BIN, WMBENCH_BIN}) {
+      std::vector<std::string> argv = {bin, "--server=127.0.0.1:9"};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      std::string log;
+      EXPECT_EQ(testing::run_program(argv, &log), 2) << bin << " " << flags.back() << ":\n" << log;
+      EXPECT_TRUE(absl::StrContains(log, says)) << bin << " " << flags.back() << ":\n" << log;
+    }
+    std::vector<std::string> argv = {WMPLAY_BIN, "--server=127.0.0.1:9", "--headless"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::string log;
+    EXPECT_EQ(testing::run_program(argv, &log), 1) << flags.back() << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, says)) << flags.back() << ":\n" << log;
+  }
+}
+
 TEST(ServerIntegration, IdleSessionsExpireAndFreeTheirCache) {
   auto server = ServerProcess::start(tiny_model(), {"--idle_ttl_s=0.5"});
   ASSERT_NE(server, nullptr);

@@ -18,3 +18,24 @@ $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 8 --ou
 ls "$dir/frames" | grep -c jpg | grep -qx 8
 kill -TERM $pid
 wait $pid
+
+# and over TLS, with a certificate for 127.0.0.1 from a CA made here
+command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; exit 0; }
+(
+  cd "$dir"
+  o() { openssl "$@" 2>>openssl.log; }
+  o req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem
+  o req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost -keyout server.key -out server.csr
+  printf 'subjectAltName=IP:127.0.0.1\n' > san.ext
+  o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out server.pem
+)
+rm -f "$dir/ports.json"
+"$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
+  --threads 1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" > "$dir/server_tls.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
+port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+$py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 4 --out "$dir/frames_tls" --tls_ca "$dir/ca.pem"
+ls "$dir/frames_tls" | grep -c jpg | grep -qx 4
+kill -TERM $pid
+wait $pid

@@ -1,0 +1,23 @@
+// TLS certificates and keys read from PEM files and checked with OpenSSL
+// before gRPC sees them: gRPC reports a bad certificate or a key that does
+// not match only as a failed listen or a failed handshake, with no reason
+// the user can act on. Used by wmserve's and the clients' --tls_* flags.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace wm {
+
+// the certificates of a PEM file (a chain, or a CA bundle): at least one,
+// every one parses, none has expired; `flag` names the file in messages
+absl::StatusOr<std::string> read_certificates(const std::string& path, absl::string_view flag);
+// a PEM private key that parses
+absl::StatusOr<std::string> read_private_key(const std::string& path, absl::string_view flag);
+// whether the key is the private key of the chain's first certificate
+absl::Status check_key_matches(const std::string& cert_chain_pem, const std::string& key_pem,
+                               absl::string_view cert_flag, absl::string_view key_flag);
+
+}  // namespace wm
