@@ -1,7 +1,7 @@
 // One session's paged KV cache, as bookkeeping: which frame sits in which
 // frame slot, which pool pages each (layer, head) owns, and what an append
-// must write where. Pure host code (the device cache in kv_cache_device.cc
-// adds the pool memory and the kernels); kv_layout.h defines the page layout.
+// must write where. Pure host code (DeviceKvCache in cuda_backend.h adds
+// the pool memory, the kernels write it); kv_layout.h defines the page layout.
 //
 // Slots: sink frames 0..S-1 take slots 0..S-1 for ever; frame f >= S takes
 // slot S + (f - S) mod W, overwriting the frame that left the window. Frames
