@@ -349,7 +349,10 @@ void EngineWorker::do_open(SessionManager::Key key) {
     cv_.notify_all();
   }
   if (metrics() != nullptr) metrics()->sessions_started->Increment();
-  s->send_started(started_message(*s));
+  v1::Started started = started_message(*s);
+  if (SessionLog* log = session_log_.load(std::memory_order_acquire); log != nullptr)
+    log->started(*s, started.kv_reserved_bytes());
+  s->send_started(std::move(started));
 }
 
 v1::Started EngineWorker::started_message(const ServerSession& s) const {

@@ -32,6 +32,7 @@
 #include "server/pacing.h"
 #include "server/served_model.h"
 #include "server/session.h"
+#include "server/session_log.h"
 
 namespace wm::server {
 
@@ -58,6 +59,8 @@ class EngineWorker {
   // sets where metrics go (before any session opens; the engine thread is
   // already running and publishes gauges once it is set)
   void set_metrics(Metrics* metrics) { metrics_.store(metrics, std::memory_order_release); }
+  // where opened sessions are logged (before any session opens; may be null)
+  void set_session_log(SessionLog* log) { session_log_.store(log, std::memory_order_release); }
 
   // a session admitted by the session manager; Started is sent once the
   // engine has opened it (or the stream finishes with the engine's error)
@@ -132,6 +135,7 @@ class EngineWorker {
   ClosedFn on_closed_;
   Metrics* metrics() const { return metrics_.load(std::memory_order_acquire); }
   std::atomic<Metrics*> metrics_{nullptr};
+  std::atomic<SessionLog*> session_log_{nullptr};
   std::unique_ptr<Engine> engine_;   // engine thread only
   ServedModel model_;                // fixed after start()
   std::thread thread_;

@@ -21,6 +21,11 @@ constexpr int kMetricsRequestTimeoutMs = 3000;
 absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   std::unique_ptr<Server> s(new Server());
   s->options_ = options;
+  if (!options.session_log.empty()) {
+    auto log = SessionLog::open(options.session_log);
+    if (!log.ok()) return log.status();
+    s->session_log_ = std::move(*log);
+  }
   s->encoder_ = std::make_unique<EncoderPool>(options.encoder_threads);
   Server* self = s.get();
   s->worker_ = std::make_unique<EngineWorker>(
@@ -32,13 +37,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   s->model_ = std::move(*model);
   s->metrics_ = std::make_unique<Metrics>(s->model_, options.service.version);
   s->worker_->set_metrics(s->metrics_.get());
+  s->worker_->set_session_log(s->session_log_.get());
 
   SessionManagerConfig sm = options.sessions;
   sm.kv_capacity_bytes = s->model_.kv_capacity_bytes;
   sm.reservation_bytes = s->model_.reservation_bytes;
   sm.audit_bytes = s->model_.audit_bytes;
   s->service_ = std::make_unique<PlayService>(options.service, s->model_, sm, s->worker_.get(), s->encoder_.get(),
-                                              s->metrics_.get());
+                                              s->metrics_.get(), s->session_log_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -106,11 +112,13 @@ void Server::shutdown(Duration cancel_after) {
   if (service_ != nullptr) service_->begin_drain(0);
   // every stream ends now; Shutdown waits for them and cancels the ones that
   // cannot finish (a client that stopped reading) after the deadline
-  worker_->close_all(absl::UnavailableError("the server is shutting down; start a new session elsewhere"),
-                     EndReason::kShutdown);
+  // (a start that failed early has no worker or encoders yet)
+  if (worker_ != nullptr)
+    worker_->close_all(absl::UnavailableError("the server is shutting down; start a new session elsewhere"),
+                       EndReason::kShutdown);
   if (grpc_ != nullptr) grpc_->Shutdown(std::chrono::system_clock::now() + cancel_after);
-  worker_->stop();
-  encoder_->stop();
+  if (worker_ != nullptr) worker_->stop();
+  if (encoder_ != nullptr) encoder_->stop();
   exposer_.reset();
 }
 

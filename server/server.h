@@ -15,6 +15,7 @@
 #include "server/engine_worker.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/session_log.h"
 
 namespace wm::server {
 
@@ -45,6 +46,7 @@ struct ServerOptions {
   int64_t max_send_bytes = 16 << 20;
   KeepaliveOptions keepalive;
   TlsOptions tls;
+  std::string session_log;          // SessionLog::open's argument; "": no session log
   WorkerConfig worker;
   SessionManagerConfig sessions;    // capacity and reservations come from the engine
   ServiceConfig service;
@@ -73,6 +75,7 @@ class Server {
 
   ServerOptions options_;
   ServedModel model_;
+  std::unique_ptr<SessionLog> session_log_;  // outlives the worker and the service that write it
   std::unique_ptr<EncoderPool> encoder_;
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<Metrics> metrics_;

@@ -213,6 +213,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       finish_once(absl::CancelledError("cancelled"));
       return false;
     }
+    if (SessionLog* log = service_->session_log(); log != nullptr) log->resumed(**s, client_);
     service_->worker().activate(*s);
     return true;
   }
@@ -315,12 +316,13 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 }  // namespace
 
 PlayService::PlayService(ServiceConfig config, const ServedModel& model, SessionManagerConfig manager,
-                         EngineWorker* worker, EncoderPool* encoder, Metrics* metrics)
+                         EngineWorker* worker, EncoderPool* encoder, Metrics* metrics, SessionLog* session_log)
     : config_(std::move(config)),
       model_(model),
       worker_(worker),
       encoder_(encoder),
       metrics_(metrics),
+      session_log_(session_log),
       manager_(std::move(manager)) {
   std::random_device rd;
   id_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -389,6 +391,7 @@ void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, c
       metrics_->sessions_parked->Set(manager_.parked());
     }
   }
+  if (parked && session_log_ != nullptr) session_log_->parked(*session);
   if (!parked) worker_->close_stream(*session, status, reason);
 }
 
@@ -458,7 +461,9 @@ void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& sessio
   if (!opened) return;
   metrics_->sessions_ended(reason).Increment();
   if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
-  metrics_->session_duration->Observe(to_seconds(Clock::now() - session->started()));
+  const double seconds = to_seconds(Clock::now() - session->started());
+  metrics_->session_duration->Observe(seconds);
+  if (session_log_ != nullptr) session_log_->ended(*session, reason, seconds);
 }
 
 std::shared_ptr<PendingStart> PlayService::await_start(TimePoint now,

@@ -27,6 +27,7 @@
 #include "server/metrics.h"
 #include "server/play_protocol.h"
 #include "server/served_model.h"
+#include "server/session_log.h"
 #include "server/session_manager.h"
 #include "wmserve/v1/wmserve.grpc.pb.h"
 
@@ -63,7 +64,7 @@ using RawWorldModelService = wmserve::v1::WorldModel::WithRawCallbackMethod_Play
 class PlayService final : public RawWorldModelService {
  public:
   PlayService(ServiceConfig config, const ServedModel& model, SessionManagerConfig manager, EngineWorker* worker,
-              EncoderPool* encoder, Metrics* metrics);
+              EncoderPool* encoder, Metrics* metrics, SessionLog* session_log = nullptr);
 
   // the gRPC server's health service, once it is built
   void set_health(grpc::HealthCheckServiceInterface* health);
@@ -99,6 +100,7 @@ class PlayService final : public RawWorldModelService {
   const ServiceConfig& config() const { return config_; }
   EngineWorker& worker() { return *worker_; }
   Metrics& metrics() { return *metrics_; }
+  SessionLog* session_log() { return session_log_; }  // null: none
   EncoderPool& encoder() { return *encoder_; }
   // admits a session and gives it a fresh resume token (*token); *audit:
   // in, whether the Start asked for an audit; out, whether the session is
@@ -123,6 +125,7 @@ class PlayService final : public RawWorldModelService {
   EngineWorker* const worker_;
   EncoderPool* const encoder_;
   Metrics* const metrics_;
+  SessionLog* const session_log_;
 
   mutable std::mutex mu_;
   SessionManager manager_;

@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: with TLS, every client must present a certificate one of them signed (mutual TLS)");
+ABSL_FLAG(std::string, session_log, "-",
+          "one JSON line per session start, park, resume and end: - (standard output), a file to append to, or "
+          "off");
 ABSL_FLAG(std::string, device, "cpu",
           "engine device: cpu, cuda (the CUDA plugin and a GPU, or an error) or auto (cuda if possible)");
 ABSL_FLAG(bool, device_graphs, false,
@@ -157,6 +160,8 @@ int main(int argc, char** argv) {
   o.keepalive.time_s = absl::GetFlag(FLAGS_keepalive_time_s);
   o.keepalive.timeout_s = absl::GetFlag(FLAGS_keepalive_timeout_s);
   o.keepalive.min_client_ping_interval_s = absl::GetFlag(FLAGS_min_client_ping_interval_s);
+  o.session_log = absl::GetFlag(FLAGS_session_log) == "off" ? "" : absl::GetFlag(FLAGS_session_log);
+  if (absl::GetFlag(FLAGS_session_log).empty()) return fail("--session_log: give -, a file, or off");
   o.worker.engine.model_dir = model;
   o.worker.engine.device = absl::GetFlag(FLAGS_device);
   o.worker.engine.device_graphs = absl::GetFlag(FLAGS_device_graphs);

@@ -12,9 +12,11 @@
 #include <fstream>
 #include <future>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -930,7 +932,9 @@ bool next_frame(client::PlayStream& s, v1::Frame* frame) {
 }
 
 TEST(ServerIntegration, AResumedSessionContinuesExactlyWhereItsBrokenStreamStopped) {
-  auto server = ServerProcess::start(tiny_model());  // --park_ttl_s 30 by default
+  const std::string session_log = testing::fresh_dir("resume_log") + "/sessions.jsonl";
+  // --park_ttl_s 30 by default
+  auto server = ServerProcess::start(tiny_model(), {"--session_log=" + session_log});
   ASSERT_NE(server, nullptr);
   auto ch = channel(*server);
   const auto actions = script_actions();
@@ -1015,6 +1019,30 @@ TEST(ServerIntegration, AResumedSessionContinuesExactlyWhereItsBrokenStreamStopp
   EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"client_closed\"}"), 2);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_attached\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_not_found\"}"), 1);
+
+  // the session log: one line per event, refusals not among them
+  std::vector<nlohmann::json> lines;
+  std::istringstream text(*read_file(session_log));
+  for (std::string line; std::getline(text, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 6u) << *read_file(session_log);
+  const std::string whole_id = whole.started.session_id(), id = started.session_id();
+  const std::pair<std::string, std::string> expected[] = {{"start", whole_id}, {"end", whole_id}, {"start", id},
+                                                          {"park", id},        {"resume", id},    {"end", id}};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["event"], expected[i].first) << lines[i];
+    EXPECT_EQ(lines[i]["session"], expected[i].second) << lines[i];
+    EXPECT_EQ(lines[i]["client"], "ipv4:127.0.0.1") << lines[i];
+    EXPECT_EQ(lines[i]["time"].get<std::string>().size(), 24u) << lines[i];  // 2026-12-01T12:00:00.000Z
+  }
+  EXPECT_EQ(lines[2]["seed"], 7);
+  EXPECT_EQ(lines[2]["format"], "fp16");
+  EXPECT_EQ(lines[2]["pacing"], "per_action");
+  EXPECT_EQ(lines[2]["kv_reserved_bytes"], started.kv_reserved_bytes());
+  EXPECT_EQ(lines[1]["reason"], "client_closed");
+  EXPECT_EQ(lines[1]["frames_sent"], actions.size());
+  EXPECT_EQ(lines[5]["reason"], "client_closed");
+  EXPECT_EQ(lines[5]["frames_sent"], actions.size() - n) << "the frames of its last stream";
+  EXPECT_GT(lines[5]["seconds"].get<double>(), 0);
 }
 
 TEST(ServerIntegration, ParkedSessionsExpireAndFreeTheirCache) {
@@ -1198,6 +1226,8 @@ TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
            {"--min_client_ping_interval_s=3000000", "--min_client_ping_interval_s"},
            {"--client_prompt_rate=nan", "--client_prompt_rate"}, {"--client_prompt_rate=-1", "--client_prompt_rate"},
            {"--client_prompt_burst=0", "--client_prompt_burst"},
+           {"--session_log=/nonexistent-dir/sessions.jsonl", "cannot open for appending"},
+           {"--session_log=", "--session_log: give -, a file, or off"},
            // a 16-frame Start could never be paid for
            {"--client_prompt_burst=15", "is below --max_prompt_frames 16"},
            {"stray_word", "unexpected argument 'stray_word'"}}) {
