@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace wm::client {
 
@@ -43,6 +44,36 @@ absl::Status check_server_address(const std::string& target) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// adds the authorization metadata to every call of a channel (call
+// credentials would do it on TLS channels only)
+class BearerToken final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerToken(const std::string* value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA))
+      methods->GetSendInitialMetadata()->insert({"authorization", *value_});
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* value_;  // the factory's, which the channel keeps
+};
+
+class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(const std::string& token) : value_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerToken(&value_);
+  }
+
+ private:
+  const std::string value_;
+};
+
+}  // namespace
+
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_receive_bytes);
@@ -50,13 +81,19 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_s * 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  if (!options.tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  grpc::SslCredentialsOptions tls;
-  tls.pem_root_certs = options.tls_ca;
-  tls.pem_private_key = options.tls_key;
-  tls.pem_cert_chain = options.tls_cert;
-  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
-  return grpc::CreateCustomChannel(target, grpc::SslCredentials(tls), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options.tls_ca;
+    tls.pem_private_key = options.tls_key;
+    tls.pem_cert_chain = options.tls_cert;
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+    credentials = grpc::SslCredentials(tls);
+  }
+  if (options.auth_token.empty()) return grpc::CreateCustomChannel(target, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BearerTokenFactory>(options.auth_token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args, std::move(interceptors));
 }
 
 int64_t now_us() {

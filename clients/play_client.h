@@ -35,6 +35,8 @@ struct ChannelOptions {
   std::string tls_ca = "";
   std::string tls_cert = "", tls_key = "";
   std::string tls_server_name = "";
+  // API token: sent as 'authorization: Bearer TOKEN' with every call ("": none)
+  std::string auth_token = "";
 };
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const ChannelOptions& options = {});
 // a target's port, when it ends in one (host:port, [v6]:port), is 1..65535:

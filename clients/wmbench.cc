@@ -18,7 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "clients/play_client.h"
-#include "clients/tls_flags.h"
+#include "clients/connection_flags.h"
 #include "common/cli.h"
 #include "clients/stats.h"
 
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   }
 
   wm::client::ChannelOptions channel_options;
-  if (auto st = wm::client::apply_tls_flags(&channel_options); !st.ok()) {
+  if (auto st = wm::client::apply_connection_flags(&channel_options); !st.ok()) {
     std::fprintf(stderr, "wmbench: %s\n", std::string(st.message()).c_str());
     return 2;
   }

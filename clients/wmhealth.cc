@@ -9,7 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "clients/play_client.h"
-#include "clients/tls_flags.h"
+#include "clients/connection_flags.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "wmserve address host:port");
 ABSL_FLAG(std::string, service, "", "\"\": the server is live; \"wmserve.v1.admit\": it admits new sessions");
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   wm::client::ChannelOptions channel_options;
-  if (auto st = wm::client::apply_tls_flags(&channel_options); !st.ok()) {
+  if (auto st = wm::client::apply_connection_flags(&channel_options); !st.ok()) {
     std::fprintf(stderr, "wmhealth: %s\n", std::string(st.message()).c_str());
     return 2;
   }

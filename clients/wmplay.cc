@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/play_client.h"
 #include "clients/stats.h"
-#include "clients/tls_flags.h"
+#include "clients/connection_flags.h"
 #include "clients/web_player.h"
 #include "common/image_io.h"
 
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   if (auto st = wm::client::check_server_address(absl::GetFlag(FLAGS_server)); !st.ok())
     return fail(std::string(st.message()));
   wm::client::ChannelOptions channel_options;
-  if (auto st = wm::client::apply_tls_flags(&channel_options); !st.ok()) return fail(std::string(st.message()));
+  if (auto st = wm::client::apply_connection_flags(&channel_options); !st.ok()) return fail(std::string(st.message()));
   if (!(absl::GetFlag(FLAGS_fps) == 0 || wm::client::fps_in_range(absl::GetFlag(FLAGS_fps))))
     return fail("--fps must be 0 (per-action pacing; 20 with --web) or 0.001..1000 (the server's --max_fps may allow less)");
   if (!absl::GetFlag(FLAGS_web).empty()) {

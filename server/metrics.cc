@@ -93,7 +93,7 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
     ended_[e] = &ended.Add({{"reason", std::string(end_reason_label(e))}});
   auto& rejected =
       pm::BuildCounter().Name("wm_sessions_rejected_total").Help("Play streams refused at Start, by reason").Register(r);
-  for (const char* reason : {"draining", "kv_budget", "max_sessions", "client_cap", "unknown_format", "prompt_rate",
+  for (const char* reason : {"draining", "kv_budget", "max_sessions", "client_cap", "unknown_format", "prompt_rate", "unauthenticated",
                              "unknown_model", "invalid_start", "unimplemented", "engine", "resume_not_found",
                              "resume_attached", "resume_draining", "start_timeout"})
     rejected_[reason] = &rejected.Add({{"reason", reason}});

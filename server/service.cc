@@ -52,6 +52,14 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
  public:
   PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), client_(client_of_peer(context->peer())) {
+    auto user = service_->authenticate(*context);
+    if (!user.ok()) {
+      reject("unauthenticated", user.status());
+      return;
+    }
+    user_ = *user;
+    // the per-client caps and the prompt ration count per user when there are tokens
+    identity_ = user_.empty() ? client_ : "user:" + user_;
     pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { finish_once(s); });
     StartRead(&read_);
   }
@@ -192,7 +200,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   // a Start with a resume token: every other field is ignored
   bool handle_resume(const v1::Start& start, TimePoint now) {
-    auto s = service_->resume(start.resume_token(), this, now);
+    // with tokens, only the user who started a session resumes it
+    auto s = service_->resume(start.resume_token(), this, now, user_.empty() ? "" : identity_);
     if (!s.ok()) {
       finish_once(s.status());  // resume() counted the rejection
       return false;
@@ -224,7 +233,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     // a client past its prompt frames is refused before its JPEGs are
     // decoded (admit checks again, with the model's own prompt counted)
     if (const int n = start.prompt_jpeg_size(); n > 0 && n <= service_->config().limits.max_prompt_frames) {
-      if (absl::Status st = service_->check_prompt_frames(client_, n, now); !st.ok()) {
+      if (absl::Status st = service_->check_prompt_frames(identity_, n, now); !st.ok()) {
         reject("prompt_rate", st);
         return false;
       }
@@ -241,7 +250,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     }
     std::string token;
     const int prompt_frames = static_cast<int>(params->prompt.size());
-    auto key = service_->admit(client_, params->cache_format, prompt_frames, &params->audit, now, &token);
+    auto key = service_->admit(identity_, params->cache_format, prompt_frames, &params->audit, now, &token);
     if (!key.ok()) {
       finish_once(key.status());  // admit() counted the rejection
       return false;
@@ -250,6 +259,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     setup.id = service_->new_session_id();
     setup.key = *key;
     setup.client = client_;
+    setup.user = user_;
     setup.params = std::move(*params);
     setup.resume_token = std::move(token);
     setup.started = now;
@@ -303,6 +313,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   PlayService* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string client_;
+  std::string user_;       // the API token's name, "" without tokens
+  std::string identity_;   // what the per-client caps count: the user, or else the address
   grpc::ByteBuffer read_;     // the message being read
   v1::PlayRequest request_;  // ... parsed
   grpc::ByteBuffer write_;    // the message being written
@@ -395,10 +407,18 @@ void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, c
   if (!parked) worker_->close_stream(*session, status, reason);
 }
 
+absl::StatusOr<std::string> PlayService::authenticate(const grpc::CallbackServerContext& context) const {
+  if (config_.tokens == nullptr) return std::string();
+  const auto& md = context.client_metadata();
+  auto it = md.find("authorization");
+  return config_.tokens->identify(it == md.end() ? absl::string_view()
+                                                  : absl::string_view(it->second.data(), it->second.size()));
+}
+
 absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_view token, StreamWriter* writer,
-                                                                   TimePoint now) {
+                                                                   TimePoint now, absl::string_view only_client) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto key = manager_.unpark(token, now);
+  auto key = manager_.unpark(token, now, only_client);
   if (!key.ok()) {
     metrics_->sessions_rejected(absl::IsAlreadyExists(key.status()) ? "resume_attached"
                                 : absl::IsUnavailable(key.status()) ? "resume_draining"
@@ -559,6 +579,10 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PlayService::Play(g
 grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  if (auto user = authenticate(*context); !user.ok()) {
+    reactor->Finish(to_grpc(user.status()));
+    return reactor;
+  }
   v1::ListModelsRequest req;
   if (!parse_unary(request, &req, reactor)) return reactor;
   v1::ListModelsResponse msg;
@@ -570,6 +594,10 @@ grpc::ServerUnaryReactor* PlayService::ListModels(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  if (auto user = authenticate(*context); !user.ok()) {
+    reactor->Finish(to_grpc(user.status()));
+    return reactor;
+  }
   v1::GetServerInfoRequest req;
   if (!parse_unary(request, &req, reactor)) return reactor;
   v1::ServerInfo info;

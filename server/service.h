@@ -23,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/encoder_pool.h"
+#include "server/auth.h"
 #include "server/engine_worker.h"
 #include "server/metrics.h"
 #include "server/play_protocol.h"
@@ -45,6 +46,8 @@ struct ServiceConfig {
   double audit_fraction = 0.0;
   // a Play stream that sends no Start within this is ended (DEADLINE_EXCEEDED); zero: never
   Duration start_timeout = std::chrono::seconds(10);
+  // API tokens: set, every call but the health checks needs one
+  std::shared_ptr<const TokenTable> tokens;
 };
 
 // A Play stream still waiting for its Start: sweep_idle ends it past its
@@ -87,7 +90,12 @@ class PlayService final : public RawWorldModelService {
   void park_or_close(const std::shared_ptr<ServerSession>& session, const absl::Status& status, EndReason reason);
   // a new stream for the parked session of `token` (counted as a rejection
   // on failure); the caller records it, then calls worker().activate()
-  absl::StatusOr<std::shared_ptr<ServerSession>> resume(absl::string_view token, StreamWriter* writer, TimePoint now);
+  // only_client: as SessionManager::unpark
+  absl::StatusOr<std::shared_ptr<ServerSession>> resume(absl::string_view token, StreamWriter* writer, TimePoint now,
+                                                        absl::string_view only_client = "");
+  // the caller's API token name ("" when the server has no tokens);
+  // UNAUTHENTICATED without a known token
+  absl::StatusOr<std::string> authenticate(const grpc::CallbackServerContext& context) const;
   // refuse new sessions from now on (UNAVAILABLE), health NOT_SERVING, tell
   // every open session (Event SERVER_DRAINING)
   void begin_drain(double grace_seconds);

@@ -64,6 +64,7 @@ struct SessionSetup {
   std::string id;                // public session id
   SessionManager::Key key = 0;   // server-internal key
   std::string client;            // peer address without port
+  std::string user;              // the API token's name ("" without --auth_tokens)
   StartParams params;
   std::string resume_token;      // "" = not resumable
   TimePoint started;             // when Start arrived

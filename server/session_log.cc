@@ -20,6 +20,7 @@ nlohmann::ordered_json event(absl::string_view name, const ServerSession& s) {
   j["event"] = std::string(name);
   j["session"] = s.id();
   j["client"] = s.client();
+  if (!s.setup().user.empty()) j["user"] = s.setup().user;
   return j;
 }
 

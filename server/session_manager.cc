@@ -179,10 +179,13 @@ bool SessionManager::park(Key key, TimePoint now) {
   return true;
 }
 
-absl::StatusOr<SessionManager::Key> SessionManager::unpark(absl::string_view token, TimePoint now) {
+absl::StatusOr<SessionManager::Key> SessionManager::unpark(absl::string_view token, TimePoint now,
+                                                           absl::string_view only_client) {
   if (draining_)
     return absl::UnavailableError("the server is shutting down and resumes no sessions; start a new one elsewhere");
   auto t = token.empty() ? tokens_.end() : tokens_.find(token);
+  // another client's session answers as an unknown token: it says nothing about it
+  if (t != tokens_.end() && !only_client.empty() && sessions_.at(t->second).client != only_client) t = tokens_.end();
   if (t == tokens_.end())
     return absl::NotFoundError(
         "unknown or expired resume token: the session ended, its park TTL (--park_ttl_s) ran out, or it belongs to "

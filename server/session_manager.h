@@ -79,8 +79,9 @@ class SessionManager {
   // the parked session of a resume token, attached again (its idle clock
   // restarts at `now`): NOT_FOUND for an unknown or expired token,
   // ALREADY_EXISTS when its session is attached to a live stream,
-  // UNAVAILABLE while draining
-  absl::StatusOr<Key> unpark(absl::string_view token, TimePoint now);
+  // UNAVAILABLE while draining. With only_client set, a session admitted for
+  // another client answers NOT_FOUND too (with API tokens: another user's)
+  absl::StatusOr<Key> unpark(absl::string_view token, TimePoint now, absl::string_view only_client = "");
   // sessions parked for at least park_ttl, oldest first; their tokens stop
   // working at once, and they stay held until released
   std::vector<Key> take_park_expired(TimePoint now);

@@ -1,6 +1,7 @@
 // wmserve: the inference server. `wmserve --help` lists the flags;
 // docs/API.md describes the API, docs/ARCHITECTURE.md how it runs.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,9 +17,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/tls_files.h"
 #include "common/cli.h"
 #include "common/image_io.h"
+#include "common/tls_files.h"
+#include "server/auth.h"
 #include "server/server.h"
 
 #ifndef WM_VERSION
@@ -37,6 +39,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: with TLS, every client must present a certificate one of them signed (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of API tokens, lines 'NAME TOKEN': every call but the health checks must send 'authorization: "
+          "Bearer TOKEN', and the per-client caps count per NAME");
 ABSL_FLAG(std::string, session_log, "-",
           "one JSON line per session start, park, resume and end: - (standard output), a file to append to, or "
           "off");
@@ -253,6 +258,18 @@ int main(int argc, char** argv) {
         o.tls.client_ca = std::move(*cas);
       }
     }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
+    auto text = wm::read_file(path, 1 << 20);
+    if (!text.ok()) return fail(absl::StrCat("--auth_tokens: ", text.status().message()));
+    auto tokens = wm::server::TokenTable::parse(*text, absl::StrCat("--auth_tokens ", path));
+    if (!tokens.ok()) return fail(std::string(tokens.status().message()));
+    o.service.tokens = std::make_shared<const wm::server::TokenTable>(std::move(*tokens));
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+      std::fprintf(stderr, "wmserve: warning: --auth_tokens %s can be read by others (chmod 600 it)\n", path.c_str());
+    if (!o.tls.enabled())
+      std::fprintf(stderr, "wmserve: warning: API tokens without TLS (--tls_cert) cross the network in the clear\n");
   }
   // converted only once in range: a double beyond int64 nanoseconds does not convert
   o.worker.max_batch_wait = wm::server::from_seconds(absl::GetFlag(FLAGS_max_batch_wait_ms) / 1000.0);

@@ -54,7 +54,14 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's CAs")
     ap.add_argument("--tls_ca", default="", help="PEM CA certificates to trust instead (implies --tls)")
+    ap.add_argument("--token_file", default="",
+                    help="file whose first line is the API token (default: $WMSERVE_TOKEN, if set)")
     args = ap.parse_args()
+    token = os.environ.get("WMSERVE_TOKEN", "").strip()
+    if args.token_file:
+        token = open(args.token_file).read().split("\n")[0].strip()
+    # sent with every call when the server has API tokens (wmserve --auth_tokens)
+    auth = [("authorization", "Bearer " + token)] if token else []
     pb2, pb2_grpc = load_stubs()
 
     if args.tls or args.tls_ca:
@@ -64,7 +71,7 @@ def main():
         channel = grpc.insecure_channel(args.server)
     stub = pb2_grpc.WorldModelStub(channel)
     print("health: live", health(channel, ""), "admit", health(channel, "wmserve.v1.admit"))
-    info = stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=5)
+    info = stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=5, metadata=auth)
     print("server: version %s, models %s, %d sessions, %d of %d KV bytes free" %
           (info.version, list(info.models), info.sessions_active, info.kv_free_bytes, info.kv_capacity_bytes))
 
@@ -82,7 +89,7 @@ def main():
                                                     client_time_us=int(time.monotonic() * 1e6)))
 
     latencies = []
-    for response in stub.Play(requests(), timeout=120):
+    for response in stub.Play(requests(), timeout=120, metadata=auth):
         kind = response.WhichOneof("kind")
         if kind == "started":
             s = response.started

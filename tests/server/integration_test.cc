@@ -308,9 +308,11 @@ TEST(ServerIntegration, OneSessionIsByteIdenticalToTheOfflineRollout) {
 enum class Invariance { kNone, kServer, kStart };
 void expect_concurrent_sessions_match_offline(Invariance invariance) {
   const bool batch_invariant = invariance != Invariance::kNone;
-  auto server = ServerProcess::start(tiny_model(), invariance == Invariance::kServer
-                                                       ? std::vector<std::string>{"--batch_invariant"}
-                                                       : std::vector<std::string>{});
+  // a ready session waits up to 20 ms for others (2 by default): on a loaded
+  // machine the tiny model's 1 ms steps could otherwise all run alone
+  std::vector<std::string> args = {"--max_batch_wait_ms=20"};
+  if (invariance == Invariance::kServer) args.push_back("--batch_invariant");
+  auto server = ServerProcess::start(tiny_model(), args);
   ASSERT_NE(server, nullptr);
   constexpr int kSessions = 4;
   std::vector<std::future<PlayResult>> results;
@@ -884,6 +886,142 @@ TEST(ServerIntegration, BadTlsFilesStopTheServerAndTheClientsWithAMessage) {
     EXPECT_EQ(testing::run_program(argv, &log), 1) << flags.back() << ":\n" << log;
     EXPECT_TRUE(absl::StrContains(log, says)) << flags.back() << ":\n" << log;
   }
+}
+
+TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
+  const std::string dir = testing::fresh_dir("tokens");
+  const std::string tokens = dir + "/tokens";
+  const std::string text = "alice 0123456789abcdef0123\nbob fedcba9876543210fedc\n";
+  ASSERT_TRUE(write_file(tokens, text.data(), text.size()).ok());
+  std::filesystem::permissions(tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string session_log = dir + "/sessions.jsonl";
+  auto server = ServerProcess::start(
+      tiny_model(), {"--auth_tokens=" + tokens, "--max_sessions_per_client=1", "--session_log=" + session_log});
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(absl::StrContains(server->log(), "API tokens without TLS")) << server->log();
+  EXPECT_FALSE(absl::StrContains(server->log(), "can be read by others")) << server->log();
+  auto as = [&](const std::string& token) {
+    client::ChannelOptions co;
+    co.own_connection = true;
+    co.auth_token = token;
+    return client::make_channel(server->target(), co);
+  };
+  auto anonymous = as(""), alice = as("0123456789abcdef0123"), alice2 = as("0123456789abcdef0123"),
+       bob = as("fedcba9876543210fedc"), stranger = as("0123456789abcdef0124");
+  // without a known token nothing but the health check answers
+  for (const auto& ch : {anonymous, stranger}) {
+    client::PlayStream p(ch);
+    const grpc::Status st = p.start(v1::Start());
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+    v1::ServerInfo info;
+    grpc::ClientContext ctx;
+    EXPECT_EQ(v1::WorldModel::NewStub(ch)->GetServerInfo(&ctx, {}, &info).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListModelsResponse models;
+    grpc::ClientContext ctx2;
+    EXPECT_EQ(v1::WorldModel::NewStub(ch)->ListModels(&ctx2, {}, &models).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_TRUE(client::health_check(ch, "").serving());
+  }
+  {
+    client::PlayStream p(anonymous);
+    const grpc::Status st = p.start(v1::Start());
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "needs a token")) << st.error_message();
+  }
+  EXPECT_EQ(scrape(*server).at("wm_sessions_rejected_total{reason=\"unauthenticated\"}"), 3);
+
+  // the per-client cap counts per user, not per address: alice and bob share 127.0.0.1
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  auto a = std::make_unique<client::PlayStream>(alice, deadline);
+  ASSERT_TRUE(a->start(v1::Start()).ok());
+  client::PlayStream a2(alice2, deadline), b(bob, deadline);
+  const grpc::Status capped = a2.start(v1::Start());
+  EXPECT_EQ(capped.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(capped.error_message(), "client user:alice already has 1 sessions"))
+      << capped.error_message();
+  ASSERT_TRUE(b.start(v1::Start()).ok());
+
+  // only its user resumes a session: to anyone else its token is unknown
+  const std::string token = a->started().resume_token(), id = a->started().session_id();
+  a->cancel();
+  a->finish();
+  a.reset();
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 1), 1);
+  v1::Start resume;
+  resume.set_resume_token(token);
+  {
+    client::PlayStream thief(bob, deadline);
+    EXPECT_EQ(thief.start(resume).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  client::PlayStream back(alice2, deadline);
+  ASSERT_TRUE(back.start(resume).ok());
+  EXPECT_EQ(back.started().session_id(), id);
+  back.writes_done();
+  b.writes_done();
+  v1::PlayResponse r;
+  while (back.read(&r)) {
+  }
+  while (b.read(&r)) {
+  }
+  EXPECT_TRUE(back.finish().ok());
+  EXPECT_TRUE(b.finish().ok());
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
+  // the session log names the user beside the address
+  std::istringstream lines(*read_file(session_log));
+  int alice_lines = 0, bob_lines = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["client"], "ipv4:127.0.0.1");
+    alice_lines += j["user"] == "alice";
+    bob_lines += j["user"] == "bob";
+  }
+  EXPECT_EQ(alice_lines, 4);  // start, park, resume, end
+  EXPECT_EQ(bob_lines, 2);
+}
+
+TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
+  const std::string dir = testing::fresh_dir("bad_tokens");
+  auto file = [&](const std::string& name, const std::string& text) {
+    EXPECT_TRUE(write_file(dir + "/" + name, text.data(), text.size()).ok());
+    return dir + "/" + name;
+  };
+  for (const auto& [flag, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--auth_tokens=" + dir + "/none", "--auth_tokens: cannot open"},
+           {"--auth_tokens=" + file("empty", "# nobody\n"), "no tokens"},
+           {"--auth_tokens=" + file("short", "alice 0123\n"), "line 1: a token is 16..512"},
+           {"--auth_tokens=" + file("twice", "a 0123456789abcdef0123\nb 0123456789abcdef0123\n"),
+            "line 2: this token is given twice"}}) {
+    std::string log;
+    const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
+                                         "--metrics_port=-1", flag},
+                                        &log);
+    EXPECT_EQ(rc, 1) << flag << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, says)) << flag << ":\n" << log;
+  }
+  // a readable token file starts, with a warning
+  const std::string open_file = file("open", "alice 0123456789abcdef0123\n");
+  std::filesystem::permissions(open_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                                              std::filesystem::perms::others_read);
+  auto server = ServerProcess::start(tiny_model(), {"--auth_tokens=" + open_file});
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(absl::StrContains(server->log(), "can be read by others (chmod 600 it)")) << server->log();
+  // the clients' token file
+  for (const auto& [path, says] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/none", "--token_file: cannot open"},
+           {file("blank", "\n0123456789abcdef0123\n"), "its first line is empty"},
+           {file("spaced", "0123 456789abcdef0123\n"), "without spaces"}}) {
+    std::string log;
+    EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=127.0.0.1:9", "--token_file=" + path}, &log), 2)
+        << path << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, says)) << path << ":\n" << log;
+  }
+  // and a good one reaches the server
+  std::string log;
+  EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=" + server->target(),
+                                  "--token_file=" + file("alice", "0123456789abcdef0123\n")},
+                                 &log),
+            0)
+      << log;
 }
 
 TEST(ServerIntegration, IdleSessionsExpireAndFreeTheirCache) {

@@ -19,7 +19,7 @@ ls "$dir/frames" | grep -c jpg | grep -qx 8
 kill -TERM $pid
 wait $pid
 
-# and over TLS, with a certificate for 127.0.0.1 from a CA made here
+# and over TLS, with a certificate for 127.0.0.1 from a CA made here, and an API token
 command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; exit 0; }
 (
   cd "$dir"
@@ -29,13 +29,19 @@ command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; e
   printf 'subjectAltName=IP:127.0.0.1\n' > san.ext
   o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out server.pem
 )
+echo "player 0123456789abcdef0123" > "$dir/tokens"
+echo "0123456789abcdef0123" > "$dir/token"
+chmod 600 "$dir/tokens" "$dir/token"
 rm -f "$dir/ports.json"
 "$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
-  --threads 1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" > "$dir/server_tls.log" 2>&1 &
+  --threads 1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" --auth_tokens "$dir/tokens" \
+  > "$dir/server_tls.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
 port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
-$py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 4 --out "$dir/frames_tls" --tls_ca "$dir/ca.pem"
+$py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 4 --out "$dir/frames_tls" --tls_ca "$dir/ca.pem" \
+  --token_file "$dir/token"
+grep -q '"user":"player"' "$dir/server_tls.log"
 ls "$dir/frames_tls" | grep -c jpg | grep -qx 4
 kill -TERM $pid
 wait $pid

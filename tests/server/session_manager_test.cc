@@ -358,6 +358,21 @@ TEST(SessionManager, OnlyClientsStillRefillingAreRemembered) {
   EXPECT_DOUBLE_EQ(m.prompt_frames_left("client998", t0 + seconds(999)), 1);
 }
 
+TEST(SessionManager, AResumeForOneClientFindsOnlyItsSessions) {
+  SessionManager m(config());
+  AdmitRequest r{"user:alice", "q2"};
+  r.resume_token = "ta";
+  const auto a = *m.admit(r, {});
+  ASSERT_TRUE(m.park(a, {}));
+  // another user's resume: as if the token were unknown, and the session stays parked
+  auto other = m.unpark("ta", {}, "user:bob");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m.parked(), 1);
+  EXPECT_EQ(*m.unpark("ta", {}, "user:alice"), a);
+  ASSERT_TRUE(m.park(a, {}));
+  EXPECT_EQ(*m.unpark("ta", {}), a);  // no client given: anyone with the token
+}
+
 TEST(SessionManager, PeerAddressesLoseTheirPort) {
   EXPECT_EQ(client_of_peer("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
   EXPECT_EQ(client_of_peer("ipv6:[::1]:5555"), "ipv6:[::1]");

@@ -1,9 +1,15 @@
-#include "clients/tls_flags.h"
+#include "clients/connection_flags.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/image_io.h"
 #include "common/tls_files.h"
 
 ABSL_FLAG(bool, tls, false, "connect over TLS, trusting the system's CAs (implied by any other --tls_* flag)");
@@ -11,12 +17,40 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificates to trust instead of the 
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM client certificate, for a server that requires one (wmserve --tls_client_ca; with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is this client's API token (wmserve --auth_tokens); default: the WMSERVE_TOKEN "
+          "environment variable, if set");
 ABSL_FLAG(std::string, tls_server_name, "",
           "the name the server's certificate must carry (default: the host of --server)");
 
 namespace wm::client {
 
-absl::Status apply_tls_flags(ChannelOptions* options) {
+namespace {
+
+// the API token: --token_file's first line, or WMSERVE_TOKEN (a flag's value
+// would show in the process list)
+absl::StatusOr<std::string> token_from_flags() {
+  const std::string path = absl::GetFlag(FLAGS_token_file);
+  if (path.empty()) {
+    const char* env = std::getenv("WMSERVE_TOKEN");
+    return std::string(env != nullptr ? absl::StripAsciiWhitespace(env) : "");
+  }
+  auto text = read_file(path, 64 << 10);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--token_file: ", text.status().message()));
+  const absl::string_view first = absl::StripAsciiWhitespace(absl::string_view(*text).substr(0, text->find('\n')));
+  if (first.empty()) return absl::InvalidArgumentError(absl::StrCat("--token_file ", path, ": its first line is empty"));
+  if (!std::all_of(first.begin(), first.end(), [](char c) { return c > 0x20 && c < 0x7f; }))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--token_file ", path, ": a token is printable characters without spaces"));
+  return std::string(first);
+}
+
+}  // namespace
+
+absl::Status apply_connection_flags(ChannelOptions* options) {
+  auto token = token_from_flags();
+  if (!token.ok()) return token.status();
+  options->auth_token = std::move(*token);
   const std::string ca = absl::GetFlag(FLAGS_tls_ca), cert = absl::GetFlag(FLAGS_tls_cert),
                     key = absl::GetFlag(FLAGS_tls_key), name = absl::GetFlag(FLAGS_tls_server_name);
   options->tls = absl::GetFlag(FLAGS_tls) || !ca.empty() || !cert.empty() || !key.empty() || !name.empty();
