@@ -21,6 +21,7 @@
 #include "common/image_io.h"
 #include "common/tls_files.h"
 #include "server/auth.h"
+#include "server/grpc_log.h"
 #include "server/server.h"
 
 #ifndef WM_VERSION
@@ -91,6 +92,8 @@ ABSL_FLAG(int, min_client_ping_interval_s, 10, "clients may send keepalive pings
 ABSL_FLAG(double, shutdown_grace_s, 10, "on SIGTERM/SIGINT: how long open sessions may go on before they are ended");
 
 namespace {
+
+constexpr int kGrpcLogLinesPerSecond = 20;
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "wmserve: %s\n", msg.c_str());
@@ -277,6 +280,8 @@ int main(int argc, char** argv) {
   o.sessions.park_ttl = wm::server::from_seconds(absl::GetFlag(FLAGS_park_ttl_s));
   o.service.start_timeout = wm::server::from_seconds(absl::GetFlag(FLAGS_start_timeout_s));
 
+  // a client can make gRPC log a line per failed handshake, at will
+  wm::server::limit_grpc_log(kGrpcLogLinesPerSecond);
   auto server = wm::server::Server::start(o);
   if (!server.ok()) return fail(std::string(server.status().message()));
   const wm::server::ServedModel& m = (*server)->model();

@@ -823,6 +823,27 @@ TEST(ServerIntegration, TlsServesOnlyClientsThatTrustItAndMutualTlsOnlyKnownClie
             0)
       << log;
   EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=" + server->target(), "--wait_s=0"}, &log), 1) << log;
+  // a flood of failed handshakes: gRPC logs each, wmserve lets 20 lines a second through
+  auto bad_handshake = [&] {
+    const int fd = testing::idle_connection(server->port());
+    ASSERT_GE(fd, 0);
+    const char hello[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    EXPECT_GT(::write(fd, hello, sizeof hello - 1), 0);
+    char buf[64];
+    while (::read(fd, buf, sizeof buf) > 0) {  // until the server closes
+    }
+    ::close(fd);
+  };
+  for (int i = 0; i < 200; ++i) bad_handshake();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  bad_handshake();  // a new second: this line says how many were dropped
+  const std::string after = server->log();
+  int handshake_lines = 0;
+  for (size_t at = after.find("Handshake failed"); at != std::string::npos; at = after.find("Handshake failed", at + 1))
+    ++handshake_lines;
+  EXPECT_GE(handshake_lines, 2) << after;
+  EXPECT_LE(handshake_lines, 3 * 20) << "at most 20 a second, and the burst took under 3 s";
+  EXPECT_TRUE(absl::StrContains(after, "log lines dropped (at most 20 a second)")) << after;
 
   // mutual TLS: only a client with a certificate the CA signed gets in
   auto mutual = ServerProcess::start(tiny_model(), {"--tls_cert=" + pki + "/server.pem", "--tls_key=" + pki +
