@@ -335,7 +335,8 @@ PlayService::PlayService(ServiceConfig config, const ServedModel& model, Session
       encoder_(encoder),
       metrics_(metrics),
       session_log_(session_log),
-      manager_(std::move(manager)) {
+      manager_(std::move(manager)),
+      tokens_(config_.tokens) {
   std::random_device rd;
   id_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
@@ -408,11 +409,21 @@ void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, c
 }
 
 absl::StatusOr<std::string> PlayService::authenticate(const grpc::CallbackServerContext& context) const {
-  if (config_.tokens == nullptr) return std::string();
+  std::shared_ptr<const TokenTable> tokens;
+  {
+    std::lock_guard<std::mutex> lk(tokens_mu_);
+    tokens = tokens_;
+  }
+  if (tokens == nullptr) return std::string();
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
-  return config_.tokens->identify(it == md.end() ? absl::string_view()
-                                                  : absl::string_view(it->second.data(), it->second.size()));
+  return tokens->identify(it == md.end() ? absl::string_view()
+                                         : absl::string_view(it->second.data(), it->second.size()));
+}
+
+void PlayService::set_tokens(std::shared_ptr<const TokenTable> tokens) {
+  std::lock_guard<std::mutex> lk(tokens_mu_);
+  tokens_ = std::move(tokens);
 }
 
 absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_view token, StreamWriter* writer,

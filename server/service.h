@@ -93,6 +93,9 @@ class PlayService final : public RawWorldModelService {
   // only_client: as SessionManager::unpark
   absl::StatusOr<std::shared_ptr<ServerSession>> resume(absl::string_view token, StreamWriter* writer, TimePoint now,
                                                         absl::string_view only_client = "");
+  // replaces the API tokens (SIGHUP): calls from now on need one of these;
+  // open sessions go on whatever their user
+  void set_tokens(std::shared_ptr<const TokenTable> tokens);
   // the caller's API token name ("" when the server has no tokens);
   // UNAUTHENTICATED without a known token
   absl::StatusOr<std::string> authenticate(const grpc::CallbackServerContext& context) const;
@@ -143,6 +146,8 @@ class PlayService final : public RawWorldModelService {
   int64_t admitted_ = 0;  // sessions admitted so far (audit sampling)
   std::mutex pending_mu_;
   std::vector<std::shared_ptr<PendingStart>> pending_;  // streams not started yet (pruned by sweep_idle)
+  mutable std::mutex tokens_mu_;
+  std::shared_ptr<const TokenTable> tokens_;  // the config's, until set_tokens
   std::random_device entropy_;  // the OS's CSPRNG (getrandom / rdrand) for resume tokens
 };
 

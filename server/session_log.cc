@@ -28,12 +28,25 @@ nlohmann::ordered_json event(absl::string_view name, const ServerSession& s) {
 
 absl::StatusOr<std::unique_ptr<SessionLog>> SessionLog::open(const std::string& where) {
   if (where.empty()) return absl::InvalidArgumentError("--session_log: an empty path");
-  if (where == "-") return std::unique_ptr<SessionLog>(new SessionLog(stdout, false));
+  if (where == "-") return std::unique_ptr<SessionLog>(new SessionLog(stdout, false, ""));
   std::FILE* f = std::fopen(where.c_str(), "ae");
   if (f == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("--session_log ", where, ": cannot open for appending: ",
                                                    std::strerror(errno)));
-  return std::unique_ptr<SessionLog>(new SessionLog(f, true));
+  return std::unique_ptr<SessionLog>(new SessionLog(f, true, where));
+}
+
+absl::Status SessionLog::reopen() {
+  if (!own_) return absl::OkStatus();
+  std::FILE* f = std::fopen(path_.c_str(), "ae");
+  if (f == nullptr)
+    return absl::UnavailableError(absl::StrCat("--session_log ", path_, ": cannot open for appending: ",
+                                               std::strerror(errno), "; still writing the file it had open"));
+  std::lock_guard<std::mutex> lk(mu_);
+  std::fclose(out_);
+  out_ = f;
+  failed_ = false;
+  return absl::OkStatus();
 }
 
 SessionLog::~SessionLog() {

@@ -25,6 +25,9 @@ class SessionLog {
   // "-": standard output; anything else: a file, created or appended to
   static absl::StatusOr<std::unique_ptr<SessionLog>> open(const std::string& where);
   ~SessionLog();
+  // a file log opens its path again (SIGHUP: after a rotation renamed it);
+  // on failure it keeps writing where it did. Standard output: nothing to do
+  absl::Status reopen();
   SessionLog(const SessionLog&) = delete;
   SessionLog& operator=(const SessionLog&) = delete;
 
@@ -36,12 +39,13 @@ class SessionLog {
   void ended(const ServerSession& s, EndReason reason, double seconds);
 
  private:
-  SessionLog(std::FILE* out, bool own) : out_(out), own_(own) {}
+  SessionLog(std::FILE* out, bool own, std::string path) : out_(out), own_(own), path_(std::move(path)) {}
   void write(const std::string& line);
 
   std::mutex mu_;
   std::FILE* out_;
   bool own_;
+  const std::string path_;
   bool failed_ = false;
 };
 

@@ -42,10 +42,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: with TLS, every client must present a certificate one of them signed (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of API tokens, lines 'NAME TOKEN': every call but the health checks must send 'authorization: "
-          "Bearer TOKEN', and the per-client caps count per NAME");
+          "Bearer TOKEN', and the per-client caps count per NAME (read again on SIGHUP)");
 ABSL_FLAG(std::string, session_log, "-",
-          "one JSON line per session start, park, resume and end: - (standard output), a file to append to, or "
-          "off");
+          "one JSON line per session start, park, resume and end: - (standard output), a file to append to "
+          "(opened again on SIGHUP), or off");
 ABSL_FLAG(std::string, device, "cpu",
           "engine device: cpu, cuda (the CUDA plugin and a GPU, or an error) or auto (cuda if possible)");
 ABSL_FLAG(bool, device_graphs, false,
@@ -108,7 +108,36 @@ std::string default_model_dir() {
   return "";
 }
 
-// waits up to `ms` for SIGINT/SIGTERM (blocked in every thread); returns the signal or 0
+// the --auth_tokens file, checked; a warning on stderr when others may read it
+absl::StatusOr<std::shared_ptr<const wm::server::TokenTable>> load_tokens(const std::string& path) {
+  auto text = wm::read_file(path, 1 << 20);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--auth_tokens: ", text.status().message()));
+  auto tokens = wm::server::TokenTable::parse(*text, absl::StrCat("--auth_tokens ", path));
+  if (!tokens.ok()) return tokens.status();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+    std::fprintf(stderr, "wmserve: warning: --auth_tokens %s can be read by others (chmod 600 it)\n", path.c_str());
+  return std::make_shared<const wm::server::TokenTable>(std::move(*tokens));
+}
+
+// SIGHUP: the API tokens read again (a bad file keeps the ones in use) and
+// the session log's file opened again (after a rotation)
+void reload(wm::server::Server& server, const std::string& tokens_path) {
+  if (!tokens_path.empty()) {
+    auto tokens = load_tokens(tokens_path);
+    if (tokens.ok()) {
+      std::printf("wmserve: SIGHUP: %zu API token(s) from %s\n", (*tokens)->size(), tokens_path.c_str());
+      server.set_tokens(*std::move(tokens));
+    } else {
+      std::printf("wmserve: SIGHUP: %s; the tokens in use stay\n", std::string(tokens.status().message()).c_str());
+    }
+  }
+  if (auto st = server.reopen_session_log(); !st.ok())
+    std::printf("wmserve: SIGHUP: %s\n", std::string(st.message()).c_str());
+  std::fflush(stdout);
+}
+
+// waits up to `ms` for SIGINT/SIGTERM/SIGHUP (blocked in every thread); returns the signal or 0
 int wait_signal(const sigset_t& set, int ms) {
   timespec ts{ms / 1000, static_cast<long>(ms % 1000) * 1000000L};
   const int sig = sigtimedwait(&set, nullptr, &ts);
@@ -147,6 +176,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -263,14 +293,9 @@ int main(int argc, char** argv) {
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
-    auto text = wm::read_file(path, 1 << 20);
-    if (!text.ok()) return fail(absl::StrCat("--auth_tokens: ", text.status().message()));
-    auto tokens = wm::server::TokenTable::parse(*text, absl::StrCat("--auth_tokens ", path));
+    auto tokens = load_tokens(path);
     if (!tokens.ok()) return fail(std::string(tokens.status().message()));
-    o.service.tokens = std::make_shared<const wm::server::TokenTable>(std::move(*tokens));
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
-      std::fprintf(stderr, "wmserve: warning: --auth_tokens %s can be read by others (chmod 600 it)\n", path.c_str());
+    o.service.tokens = *std::move(tokens);
     if (!o.tls.enabled())
       std::fprintf(stderr, "wmserve: warning: API tokens without TLS (--tls_cert) cross the network in the clear\n");
   }
@@ -309,7 +334,12 @@ int main(int argc, char** argv) {
   }
 
   int sig = 0;
-  while ((sig = wait_signal(signals, 200)) == 0) (*server)->sweep_idle();
+  for (;;) {
+    sig = wait_signal(signals, 200);
+    if (sig == SIGHUP) reload(**server, absl::GetFlag(FLAGS_auth_tokens));
+    if (sig == SIGINT || sig == SIGTERM) break;
+    (*server)->sweep_idle();
+  }
 
   // parked sessions have no stream to finish on: draining closes them at once
   const auto [held, parked] = (*server)->sessions_and_parked();
@@ -319,7 +349,7 @@ int main(int argc, char** argv) {
   (*server)->begin_drain(grace);
   const auto deadline = std::chrono::steady_clock::now() + wm::server::from_seconds(grace);
   while ((*server)->sessions() > 0 && std::chrono::steady_clock::now() < deadline) {
-    if (wait_signal(signals, 50) != 0) {
+    if (const int again = wait_signal(signals, 50); again == SIGINT || again == SIGTERM) {
       std::printf("wmserve: second signal: ending sessions now\n");
       break;
     }

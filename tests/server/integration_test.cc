@@ -48,6 +48,9 @@ const std::string& tiny_model() {
   return dir;
 }
 
+// the next Frame of a stream, skipping events; false at its end
+bool next_frame(client::PlayStream& s, v1::Frame* frame);
+
 std::shared_ptr<grpc::Channel> channel(const ServerProcess& s) { return client::make_channel(s.target()); }
 
 PlayConfig per_action(uint64_t seed, std::vector<Action> actions) {
@@ -998,6 +1001,76 @@ TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   }
   EXPECT_EQ(alice_lines, 4);  // start, park, resume, end
   EXPECT_EQ(bob_lines, 2);
+}
+
+// SIGHUP: new tokens without a restart (open sessions go on), a bad file
+// keeps the ones in use, and the session log starts a new file after a rotation
+TEST(ServerIntegration, SighupReloadsTheTokensAndReopensTheSessionLog) {
+  const std::string dir = testing::fresh_dir("sighup");
+  const std::string tokens = dir + "/tokens", log_path = dir + "/sessions.jsonl";
+  auto put = [&](const std::string& text) { ASSERT_TRUE(write_file(tokens, text.data(), text.size()).ok()); };
+  put("alice 0123456789abcdef0123\n");
+  std::filesystem::permissions(tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto server = ServerProcess::start(tiny_model(), {"--auth_tokens=" + tokens, "--session_log=" + log_path});
+  ASSERT_NE(server, nullptr);
+  auto as = [&](const std::string& token) {
+    client::ChannelOptions co;
+    co.own_connection = true;
+    co.auth_token = token;
+    return client::make_channel(server->target(), co);
+  };
+  auto alice = as("0123456789abcdef0123"), bob = as("fedcba9876543210fedc");
+  auto hup_and_wait = [&](const std::string& says) {
+    const size_t before = server->log().size();
+    server->signal(SIGHUP);
+    for (int i = 0; i < 200 && server->log().find(says, before) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_NE(server->log().find(says, before), std::string::npos) << server->log();
+  };
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  client::PlayStream open(alice, deadline);
+  ASSERT_TRUE(open.start(v1::Start()).ok());
+  {
+    client::PlayStream p(bob, deadline);
+    EXPECT_EQ(p.start(v1::Start()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // rotate the log and give bob alice's place
+  std::filesystem::rename(log_path, log_path + ".1");
+  put("bob fedcba9876543210fedc\n");
+  hup_and_wait("SIGHUP: 1 API token(s)");
+  {
+    client::PlayStream p(alice, deadline);
+    EXPECT_EQ(p.start(v1::Start()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  PlayResult r = client::play(bob, per_action(1, script_actions()));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  // alice's open session went on
+  v1::Action a;
+  a.set_seq(1);
+  ASSERT_TRUE(open.send_action(a));
+  v1::Frame f;
+  EXPECT_TRUE(next_frame(open, &f));
+  // a bad file: the tokens in use stay
+  put("bob 0123\n");
+  hup_and_wait("the tokens in use stay");
+  r = client::play(bob, per_action(2, script_actions()));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  open.writes_done();
+  while (next_frame(open, &f)) {
+  }
+  EXPECT_TRUE(open.finish().ok());
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
+  // alice's start went to the old file, everything after the rotation to the new one
+  const std::string old_log = *read_file(log_path + ".1"), new_log = *read_file(log_path);
+  EXPECT_TRUE(absl::StrContains(old_log, "\"user\":\"alice\",\"format\"")) << old_log;
+  EXPECT_FALSE(absl::StrContains(old_log, "bob")) << old_log;
+  EXPECT_TRUE(absl::StrContains(new_log, "\"event\":\"end\",\"session\":\"" + open.started().session_id()))
+      << new_log;
+  int bob_starts = 0;
+  for (size_t at = new_log.find("\"event\":\"start\""); at != std::string::npos;
+       at = new_log.find("\"event\":\"start\"", at + 1))
+    ++bob_starts;
+  EXPECT_EQ(bob_starts, 2) << new_log;
 }
 
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
