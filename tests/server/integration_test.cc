@@ -51,6 +51,16 @@ const std::string& tiny_model() {
 // the next Frame of a stream, skipping events; false at its end
 bool next_frame(client::PlayStream& s, v1::Frame* frame);
 
+// wmserve with these flags stops at once (exit 1), saying `says`
+void expect_server_refuses(const std::vector<std::string>& flags, const std::string& says) {
+  std::vector<std::string> argv = {WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
+                                   "--metrics_port=-1"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  std::string log;
+  EXPECT_EQ(testing::run_program(argv, &log), 1) << flags.back() << ":\n" << log;
+  EXPECT_TRUE(absl::StrContains(log, says)) << flags.back() << ":\n" << log;
+}
+
 std::shared_ptr<grpc::Channel> channel(const ServerProcess& s) { return client::make_channel(s.target()); }
 
 PlayConfig per_action(uint64_t seed, std::vector<Action> actions) {
@@ -885,12 +895,7 @@ TEST(ServerIntegration, BadTlsFilesStopTheServerAndTheClientsWithAMessage) {
            {{cert, "--tls_key=" + pki + "/client.key"}, "--tls_key is not the private key of --tls_cert"},
            {{"--tls_cert=" + pki + "/expired.pem", key}, "certificate 1 has expired"},
            {{cert, key, "--tls_client_ca=" + pki + "/san.ext"}, "not a PEM file"}}) {
-    std::vector<std::string> argv = {WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
-                                     "--metrics_port=-1"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    std::string log;
-    EXPECT_EQ(testing::run_program(argv, &log), 1) << flags.back() << ":\n" << log;
-    EXPECT_TRUE(absl::StrContains(log, says)) << flags.back() << ":\n" << log;
+    expect_server_refuses(flags, says);
   }
   // the clients check theirs before they connect (no server listens on port 9)
   for (const auto& [flags, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
@@ -1085,12 +1090,7 @@ TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
            {"--auth_tokens=" + file("short", "alice 0123\n"), "line 1: a token is 16..512"},
            {"--auth_tokens=" + file("twice", "a 0123456789abcdef0123\nb 0123456789abcdef0123\n"),
             "line 2: this token is given twice"}}) {
-    std::string log;
-    const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
-                                         "--metrics_port=-1", flag},
-                                        &log);
-    EXPECT_EQ(rc, 1) << flag << ":\n" << log;
-    EXPECT_TRUE(absl::StrContains(log, says)) << flag << ":\n" << log;
+    expect_server_refuses({flag}, says);
   }
   // a readable token file starts, with a warning
   const std::string open_file = file("open", "alice 0123456789abcdef0123\n");
@@ -1463,12 +1463,7 @@ TEST(ServerIntegration, BadFlagValuesStopTheServerWithAMessage) {
            // a 16-frame Start could never be paid for
            {"--client_prompt_burst=15", "is below --max_prompt_frames 16"},
            {"stray_word", "unexpected argument 'stray_word'"}}) {
-    std::string log;
-    const int rc = testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1", "--port=0",
-                                         "--metrics_port=-1", flag},
-                                        &log);
-    EXPECT_EQ(rc, 1) << flag << ":\n" << log;
-    EXPECT_TRUE(absl::StrContains(log, says)) << flag << ":\n" << log;
+    expect_server_refuses({flag}, says);
   }
 }
 
