@@ -30,16 +30,23 @@ namespace {
 // the API token: --token_file's first line, or WMSERVE_TOKEN (a flag's value
 // would show in the process list)
 absl::StatusOr<std::string> token_from_flags() {
+  // gRPC aborts the process on metadata with other bytes: refused here instead
+  auto printable = [](absl::string_view t) {
+    return std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  };
   const std::string path = absl::GetFlag(FLAGS_token_file);
   if (path.empty()) {
     const char* env = std::getenv("WMSERVE_TOKEN");
-    return std::string(env != nullptr ? absl::StripAsciiWhitespace(env) : "");
+    const absl::string_view token = env != nullptr ? absl::StripAsciiWhitespace(env) : "";
+    if (!printable(token))
+      return absl::InvalidArgumentError("WMSERVE_TOKEN: a token is printable characters without spaces");
+    return std::string(token);
   }
   auto text = read_file(path, 64 << 10);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--token_file: ", text.status().message()));
   const absl::string_view first = absl::StripAsciiWhitespace(absl::string_view(*text).substr(0, text->find('\n')));
   if (first.empty()) return absl::InvalidArgumentError(absl::StrCat("--token_file ", path, ": its first line is empty"));
-  if (!std::all_of(first.begin(), first.end(), [](char c) { return c > 0x20 && c < 0x7f; }))
+  if (!printable(first))
     return absl::InvalidArgumentError(
         absl::StrCat("--token_file ", path, ": a token is printable characters without spaces"));
   return std::string(first);
@@ -57,12 +64,12 @@ absl::Status apply_connection_flags(ChannelOptions* options) {
   if (!options->tls) return absl::OkStatus();
   if (cert.empty() != key.empty()) return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   if (!ca.empty()) {
-    auto cas = read_certificates(ca, "--tls_ca");
+    auto cas = read_certificates(ca, "--tls_ca", CertRole::kTrustedCas);
     if (!cas.ok()) return cas.status();
     options->tls_ca = std::move(*cas);
   }
   if (!cert.empty()) {
-    auto chain = read_certificates(cert, "--tls_cert");
+    auto chain = read_certificates(cert, "--tls_cert", CertRole::kOwnChain);
     if (!chain.ok()) return chain.status();
     auto pkey = read_private_key(key, "--tls_key");
     if (!pkey.ok()) return pkey.status();

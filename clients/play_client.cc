@@ -96,6 +96,14 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
   return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args, std::move(interceptors));
 }
 
+std::string describe_call_failure(const std::string& target, const grpc::Status& status) {
+  const auto code = status.error_code();
+  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED)
+    return absl::StrCat("cannot reach wmserve at ", target, ": ", status.error_message());
+  return absl::StrCat("wmserve at ", target, " refused the call (",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(code)), "): ", status.error_message());
+}
+
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

@@ -42,6 +42,10 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
 // a target's port, when it ends in one (host:port, [v6]:port), is 1..65535:
 // gRPC would take 65586 as 50 and -1 as 65535
 absl::Status check_server_address(const std::string& target);
+// a first call's failure, for a person: "cannot reach wmserve at T: ..."
+// when the server was not reached, "wmserve at T refused the call (CODE): ..."
+// when it answered (a missing API token, say)
+std::string describe_call_failure(const std::string& target, const grpc::Status& status);
 // a client's fixed rate: the server's whole range (its --max_fps may allow less)
 inline bool fps_in_range(double fps) { return fps >= 0.001 && fps <= 1000; }
 // a session's timeout becomes int64 microseconds: a week is far inside, NaN and 1e300 are not

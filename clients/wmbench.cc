@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   };
   v1::ServerInfo before;
   if (grpc::Status st = server_info(&before); !st.ok()) {
-    std::fprintf(stderr, "wmbench: cannot reach wmserve at %s: %s\n", target.c_str(), st.error_message().c_str());
+    std::fprintf(stderr, "wmbench: %s\n", wm::client::describe_call_failure(target, st).c_str());
     return 1;
   }
   const int64_t rss_before = pid > 0 ? rss_bytes(pid) : 0;

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Status st = stub->ListModels(&ctx, {}, &models);
     if (!st.ok())
-      return fail(absl::StrFormat("cannot reach wmserve at %s: %s", absl::GetFlag(FLAGS_server), st.error_message()));
+      return fail(wm::client::describe_call_failure(absl::GetFlag(FLAGS_server), st));
   }
   const v1::ModelInfo* model = nullptr;
   for (const auto& m : models.models())

@@ -56,7 +56,7 @@ Cert first_certificate(const std::string& pem) {
 
 }  // namespace
 
-absl::StatusOr<std::string> read_certificates(const std::string& path, absl::string_view flag) {
+absl::StatusOr<std::string> read_certificates(const std::string& path, absl::string_view flag, CertRole role) {
   auto text = read_pem(path, flag);
   if (!text.ok()) return text.status();
   Bio bio = memory_bio(*text);
@@ -66,9 +66,12 @@ absl::StatusOr<std::string> read_certificates(const std::string& path, absl::str
     Cert cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
     if (cert == nullptr) break;
     ++count;
-    if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, " ", path, ": certificate ", count, " has expired"));
+    if (role == CertRole::kOwnChain && count == 1) {
+      if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0)
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": its certificate has expired"));
+      if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0)
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": its certificate is not valid yet"));
+    }
   }
   // the loop ends at the end of the text (no more PEM blocks) or at a block that does not parse
   const unsigned long e = ERR_peek_last_error();

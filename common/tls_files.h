@@ -11,9 +11,13 @@
 
 namespace wm {
 
-// the certificates of a PEM file (a chain, or a CA bundle): at least one,
-// every one parses, none has expired; `flag` names the file in messages
-absl::StatusOr<std::string> read_certificates(const std::string& path, absl::string_view flag);
+// what a PEM file of certificates is: a chain whose first certificate is
+// this program's own (it must be valid now), or CAs to trust (a bundle may
+// hold expired ones; verification skips them)
+enum class CertRole { kOwnChain, kTrustedCas };
+// the certificates of a PEM file: at least one, every one parses, and with
+// kOwnChain the first one valid now; `flag` names the file in messages
+absl::StatusOr<std::string> read_certificates(const std::string& path, absl::string_view flag, CertRole role);
 // a PEM private key that parses
 absl::StatusOr<std::string> read_private_key(const std::string& path, absl::string_view flag);
 // whether the key is the private key of the chain's first certificate

@@ -38,7 +38,12 @@ absl::StatusOr<TokenTable> TokenTable::parse(absl::string_view text, absl::strin
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(source, " line ", line_no, ": ", why));
     };
-    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    // a comment starts a line or follows a space: a '#' inside a token is the token's
+    for (size_t i = 0; i < line.size(); ++i)
+      if (line[i] == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) {
+        line = line.substr(0, i);
+        break;
+      }
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
     std::vector<absl::string_view> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());

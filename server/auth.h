@@ -16,7 +16,8 @@ namespace wm::server {
 
 class TokenTable {
  public:
-  // lines "NAME TOKEN" (# starts a comment; blank lines are skipped): NAME
+  // lines "NAME TOKEN" (a # at the start of a line or after a space starts
+  // a comment; blank lines are skipped): NAME
   // 1..64 of [A-Za-z0-9._-], TOKEN 16..512 printable ASCII characters
   // without spaces; names and tokens unique. Errors name `source` and the line.
   static absl::StatusOr<TokenTable> parse(absl::string_view text, absl::string_view source);

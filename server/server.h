@@ -43,6 +43,9 @@ struct ServerOptions {
   int metrics_port = 9464;          // 0: any free port; -1: no exposer
   int encoder_threads = 2;
   int max_concurrent_streams = 0;   // per connection; 0: gRPC's default
+  // a connection that has not finished its handshake (TLS, and HTTP/2's
+  // preface) by then is closed: idle connections cannot pile up for long
+  int handshake_timeout_s = 10;
   int64_t max_send_bytes = 16 << 20;
   KeepaliveOptions keepalive;
   TlsOptions tls;

@@ -59,7 +59,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     }
     user_ = *user;
     // the per-client caps and the prompt ration count per user when there are tokens
-    identity_ = user_.empty() ? client_ : "user:" + user_;
+    identity_ = user_.empty() ? client_group(client_) : "user:" + user_;
     pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { finish_once(s); });
     StartRead(&read_);
   }
@@ -201,7 +201,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   // a Start with a resume token: every other field is ignored
   bool handle_resume(const v1::Start& start, TimePoint now) {
     // with tokens, only the user who started a session resumes it
-    auto s = service_->resume(start.resume_token(), this, now, user_.empty() ? "" : identity_);
+    auto s = service_->resume(start.resume_token(), this, now, user_.empty() ? "" : identity_, client_);
     if (!s.ok()) {
       finish_once(s.status());  // resume() counted the rejection
       return false;
@@ -222,7 +222,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       finish_once(absl::CancelledError("cancelled"));
       return false;
     }
-    if (SessionLog* log = service_->session_log(); log != nullptr) log->resumed(**s, client_);
+    if (SessionLog* log = service_->session_log(); log != nullptr) log->resumed(**s);
     service_->worker().activate(*s);
     return true;
   }
@@ -249,7 +249,9 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       return false;
     }
     std::string token;
-    const int prompt_frames = static_cast<int>(params->prompt.size());
+    // a Start costs its prompt frames, and at least one: a client that
+    // starts and drops sessions without prompts is rationed too
+    const int prompt_frames = std::max(1, static_cast<int>(params->prompt.size()));
     auto key = service_->admit(identity_, params->cache_format, prompt_frames, &params->audit, now, &token);
     if (!key.ok()) {
       finish_once(key.status());  // admit() counted the rejection
@@ -402,9 +404,10 @@ void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, c
       parked = manager_.park(session->key(), Clock::now());
       metrics_->sessions_parked_total->Increment();
       metrics_->sessions_parked->Set(manager_.parked());
+      // under the lock: a resume (which takes it) is logged after this
+      if (parked && session_log_ != nullptr) session_log_->parked(*session);
     }
   }
-  if (parked && session_log_ != nullptr) session_log_->parked(*session);
   if (!parked) worker_->close_stream(*session, status, reason);
 }
 
@@ -427,7 +430,8 @@ void PlayService::set_tokens(std::shared_ptr<const TokenTable> tokens) {
 }
 
 absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_view token, StreamWriter* writer,
-                                                                   TimePoint now, absl::string_view only_client) {
+                                                                   TimePoint now, absl::string_view only_client,
+                                                                   const std::string& address) {
   std::lock_guard<std::mutex> lk(mu_);
   auto key = manager_.unpark(token, now, only_client);
   if (!key.ok()) {
@@ -440,7 +444,9 @@ absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_
   metrics_->sessions_parked->Set(manager_.parked());
   std::shared_ptr<ServerSession> old = worker_->parked_session(*key);
   if (old != nullptr) {
-    auto fresh = std::make_shared<ServerSession>(old->setup(), writer, encoder_, metrics_);
+    SessionSetup setup = old->setup();
+    setup.client = address;
+    auto fresh = std::make_shared<ServerSession>(std::move(setup), writer, encoder_, metrics_);
     if (worker_->attach(fresh)) {
       metrics_->sessions_resumed->Increment();
       return fresh;

@@ -90,9 +90,10 @@ class PlayService final : public RawWorldModelService {
   void park_or_close(const std::shared_ptr<ServerSession>& session, const absl::Status& status, EndReason reason);
   // a new stream for the parked session of `token` (counted as a rejection
   // on failure); the caller records it, then calls worker().activate()
-  // only_client: as SessionManager::unpark
+  // only_client: as SessionManager::unpark; address: the new stream's
+  // client address, which the session reports from now on
   absl::StatusOr<std::shared_ptr<ServerSession>> resume(absl::string_view token, StreamWriter* writer, TimePoint now,
-                                                        absl::string_view only_client = "");
+                                                        absl::string_view only_client, const std::string& address);
   // replaces the API tokens (SIGHUP): calls from now on need one of these;
   // open sessions go on whatever their user
   void set_tokens(std::shared_ptr<const TokenTable> tokens);

@@ -1,8 +1,19 @@
 #include "server/session_log.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -14,9 +25,13 @@ namespace wm::server {
 
 namespace {
 
+constexpr auto kDrainOnStop = std::chrono::seconds(2);
+
+std::string now_text() { return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()); }
+
 nlohmann::ordered_json event(absl::string_view name, const ServerSession& s) {
   nlohmann::ordered_json j;
-  j["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  j["time"] = now_text();
   j["event"] = std::string(name);
   j["session"] = s.id();
   j["client"] = s.client();
@@ -24,45 +39,187 @@ nlohmann::ordered_json event(absl::string_view name, const ServerSession& s) {
   return j;
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<SessionLog>> SessionLog::open(const std::string& where) {
-  if (where.empty()) return absl::InvalidArgumentError("--session_log: an empty path");
-  if (where == "-") return std::unique_ptr<SessionLog>(new SessionLog(stdout, false, ""));
-  std::FILE* f = std::fopen(where.c_str(), "ae");
-  if (f == nullptr)
-    return absl::InvalidArgumentError(absl::StrCat("--session_log ", where, ": cannot open for appending: ",
-                                                   std::strerror(errno)));
-  return std::unique_ptr<SessionLog>(new SessionLog(f, true, where));
+// a client's bytes (none today: ids and addresses are the server's) never break the line
+std::string text(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-absl::Status SessionLog::reopen() {
-  if (!own_) return absl::OkStatus();
-  std::FILE* f = std::fopen(path_.c_str(), "ae");
-  if (f == nullptr)
-    return absl::UnavailableError(absl::StrCat("--session_log ", path_, ": cannot open for appending: ",
-                                               std::strerror(errno), "; still writing the file it had open"));
-  std::lock_guard<std::mutex> lk(mu_);
-  std::fclose(out_);
-  out_ = f;
-  failed_ = false;
-  return absl::OkStatus();
+}  // namespace
+
+struct SessionLog::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> queue;
+  size_t max_queued = kMaxQueuedLines;
+  int64_t dropped = 0, dropped_unreported = 0;
+  bool stop = false;
+  std::chrono::steady_clock::time_point stop_deadline;
+  int next_fd = -1;  // from reopen(): the writer takes it between lines
+  // the writer thread's own
+  int fd = -1;
+  bool own_fd = false;
+  std::string path;
+  bool partial = false;  // the last write stopped mid-line
+  bool failure_reported = false;
+  bool done = false;     // run() has returned (under mu)
+
+  ~State() {
+    if (own_fd && fd >= 0) ::close(fd);
+    if (next_fd >= 0) ::close(next_fd);
+  }
+
+  bool past_deadline() {
+    std::lock_guard<std::mutex> lk(mu);
+    return stop && std::chrono::steady_clock::now() >= stop_deadline;
+  }
+
+  // the line and its newline in one write(2) where the system allows;
+  // false if it did not all go out
+  bool write_line(const std::string& line) {
+    const std::string out = (partial ? "\n" : "") + line + "\n";
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::write(fd, out.data() + done, out.size() - done);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (past_deadline()) break;
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, 100);
+        continue;
+      }
+      if (!failure_reported) {
+        failure_reported = true;
+        std::fprintf(stderr, "wmserve: the session log cannot be written (%s); sessions go on without it\n",
+                     n < 0 ? std::strerror(errno) : "nothing written");
+      }
+      break;
+    }
+    // a line cut short is ended before the next, so that lines never run together
+    partial = done > 0 && done < out.size();
+    return done == out.size();
+  }
+
+  void run() {
+    write_all();
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+    cv.notify_all();
+  }
+
+  void write_all() {
+    for (;;) {
+      std::deque<std::string> batch;
+      int new_fd = -1;
+      int64_t lost = 0;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stop || !queue.empty() || next_fd >= 0 || dropped_unreported > 0; });
+        batch.swap(queue);
+        new_fd = std::exchange(next_fd, -1);
+        lost = std::exchange(dropped_unreported, 0);
+        if (stop && batch.empty() && new_fd < 0 && lost == 0) break;
+      }
+      if (new_fd >= 0) {
+        if (own_fd) ::close(fd);
+        fd = new_fd;
+        partial = false;
+        failure_reported = false;
+      }
+      if (lost > 0) {
+        nlohmann::ordered_json j;
+        j["time"] = now_text();
+        j["event"] = "dropped";
+        j["lines"] = lost;
+        batch.push_front(text(j));
+      }
+      for (const std::string& line : batch) {
+        if (past_deadline()) return;
+        write_line(line);
+      }
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<SessionLog>> SessionLog::open(const std::string& where, size_t max_queued) {
+  if (where.empty()) return absl::InvalidArgumentError("--session_log: an empty path");
+  auto state = std::make_shared<State>();
+  state->max_queued = max_queued;
+  if (where == "-") {
+    state->fd = STDOUT_FILENO;
+  } else {
+    state->fd = ::open(where.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (state->fd < 0)
+      return absl::InvalidArgumentError(absl::StrCat("--session_log ", where, ": cannot open for appending: ",
+                                                     std::strerror(errno)));
+    struct stat st;
+    if (::fstat(state->fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+      ::close(state->fd);
+      return absl::InvalidArgumentError(absl::StrCat("--session_log ", where, ": not a file"));
+    }
+    state->own_fd = true;
+    state->path = where;
+  }
+  return std::unique_ptr<SessionLog>(new SessionLog(std::move(state)));
+}
+
+SessionLog::SessionLog(std::shared_ptr<State> state) : state_(std::move(state)) {
+  writer_ = std::thread([s = state_] { s->run(); });
 }
 
 SessionLog::~SessionLog() {
-  if (own_) std::fclose(out_);
+  bool done = false;
+  {
+    std::unique_lock<std::mutex> lk(state_->mu);
+    state_->stop = true;
+    state_->stop_deadline = std::chrono::steady_clock::now() + kDrainOnStop;
+    state_->cv.notify_all();
+    // a writer blocked in write(2) on a pipe nobody reads would hold the
+    // server's exit: wait for it until a little past the deadline, then
+    // leave it behind (it shares the state, which outlives this object)
+    done = state_->cv.wait_for(lk, kDrainOnStop + std::chrono::milliseconds(200), [&] { return state_->done; });
+  }
+  if (done) {
+    writer_.join();
+  } else {
+    writer_.detach();
+  }
 }
 
-void SessionLog::write(const std::string& line) {
-  std::lock_guard<std::mutex> lk(mu_);
-  const bool ok = std::fwrite(line.data(), 1, line.size(), out_) == line.size() && std::fputc('\n', out_) != EOF &&
-                  std::fflush(out_) == 0;
-  if (!ok && !failed_) {
-    failed_ = true;
-    std::fprintf(stderr, "wmserve: the session log cannot be written (%s); sessions go on without it\n",
-                 std::strerror(errno));
+absl::Status SessionLog::reopen() {
+  if (state_->path.empty()) return absl::OkStatus();
+  const int fd = ::open(state_->path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("--session_log ", state_->path, ": cannot open for appending: ",
+                                               std::strerror(errno), "; still writing the file it had open"));
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    if (state_->next_fd >= 0) ::close(state_->next_fd);
+    state_->next_fd = fd;
   }
-  if (!ok) std::clearerr(out_);
+  state_->cv.notify_all();
+  return absl::OkStatus();
+}
+
+int64_t SessionLog::dropped() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->dropped;
+}
+
+void SessionLog::enqueue(std::string line) {
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    if (state_->queue.size() >= state_->max_queued) {
+      ++state_->dropped;
+      ++state_->dropped_unreported;
+      return;
+    }
+    state_->queue.push_back(std::move(line));
+  }
+  state_->cv.notify_one();
 }
 
 void SessionLog::started(const ServerSession& s, int64_t kv_reserved_bytes) {
@@ -76,19 +233,12 @@ void SessionLog::started(const ServerSession& s, int64_t kv_reserved_bytes) {
   j["audit"] = p.audit;
   j["batch_invariant"] = p.batch_invariant;
   j["kv_reserved_bytes"] = kv_reserved_bytes;
-  // a client's bytes (none today: ids and addresses are the server's) never break the line
-  write(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  enqueue(text(j));
 }
 
-void SessionLog::parked(const ServerSession& s) {
-  write(event("park", s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-}
+void SessionLog::parked(const ServerSession& s) { enqueue(text(event("park", s))); }
 
-void SessionLog::resumed(const ServerSession& s, const std::string& client) {
-  nlohmann::ordered_json j = event("resume", s);
-  j["client"] = client;
-  write(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-}
+void SessionLog::resumed(const ServerSession& s) { enqueue(text(event("resume", s))); }
 
 void SessionLog::ended(const ServerSession& s, EndReason reason, double seconds) {
   nlohmann::ordered_json j = event("end", s);
@@ -96,7 +246,7 @@ void SessionLog::ended(const ServerSession& s, EndReason reason, double seconds)
   j["seconds"] = std::round(seconds * 1000) / 1000;
   j["frames_sent"] = s.frames_sent();
   j["frames_dropped"] = s.frames_dropped();
-  write(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  enqueue(text(j));
 }
 
 }  // namespace wm::server

@@ -1,18 +1,24 @@
 // One JSON line per session event, for operators: who played, with what,
 // for how long, and how it ended (--session_log). Events: "start" (the
 // engine opened the session), "park" (its stream broke; kept for a resume),
-// "resume" (re-attached to a new stream), "end". Refused Starts are not
-// logged (wm_sessions_rejected_total counts them), so a flood of refusals
-// cannot fill the log.
+// "resume" (re-attached to a new stream), "end", and "dropped" (lines lost
+// because the log could not keep up). Refused Starts are not logged
+// (wm_sessions_rejected_total counts them).
 //
-// Thread-safe: each line is written whole and flushed under a mutex. A
-// failed write is reported on stderr once and never stops the server.
+// The events are queued and written by a thread of the log's own: the
+// engine thread, which reports starts and ends, never waits for a disk or
+// a pipe (a log on a stdout nobody reads would otherwise stop every
+// session). The queue holds kMaxQueuedLines; past that lines are dropped and
+// counted. Each line goes out in one write(2) with its newline; a line a
+// full disk cut short is ended before the next one, so lines never run
+// together. A failed write is reported on stderr once and never stops the
+// server.
 #pragma once
 
-#include <cstdio>
+#include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "server/metrics.h"
@@ -22,31 +28,39 @@ namespace wm::server {
 
 class SessionLog {
  public:
+  static constexpr size_t kMaxQueuedLines = 10000;
+
   // "-": standard output; anything else: a file, created or appended to
-  static absl::StatusOr<std::unique_ptr<SessionLog>> open(const std::string& where);
+  static absl::StatusOr<std::unique_ptr<SessionLog>> open(const std::string& where,
+                                                          size_t max_queued = kMaxQueuedLines);
+  // writes what is queued (for up to 2 s: a writer stuck on a pipe nobody
+  // reads is left behind), then stops
   ~SessionLog();
-  // a file log opens its path again (SIGHUP: after a rotation renamed it);
-  // on failure it keeps writing where it did. Standard output: nothing to do
-  absl::Status reopen();
   SessionLog(const SessionLog&) = delete;
   SessionLog& operator=(const SessionLog&) = delete;
 
+  // a file log opens its path again (SIGHUP: after a rotation renamed it);
+  // on failure it keeps writing where it did. Standard output: nothing to do
+  absl::Status reopen();
+
   void started(const ServerSession& s, int64_t kv_reserved_bytes);
   void parked(const ServerSession& s);
-  // `client`: the address of the stream it is attached to now
-  void resumed(const ServerSession& s, const std::string& client);
+  void resumed(const ServerSession& s);
   // frames_sent and frames_dropped are those of its last stream
   void ended(const ServerSession& s, EndReason reason, double seconds);
 
- private:
-  SessionLog(std::FILE* out, bool own, std::string path) : out_(out), own_(own), path_(std::move(path)) {}
-  void write(const std::string& line);
+  // lines dropped so far because the queue was full
+  int64_t dropped() const;
 
-  std::mutex mu_;
-  std::FILE* out_;
-  bool own_;
-  const std::string path_;
-  bool failed_ = false;
+  // the writer's state, shared with its thread (which may outlive the log)
+  struct State;
+
+ private:
+  explicit SessionLog(std::shared_ptr<State> state);
+  void enqueue(std::string line);
+
+  std::shared_ptr<State> state_;
+  std::thread writer_;
 };
 
 }  // namespace wm::server

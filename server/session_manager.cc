@@ -1,10 +1,15 @@
 #include "server/session_manager.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/number_text.h"
 #include "common/status_macros.h"
 #include "server/client_text.h"
@@ -54,8 +59,8 @@ absl::Status SessionManager::check_prompt_frames(absl::string_view client, int p
   if (left >= prompt_frames) return absl::OkStatus();
   const double wait_s = (prompt_frames - left) / config_.client_prompt_rate;
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "client %s sends prompt frames faster than %s a second (--client_prompt_rate): this Start has %d, %d may "
-      "be sent now; retry in %.1f s",
+      "client %s: Starts and their prompt frames come faster than %s a second (--client_prompt_rate): this Start "
+      "costs %d (its prompt frames, at least one), %d are left; retry in %.1f s",
       client, exact_text(config_.client_prompt_rate), prompt_frames, static_cast<int>(left),
       std::max(0.1, std::ceil(wait_s * 10) / 10)));
 }
@@ -63,10 +68,15 @@ absl::Status SessionManager::check_prompt_frames(absl::string_view client, int p
 void SessionManager::take_prompt_frames(const AdmitRequest& request, TimePoint now) {
   if (config_.client_prompt_rate <= 0 || request.prompt_frames <= 0) return;
   const double left = prompt_frames_left(request.client, now) - request.prompt_frames;
-  // a full bucket is the same as none: forget every client that has refilled
-  // (so the map holds only the clients of the last burst / rate seconds)
-  std::erase_if(prompt_buckets_,
-                [&](const auto& kv) { return refilled(kv.second, now) >= config_.client_prompt_burst; });
+  // a full bucket is the same as none: forget the clients that have
+  // refilled (so the map holds about the clients of the last burst / rate
+  // seconds), when the map has doubled since the last sweep: amortized,
+  // admission does not pay a scan of every client each time
+  if (prompt_buckets_.size() >= prune_at_) {
+    std::erase_if(prompt_buckets_,
+                  [&](const auto& kv) { return refilled(kv.second, now) >= config_.client_prompt_burst; });
+    prune_at_ = std::max<size_t>(kMinPruneAt, 2 * prompt_buckets_.size());
+  }
   prompt_buckets_[request.client] = PromptBucket{left, now};
 }
 
@@ -244,6 +254,18 @@ std::string client_of_peer(absl::string_view peer) {
   if (colon == absl::string_view::npos || colon == first) return std::string(peer);
   if (peer.substr(0, first) != "ipv4" && peer.substr(0, first) != "ipv6") return std::string(peer);
   return std::string(peer.substr(0, colon));
+}
+
+std::string client_group(absl::string_view client) {
+  absl::string_view inner = client;
+  if (!absl::ConsumePrefix(&inner, "ipv6:[") || !absl::ConsumeSuffix(&inner, "]")) return std::string(client);
+  std::string text(inner.substr(0, inner.find('%')));  // without a zone
+  in6_addr a;
+  if (inet_pton(AF_INET6, text.c_str(), &a) != 1 || IN6_IS_ADDR_V4MAPPED(&a)) return std::string(client);
+  std::memset(a.s6_addr + 8, 0, 8);
+  char out[INET6_ADDRSTRLEN];
+  if (inet_ntop(AF_INET6, &a, out, sizeof out) == nullptr) return std::string(client);
+  return absl::StrCat("ipv6:[", out, "]/64");
 }
 
 }  // namespace wm::server

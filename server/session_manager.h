@@ -35,9 +35,10 @@ struct SessionManagerConfig {
   int max_sessions_per_client = 16;         // 0: no per-client cap
   Duration idle_ttl = std::chrono::seconds(60);  // zero: sessions never expire
   Duration park_ttl = std::chrono::seconds(30);  // how long a parked session waits; zero: never park
-  // prompt frames (engine passes before a session's first frame) per client
-  // address: a bucket of client_prompt_burst frames, refilled at
-  // client_prompt_rate frames a second; a rate of 0: no limit
+  // Starts per client: a Start costs its prompt frames (engine passes before
+  // the session's first frame), at least one; a bucket of
+  // client_prompt_burst, refilled at client_prompt_rate a second; a rate of
+  // 0: no limit
   double client_prompt_rate = 0;
   int client_prompt_burst = 32;
 };
@@ -47,7 +48,7 @@ struct AdmitRequest {
   std::string cache_format;
   std::string resume_token = "";  // "" = not resumable; otherwise unique among held sessions
   bool audit = false;             // keeps a full-precision shadow: reserves audit_bytes more
-  int prompt_frames = 0;          // frames written into the cache before the first block
+  int prompt_frames = 0;          // what the Start costs the client's bucket (its prompt frames, at least one)
 };
 
 class SessionManager {
@@ -137,6 +138,8 @@ class SessionManager {
   std::map<std::string, int, std::less<>> per_client_;
   std::map<std::string, Key, std::less<>> tokens_;
   std::map<std::string, PromptBucket, std::less<>> prompt_buckets_;
+  static constexpr size_t kMinPruneAt = 64;
+  size_t prune_at_ = kMinPruneAt;  // the bucket map's size that sweeps it
   int parked_ = 0;
   int64_t reserved_ = 0;
   Key next_key_ = 1;
@@ -145,5 +148,10 @@ class SessionManager {
 
 // "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1", "ipv6:[::1]:5555" -> "ipv6:[::1]"
 std::string client_of_peer(absl::string_view peer);
+// what the per-client caps count for an address (without API tokens): an
+// IPv6 address by its /64, which one subscriber gets whole (so 2^64
+// addresses to rotate through), "ipv6:[2001:db8:1:2::]/64"; any other
+// address (IPv4, IPv4-mapped IPv6, unix sockets) as it is
+std::string client_group(absl::string_view client);
 
 }  // namespace wm::server

@@ -1,6 +1,7 @@
 // wmserve: the inference server. `wmserve --help` lists the flags;
 // docs/API.md describes the API, docs/ARCHITECTURE.md how it runs.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -73,10 +74,11 @@ ABSL_FLAG(double, max_fps, 240, "highest fixed-rate fps a session may ask for");
 ABSL_FLAG(int, max_prompt_frames, 16,
           "prompt frames a Start may carry at most (each costs one engine pass on the engine thread)");
 ABSL_FLAG(double, client_prompt_rate, 4,
-          "prompt frames a second per client address (0: no limit): a client may send --client_prompt_burst at "
-          "once, then this many a second; a Start past that is refused (RESOURCE_EXHAUSTED, with when to retry)");
+          "Starts and prompt frames a second per client (0: no limit): a Start costs its prompt frames, at least "
+          "one; a client may spend --client_prompt_burst at once, then this many a second; a Start past that is "
+          "refused (RESOURCE_EXHAUSTED, with when to retry)");
 ABSL_FLAG(int, client_prompt_burst, 32,
-          "prompt frames a client address may send at once (at least --max_prompt_frames)");
+          "what a client may spend at once on Starts and prompt frames (at least --max_prompt_frames)");
 ABSL_FLAG(double, audit_fraction, 0.0,
           "fraction of sessions (0..1) that keep a full-precision shadow of their cache and feed "
           "wm_token_selection_drift_ratio{format}; each reserves one more fp32 cache of the KV budget "
@@ -87,6 +89,8 @@ ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted
 ABSL_FLAG(double, start_timeout_s, 10,
           "end a Play stream that sends no Start within this (DEADLINE_EXCEEDED; 0: wait forever)");
 ABSL_FLAG(int, keepalive_time_s, 30, "ping idle connections this often");
+ABSL_FLAG(int, handshake_timeout_s, 10,
+          "close a connection that has not finished its TLS or HTTP/2 handshake within this (1..300)");
 ABSL_FLAG(int, keepalive_timeout_s, 10, "drop a connection whose ping is not answered within this");
 ABSL_FLAG(int, min_client_ping_interval_s, 10, "clients may send keepalive pings at most this often");
 ABSL_FLAG(double, shutdown_grace_s, 10, "on SIGTERM/SIGINT: how long open sessions may go on before they are ended");
@@ -106,6 +110,18 @@ std::string default_model_dir() {
     if (std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec)) return dir;
   }
   return "";
+}
+
+// every connection is a file descriptor, and once gRPC runs out of them it
+// stops accepting for good (it does not retry an accept that failed with
+// EMFILE): take the hard limit, not the soft one (often 1024 or 20000)
+void raise_open_file_limit() {
+  rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  const rlim_t want = r.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : r.rlim_max;
+  if (r.rlim_cur >= want) return;
+  r.rlim_cur = want;
+  setrlimit(RLIMIT_NOFILE, &r);
 }
 
 // the --auth_tokens file, checked; a warning on stderr when others may read it
@@ -165,7 +181,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the wmserve inference server: serves one world model over gRPC (wmserve.v1.WorldModel).\n"
       "  wmserve [--model DIR] [--port 50051] [--metrics_port 9464] [--kv_budget_bytes N] ...\n"
-      "Without --model it serves models/default. SIGTERM/SIGINT drain and exit 0. See docs/API.md.");
+      "Without --model it serves models/default. SIGTERM/SIGINT drain and exit 0; SIGHUP reloads --auth_tokens\n"
+      "and reopens --session_log. See docs/API.md.");
   if (auto bad = wm::parse_flags_only(argc, argv)) {
     std::fprintf(stderr, "wmserve: %s\n", bad->c_str());
     return 1;
@@ -179,6 +196,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  raise_open_file_limit();
 
   std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) model = default_model_dir();
@@ -196,6 +214,7 @@ int main(int argc, char** argv) {
   o.encoder_threads = absl::GetFlag(FLAGS_encoder_threads);
   o.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   o.keepalive.time_s = absl::GetFlag(FLAGS_keepalive_time_s);
+  o.handshake_timeout_s = absl::GetFlag(FLAGS_handshake_timeout_s);
   o.keepalive.timeout_s = absl::GetFlag(FLAGS_keepalive_timeout_s);
   o.keepalive.min_client_ping_interval_s = absl::GetFlag(FLAGS_min_client_ping_interval_s);
   o.session_log = absl::GetFlag(FLAGS_session_log) == "off" ? "" : absl::GetFlag(FLAGS_session_log);
@@ -268,6 +287,7 @@ int main(int argc, char** argv) {
                                     std::pair{"--min_client_ping_interval_s", o.keepalive.min_client_ping_interval_s}})
     if (value < 1 || value > wm::server::kMaxKeepaliveSeconds)
       return fail(absl::StrCat(name, " must be 1..", wm::server::kMaxKeepaliveSeconds, " s"));
+  if (o.handshake_timeout_s < 1 || o.handshake_timeout_s > 300) return fail("--handshake_timeout_s must be 1..300");
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_s);
   if (!(grace >= 0 && grace <= 3600)) return fail("--shutdown_grace_s must be 0..3600");
   // TLS files are read and checked now: gRPC would only fail to listen, or fail every handshake
@@ -277,7 +297,7 @@ int main(int argc, char** argv) {
     if (cert.empty() != key.empty()) return fail("--tls_cert and --tls_key go together");
     if (!ca.empty() && cert.empty()) return fail("--tls_client_ca needs --tls_cert and --tls_key");
     if (!cert.empty()) {
-      auto chain = wm::read_certificates(cert, "--tls_cert");
+      auto chain = wm::read_certificates(cert, "--tls_cert", wm::CertRole::kOwnChain);
       if (!chain.ok()) return fail(std::string(chain.status().message()));
       auto pkey = wm::read_private_key(key, "--tls_key");
       if (!pkey.ok()) return fail(std::string(pkey.status().message()));
@@ -286,7 +306,7 @@ int main(int argc, char** argv) {
       o.tls.cert_chain = std::move(*chain);
       o.tls.private_key = std::move(*pkey);
       if (!ca.empty()) {
-        auto cas = wm::read_certificates(ca, "--tls_client_ca");
+        auto cas = wm::read_certificates(ca, "--tls_client_ca", wm::CertRole::kTrustedCas);
         if (!cas.ok()) return fail(std::string(cas.status().message()));
         o.tls.client_ca = std::move(*cas);
       }

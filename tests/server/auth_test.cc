@@ -16,6 +16,11 @@ TEST(TokenTable, IdentifiesEachTokensName) {
   EXPECT_EQ(*t->identify("Bearer 0123456789abcdef0123"), "alice");
   EXPECT_EQ(*t->identify("bearer fedcba9876543210fedc"), "bob");  // the scheme in any case
   EXPECT_EQ(*t->identify("BEARER  fedcba9876543210fedc "), "bob");
+  // a '#' inside a token is part of it, not a comment that cuts it short
+  auto hashed = TokenTable::parse("carol cccccccccccccccc#secretsuffix # a comment\n", "tokens");
+  ASSERT_TRUE(hashed.ok()) << hashed.status();
+  EXPECT_EQ(*hashed->identify("Bearer cccccccccccccccc#secretsuffix"), "carol");
+  EXPECT_FALSE(hashed->identify("Bearer cccccccccccccccc").ok());
   struct Case {
     const char* authorization;
     const char* says;

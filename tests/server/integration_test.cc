@@ -724,7 +724,7 @@ TEST(ServerIntegration, AdmissionRefusesWhenTheBudgetOrTheClientCapIsFull) {
 // gets --client_prompt_burst prompt frames, then --client_prompt_rate a second
 TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
   auto server = ServerProcess::start(
-      tiny_model(), {"--client_prompt_rate=0.01", "--client_prompt_burst=4", "--max_prompt_frames=3"});
+      tiny_model(), {"--client_prompt_rate=0.01", "--client_prompt_burst=5", "--max_prompt_frames=3"});
   ASSERT_NE(server, nullptr);
   auto ch = channel(*server);
   std::vector<uint8_t> px(32 * 32 * 3, 100);
@@ -740,10 +740,10 @@ TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
   const grpc::Status refused = b.start(with_prompt(3));
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(absl::StrContains(refused.error_message(),
-                                "faster than 0.01 a second (--client_prompt_rate): this Start has 3, 1 may be sent "
-                                "now; retry in 200.0 s"))
+                                "come faster than 0.01 a second (--client_prompt_rate): this Start costs 3 (its "
+                                "prompt frames, at least one), 2 are left; retry in 100.0 s"))
       << refused.error_message();
-  // a Start without a prompt costs no engine pass (this model has no prompt images); the last frame does
+  // a Start without a prompt (this model has no prompt images) costs one, as does a one-frame prompt
   ASSERT_TRUE(c.start(v1::Start()).ok());
   EXPECT_EQ(c.started().prompt_frames(), 0);
   ASSERT_TRUE(d.start(with_prompt(1)).ok());
@@ -754,7 +754,7 @@ TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(v1::WorldModel::NewStub(ch)->GetServerInfo(&ctx, {}, &info).ok());
     EXPECT_EQ(info.client_prompt_rate(), 0.01);
-    EXPECT_EQ(info.client_prompt_burst(), 4);
+    EXPECT_EQ(info.client_prompt_burst(), 5);
     EXPECT_EQ(info.max_prompt_frames(), 3);
   }
   // the refusals harmed nothing: the client's sessions play on
@@ -791,6 +791,7 @@ key -subj /CN=player -keyout client.key -out client.csr
 o x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem
 key -subj /CN=stranger -keyout stranger.key -out stranger.csr
 o x509 -req -in stranger.csr -CA other_ca.pem -CAkey other_ca.key -CAcreateserial -days 2 -out stranger.pem
+cat expired.pem ca.pem > bundle.pem
 )";
   std::string log;
   const int rc = testing::run_program({"/bin/sh", "-c", script, "sh", dir}, &log);
@@ -858,9 +859,10 @@ TEST(ServerIntegration, TlsServesOnlyClientsThatTrustItAndMutualTlsOnlyKnownClie
   EXPECT_LE(handshake_lines, 3 * 20) << "at most 20 a second, and the burst took under 3 s";
   EXPECT_TRUE(absl::StrContains(after, "log lines dropped (at most 20 a second)")) << after;
 
-  // mutual TLS: only a client with a certificate the CA signed gets in
+  // mutual TLS: only a client with a certificate the CA signed gets in (the
+  // CAs are a bundle with an expired certificate first, as system bundles may be)
   auto mutual = ServerProcess::start(tiny_model(), {"--tls_cert=" + pki + "/server.pem", "--tls_key=" + pki +
-                                                    "/server.key", "--tls_client_ca=" + pki + "/ca.pem"});
+                                                    "/server.key", "--tls_client_ca=" + pki + "/bundle.pem"});
   ASSERT_NE(mutual, nullptr);
   EXPECT_TRUE(absl::StrContains(mutual->log(), "(TLS, client certificates required)")) << mutual->log();
   client::ChannelOptions known = tls, stranger = tls;
@@ -893,7 +895,7 @@ TEST(ServerIntegration, BadTlsFilesStopTheServerAndTheClientsWithAMessage) {
            {{"--tls_cert=" + pki + "/server.key", key}, "holds no certificate"},
            {{cert, "--tls_key=" + pki + "/server.pem"}, "holds no private key"},
            {{cert, "--tls_key=" + pki + "/client.key"}, "--tls_key is not the private key of --tls_cert"},
-           {{"--tls_cert=" + pki + "/expired.pem", key}, "certificate 1 has expired"},
+           {{"--tls_cert=" + pki + "/expired.pem", key}, "its certificate has expired"},
            {{cert, key, "--tls_client_ca=" + pki + "/san.ext"}, "not a PEM file"}}) {
     expect_server_refuses(flags, says);
   }
@@ -959,6 +961,13 @@ TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   }
   EXPECT_EQ(scrape(*server).at("wm_sessions_rejected_total{reason=\"unauthenticated\"}"), 3);
 
+  {
+    // the clients say the server answered, and why it refused
+    std::string log;
+    EXPECT_EQ(testing::run_program({WMBENCH_BIN, "--server=" + server->target(), "--sessions=1", "--frames=1"}, &log),
+              1);
+    EXPECT_TRUE(absl::StrContains(log, "refused the call (UNAUTHENTICATED): this server needs a token")) << log;
+  }
   // the per-client cap counts per user, not per address: alice and bob share 127.0.0.1
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
   auto a = std::make_unique<client::PlayStream>(alice, deadline);
@@ -1108,6 +1117,17 @@ TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
     EXPECT_EQ(testing::run_program({WMHEALTH_BIN, "--server=127.0.0.1:9", "--token_file=" + path}, &log), 2)
         << path << ":\n" << log;
     EXPECT_TRUE(absl::StrContains(log, says)) << path << ":\n" << log;
+  }
+  {
+    // gRPC would abort the client on a token with a newline in the metadata
+    std::string log;
+    EXPECT_EQ(testing::run_program({"/bin/sh", "-c",
+                                    std::string("WMSERVE_TOKEN=\"$(printf 'abcdefghijklmnop\\nq')\" exec ") +
+                                        WMHEALTH_BIN + " --server=127.0.0.1:9"},
+                                   &log),
+              2)
+        << log;
+    EXPECT_TRUE(absl::StrContains(log, "WMSERVE_TOKEN: a token is printable characters")) << log;
   }
   // and a good one reaches the server
   std::string log;
@@ -1542,6 +1562,35 @@ TEST(ServerIntegration, TheMetricsPortAnswersStrayRequestsAndStaysUp) {
 
 // idle connections to the metrics port (a scanner, a stuck scraper) hold
 // HTTP threads until their request timeout; scrapes still get through
+// a connection that never finishes its handshake is closed after
+// --handshake_timeout_s (gRPC's default would keep it 120 s): idle
+// connections cannot pile up until the server runs out of descriptors
+TEST(ServerIntegration, ConnectionsThatNeverHandshakeAreClosed) {
+  auto server = ServerProcess::start(tiny_model(), {"--handshake_timeout_s=1"});
+  ASSERT_NE(server, nullptr);
+  const int fd = testing::idle_connection(server->port());
+  ASSERT_GE(fd, 0);
+  timeval tv{20, 0};
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  char buf[256];
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) {  // the server's SETTINGS, then its close
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  EXPECT_EQ(n, 0) << "closed by the server, not timed out here";
+  EXPECT_LT(waited, 15.0);
+  // and a client that does talk is served as before
+  EXPECT_TRUE(client::health_check(channel(*server), "").serving());
+  std::string log;
+  EXPECT_EQ(testing::run_program({WMSERVE_BIN, "--model=" + tiny_model(), "--port=0", "--metrics_port=-1",
+                                  "--handshake_timeout_s=0"},
+                                 &log),
+            1);
+  EXPECT_TRUE(absl::StrContains(log, "--handshake_timeout_s must be 1..300")) << log;
+}
+
 TEST(ServerIntegration, IdleConnectionsDoNotHoldUpTheMetrics) {
   auto server = ServerProcess::start(tiny_model());
   ASSERT_NE(server, nullptr);

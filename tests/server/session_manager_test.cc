@@ -314,8 +314,9 @@ TEST(SessionManager, APromptRefusalSaysWhenToRetryAndOtherRefusalsTakeNoFrames) 
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   // 1 frame left, 3 needed: 2 more at 0.5 a second
   EXPECT_TRUE(absl::StrContains(refused.status().message(),
-                                "client ipv4:10.0.0.1 sends prompt frames faster than 0.5 a second "
-                                "(--client_prompt_rate): this Start has 3, 1 may be sent now; retry in 4.0 s"))
+                                "client ipv4:10.0.0.1: Starts and their prompt frames come faster than 0.5 a "
+                                "second (--client_prompt_rate): this Start costs 3 (its prompt frames, at least "
+                                "one), 1 are left; retry in 4.0 s"))
       << refused.status();
   // refused by the budget or a cap: the prompt frames stay with the client
   AdmitRequest big{"c", "fp16"};
@@ -347,12 +348,14 @@ TEST(SessionManager, OnlyClientsStillRefillingAreRemembered) {
   SessionManager m(c);
   const TimePoint t0{};
   // a thousand clients, one a second: each refills within two seconds, so
-  // at most two are remembered at any time (however many came before)
+  // a sweep keeps two, and the map never grows past its first sweep size
+  // (however many came before)
   for (int i = 0; i < 1000; ++i) {
     AdmitRequest r{"client" + std::to_string(i), "q2"};
     r.prompt_frames = 2;
     ASSERT_TRUE(m.admit(r, t0 + seconds(i)).ok()) << i;
-    EXPECT_LE(m.prompt_buckets(), 2) << i;
+    // swept when the map reaches 64 (the sweep leaves 2): at most 64 at any time
+    EXPECT_LE(m.prompt_buckets(), 64) << i;
   }
   EXPECT_DOUBLE_EQ(m.prompt_frames_left("client999", t0 + seconds(999)), 0);
   EXPECT_DOUBLE_EQ(m.prompt_frames_left("client998", t0 + seconds(999)), 1);
@@ -378,6 +381,18 @@ TEST(SessionManager, PeerAddressesLoseTheirPort) {
   EXPECT_EQ(client_of_peer("ipv6:[::1]:5555"), "ipv6:[::1]");
   EXPECT_EQ(client_of_peer("unix:/tmp/sock"), "unix:/tmp/sock");
   EXPECT_EQ(client_of_peer(""), "");
+}
+
+TEST(SessionManager, IPv6ClientsCountByTheirSlash64) {
+  EXPECT_EQ(client_group("ipv6:[2001:db8:1:2:aaaa:bbbb:cccc:dddd]"), "ipv6:[2001:db8:1:2::]/64");
+  EXPECT_EQ(client_group("ipv6:[2001:db8:1:2::7]"), "ipv6:[2001:db8:1:2::]/64");
+  EXPECT_EQ(client_group("ipv6:[fe80::1%eth0]"), "ipv6:[fe80::]/64");
+  EXPECT_EQ(client_group("ipv6:[::1]"), "ipv6:[::]/64");
+  EXPECT_EQ(client_group("ipv6:[::ffff:10.0.0.5]"), "ipv6:[::ffff:10.0.0.5]");  // IPv4, mapped
+  EXPECT_EQ(client_group("ipv4:10.0.0.5"), "ipv4:10.0.0.5");
+  EXPECT_EQ(client_group("unix:/tmp/sock"), "unix:/tmp/sock");
+  EXPECT_EQ(client_group("ipv6:[not an address]"), "ipv6:[not an address]");
+  EXPECT_EQ(client_group(""), "");
 }
 
 }  // namespace

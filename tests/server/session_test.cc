@@ -5,9 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <condition_variable>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "common/image_io.h"
+#include "server/session_log.h"
 
 namespace wm::server {
 namespace {
@@ -240,6 +249,49 @@ TEST(ServerSession, NothingIsWrittenBeforeStarted) {
     never.session->send_started(v1::Started());  // too late: nothing touches the writer
     EXPECT_TRUE(never.writer.writes().empty());
   }
+}
+
+// the session log's writer is its own thread: a log nobody reads (a pipe
+// left full) costs lines, counted and reported, never the caller's time
+TEST(SessionLog, AWriterThatCannotKeepUpDropsLinesAndNeverBlocksTheCaller) {
+  Fixture f;
+  const std::string fifo = ::testing::TempDir() + "/session_log_fifo_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // there, but not reading yet
+  ASSERT_GE(reader, 0);
+  auto log = SessionLog::open(fifo, /*max_queued=*/8);
+  ASSERT_TRUE(log.ok()) << log.status();
+  // some 2.5 MB of lines against a 64 KiB pipe: the calls return at once
+  const int kLines = 20000;
+  for (int i = 0; i < kLines; ++i) (*log)->parked(*f.session);
+  EXPECT_GT((*log)->dropped(), 0);
+  // now read it all: every line whole JSON, and the drops said
+  ASSERT_EQ(::fcntl(reader, F_SETFL, 0), 0);
+  std::string text;
+  std::thread drain([&] {
+    char buf[65536];
+    for (ssize_t n; (n = ::read(reader, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  });
+  const int64_t dropped = (*log)->dropped();
+  log->reset();  // writes what is queued, then closes the pipe: the reader sees its end
+  drain.join();
+  ::close(reader);
+  ::unlink(fifo.c_str());
+  int64_t parks = 0, reported = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);  // throws on a broken line
+    if (j["event"] == "park") {
+      ++parks;
+      EXPECT_EQ(j["session"], "s1");
+    } else {
+      EXPECT_EQ(j["event"], "dropped");
+      reported += j["lines"].get<int64_t>();
+    }
+  }
+  EXPECT_EQ(parks + dropped, kLines);
+  EXPECT_EQ(reported, dropped);
 }
 
 }  // namespace
