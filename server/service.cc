@@ -52,14 +52,6 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
  public:
   PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), client_(client_of_peer(context->peer())) {
-    auto user = service_->authenticate(*context);
-    if (!user.ok()) {
-      reject("unauthenticated", user.status());
-      return;
-    }
-    user_ = *user;
-    // the per-client caps and the prompt ration count per user when there are tokens
-    identity_ = user_.empty() ? client_group(client_) : "user:" + user_;
     pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { finish_once(s); });
     StartRead(&read_);
   }
@@ -78,6 +70,18 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     }
     const absl::Status parsed = parse(&read_, &request_);
     if (s == nullptr) {
+      // the stream's first message: who sent it (the API token) decides
+      // before what it says. Checked here rather than in the constructor,
+      // so that everything the check sets lives in this one callback
+      auto user = service_->authenticate(*context_);
+      if (!user.ok()) {
+        if (!started_in_time()) return;
+        reject("unauthenticated", user.status());
+        return;
+      }
+      user_ = *user;
+      // the per-client caps and the Start ration count per user when there are tokens
+      identity_ = user_.empty() ? client_group(client_) : "user:" + user_;
       if (!parsed.ok()) {
         finish_once(parsed);
         return;
