@@ -962,11 +962,17 @@ TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   EXPECT_EQ(scrape(*server).at("wm_sessions_rejected_total{reason=\"unauthenticated\"}"), 3);
 
   {
-    // the clients say the server answered, and why it refused
-    std::string log;
-    EXPECT_EQ(testing::run_program({WMBENCH_BIN, "--server=" + server->target(), "--sessions=1", "--frames=1"}, &log),
-              1);
-    EXPECT_TRUE(absl::StrContains(log, "refused the call (UNAUTHENTICATED): this server needs a token")) << log;
+    // the clients (wmplay, wmbench) say the server answered, and why it refused
+    v1::ListModelsResponse models;
+    grpc::ClientContext ctx;
+    const grpc::Status st = v1::WorldModel::NewStub(anonymous)->ListModels(&ctx, {}, &models);
+    EXPECT_TRUE(absl::StrContains(client::describe_call_failure(server->target(), st),
+                                  "wmserve at " + server->target() +
+                                      " refused the call (UNAUTHENTICATED): this server needs a token"))
+        << client::describe_call_failure(server->target(), st);
+    EXPECT_TRUE(absl::StartsWith(
+        client::describe_call_failure("127.0.0.1:9", grpc::Status(grpc::StatusCode::UNAVAILABLE, "refused")),
+        "cannot reach wmserve at 127.0.0.1:9: refused"));
   }
   // the per-client cap counts per user, not per address: alice and bob share 127.0.0.1
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
