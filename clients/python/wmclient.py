@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's CAs")
     ap.add_argument("--tls_ca", default="", help="PEM CA certificates to trust instead (implies --tls)")
+    ap.add_argument("--tls_cert", default="", help="PEM client certificate for mutual TLS (with --tls_key)")
+    ap.add_argument("--tls_key", default="", help="PEM private key of --tls_cert")
     ap.add_argument("--token_file", default="",
                     help="file whose first line is the API token (default: $WMSERVE_TOKEN, if set)")
     args = ap.parse_args()
@@ -64,9 +66,14 @@ def main():
     auth = [("authorization", "Bearer " + token)] if token else []
     pb2, pb2_grpc = load_stubs()
 
-    if args.tls or args.tls_ca:
-        ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
-        channel = grpc.secure_channel(args.server, grpc.ssl_channel_credentials(root_certificates=ca))
+    if bool(args.tls_cert) != bool(args.tls_key):
+        sys.exit("wmclient: --tls_cert and --tls_key go together")
+    if args.tls or args.tls_ca or args.tls_cert:
+        read = lambda path: open(path, "rb").read() if path else None
+        creds = grpc.ssl_channel_credentials(root_certificates=read(args.tls_ca),
+                                             private_key=read(args.tls_key),
+                                             certificate_chain=read(args.tls_cert))
+        channel = grpc.secure_channel(args.server, creds)
     else:
         channel = grpc.insecure_channel(args.server)
     stub = pb2_grpc.WorldModelStub(channel)

@@ -19,7 +19,7 @@ ls "$dir/frames" | grep -c jpg | grep -qx 8
 kill -TERM $pid
 wait $pid
 
-# and over TLS, with a certificate for 127.0.0.1 from a CA made here, and an API token
+# and over mutual TLS, with certificates from a CA made here, and an API token
 command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; exit 0; }
 (
   cd "$dir"
@@ -28,19 +28,22 @@ command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; e
   o req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost -keyout server.key -out server.csr
   printf 'subjectAltName=IP:127.0.0.1\n' > san.ext
   o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out server.pem
+  o req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=player -keyout client.key -out client.csr
+  o x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem
 )
 echo "player 0123456789abcdef0123" > "$dir/tokens"
 echo "0123456789abcdef0123" > "$dir/token"
 chmod 600 "$dir/tokens" "$dir/token"
 rm -f "$dir/ports.json"
 "$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
-  --threads 1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" --auth_tokens "$dir/tokens" \
+  --threads 1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" --tls_client_ca "$dir/ca.pem" \
+  --auth_tokens "$dir/tokens" \
   > "$dir/server_tls.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
 port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
 $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 4 --out "$dir/frames_tls" --tls_ca "$dir/ca.pem" \
-  --token_file "$dir/token"
+  --tls_cert "$dir/client.pem" --tls_key "$dir/client.key" --token_file "$dir/token"
 grep -q '"user":"player"' "$dir/server_tls.log"
 ls "$dir/frames_tls" | grep -c jpg | grep -qx 4
 kill -TERM $pid
