@@ -6,6 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 
 namespace wm::server {
 
@@ -51,10 +54,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
-  if (options.tls.enabled()) {
-    grpc::SslServerCredentialsOptions tls(options.tls.client_ca.empty()
-                                              ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  const auto client_certs = options.tls.client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  if (options.tls.enabled() && options.tls.reload_s > 0) {
+    // gRPC watches the files: a certificate renewed in place is served
+    // within reload_s, and files it cannot load leave the last good ones
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        options.tls.key_path, options.tls.cert_path, options.tls.client_ca_path,
+        static_cast<unsigned>(options.tls.reload_s));
+    grpc::experimental::TlsServerCredentialsOptions tls(provider);
+    tls.watch_identity_key_cert_pairs();
+    if (!options.tls.client_ca_path.empty()) tls.watch_root_certs();
+    tls.set_cert_request_type(client_certs);
+    credentials = grpc::experimental::TlsServerCredentials(tls);
+  } else if (options.tls.enabled()) {
+    grpc::SslServerCredentialsOptions tls(client_certs);
     tls.pem_key_cert_pairs.push_back({options.tls.private_key, options.tls.cert_chain});
     tls.pem_root_certs = options.tls.client_ca;
     credentials = grpc::SslServerCredentials(tls);

@@ -33,6 +33,11 @@ struct TlsOptions {
   std::string cert_chain;  // the server's certificate, then any intermediates
   std::string private_key;
   std::string client_ca;   // set: every client must present a certificate this CA signed
+  // with reload_s > 0, gRPC reads these files again every reload_s seconds
+  // and serves what it finds (a renewed certificate without a restart); the
+  // PEM text above is what they held at start-up, checked
+  std::string cert_path, key_path, client_ca_path;
+  int reload_s = 0;
   bool enabled() const { return !cert_chain.empty(); }
 };
 

@@ -39,6 +39,8 @@ ABSL_FLAG(std::string, port_file, "", "write {\"port\": P, \"metrics_port\": M} 
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve gRPC over TLS with it (and --tls_key); the metrics port stays plain HTTP");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
+ABSL_FLAG(int, tls_reload_s, 60,
+          "read the TLS files again this often and serve a renewed certificate without a restart (0: never)");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: with TLS, every client must present a certificate one of them signed (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
@@ -305,6 +307,11 @@ int main(int argc, char** argv) {
         return fail(std::string(st.message()));
       o.tls.cert_chain = std::move(*chain);
       o.tls.private_key = std::move(*pkey);
+      o.tls.cert_path = cert;
+      o.tls.key_path = key;
+      o.tls.client_ca_path = ca;
+      o.tls.reload_s = absl::GetFlag(FLAGS_tls_reload_s);
+      if (o.tls.reload_s < 0 || o.tls.reload_s > 86400) return fail("--tls_reload_s must be 0..86400");
       if (!ca.empty()) {
         auto cas = wm::read_certificates(ca, "--tls_client_ca", wm::CertRole::kTrustedCas);
         if (!cas.ok()) return fail(std::string(cas.status().message()));

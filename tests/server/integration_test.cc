@@ -792,6 +792,8 @@ o x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out
 key -subj /CN=stranger -keyout stranger.key -out stranger.csr
 o x509 -req -in stranger.csr -CA other_ca.pem -CAkey other_ca.key -CAcreateserial -days 2 -out stranger.pem
 cat expired.pem ca.pem > bundle.pem
+key -subj /CN=localhost -keyout renewed.key -out renewed.csr
+o x509 -req -in renewed.csr -CA other_ca.pem -CAkey other_ca.key -CAcreateserial -days 2 -extfile san.ext -out renewed.pem
 )";
   std::string log;
   const int rc = testing::run_program({"/bin/sh", "-c", script, "sh", dir}, &log);
@@ -882,6 +884,41 @@ TEST(ServerIntegration, TlsServesOnlyClientsThatTrustItAndMutualTlsOnlyKnownClie
                                  &log),
             0)
       << log;
+}
+
+// a certificate renewed in place is served without a restart (--tls_reload_s)
+TEST(ServerIntegration, ARenewedCertificateIsServedWithoutARestart) {
+  const std::string pki = make_test_pki();
+  ASSERT_FALSE(pki.empty());
+  const std::string live = testing::fresh_dir("live");
+  std::filesystem::copy_file(pki + "/server.pem", live + "/cert.pem");
+  std::filesystem::copy_file(pki + "/server.key", live + "/key.pem");
+  auto server = ServerProcess::start(tiny_model(), {"--tls_cert=" + live + "/cert.pem",
+                                                    "--tls_key=" + live + "/key.pem", "--tls_reload_s=1"});
+  ASSERT_NE(server, nullptr);
+  auto trusting = [&](const std::string& ca) {
+    client::ChannelOptions co;
+    co.tls = true;
+    co.tls_ca = file_text(pki + "/" + ca);
+    co.own_connection = true;  // a fresh handshake each time
+    return client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(3));
+  };
+  EXPECT_TRUE(trusting("ca.pem").serving());
+  EXPECT_FALSE(trusting("other_ca.pem").serving());
+  // the renewal (another CA's, to tell them apart) is renamed into place, key first
+  std::filesystem::copy_file(pki + "/renewed.key", live + "/key.pem.new");
+  std::filesystem::copy_file(pki + "/renewed.pem", live + "/cert.pem.new");
+  std::filesystem::rename(live + "/key.pem.new", live + "/key.pem");
+  std::filesystem::rename(live + "/cert.pem.new", live + "/cert.pem");
+  bool renewed = false;
+  for (int i = 0; i < 50 && !renewed; ++i) {
+    renewed = trusting("other_ca.pem").serving();
+    if (!renewed) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(renewed) << "the renewed certificate was not served within 10 s\n" << server->log();
+  EXPECT_FALSE(trusting("ca.pem").serving());
+  expect_server_refuses({"--tls_cert=" + live + "/cert.pem", "--tls_key=" + live + "/key.pem", "--tls_reload_s=-1"},
+                        "--tls_reload_s must be 0..86400");
 }
 
 TEST(ServerIntegration, BadTlsFilesStopTheServerAndTheClientsWithAMessage) {
