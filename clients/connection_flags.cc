@@ -69,13 +69,10 @@ absl::Status apply_connection_flags(ChannelOptions* options) {
     options->tls_ca = std::move(*cas);
   }
   if (!cert.empty()) {
-    auto chain = read_certificates(cert, "--tls_cert", CertRole::kOwnChain);
-    if (!chain.ok()) return chain.status();
-    auto pkey = read_private_key(key, "--tls_key");
-    if (!pkey.ok()) return pkey.status();
-    if (auto st = check_key_matches(*chain, *pkey, "--tls_cert", "--tls_key"); !st.ok()) return st;
-    options->tls_cert = std::move(*chain);
-    options->tls_key = std::move(*pkey);
+    auto pair = read_key_pair(cert, key);
+    if (!pair.ok()) return pair.status();
+    options->tls_cert = std::move(pair->cert_chain);
+    options->tls_key = std::move(pair->private_key);
   }
   options->tls_server_name = name;
   return absl::OkStatus();

@@ -116,4 +116,13 @@ absl::Status check_key_matches(const std::string& cert_chain_pem, const std::str
   return absl::OkStatus();
 }
 
+absl::StatusOr<KeyPair> read_key_pair(const std::string& cert_path, const std::string& key_path) {
+  auto chain = read_certificates(cert_path, "--tls_cert", CertRole::kOwnChain);
+  if (!chain.ok()) return chain.status();
+  auto key = read_private_key(key_path, "--tls_key");
+  if (!key.ok()) return key.status();
+  if (absl::Status st = check_key_matches(*chain, *key, "--tls_cert", "--tls_key"); !st.ok()) return st;
+  return KeyPair{std::move(*chain), std::move(*key)};
+}
+
 }  // namespace wm

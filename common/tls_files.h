@@ -24,4 +24,12 @@ absl::StatusOr<std::string> read_private_key(const std::string& path, absl::stri
 absl::Status check_key_matches(const std::string& cert_chain_pem, const std::string& key_pem,
                                absl::string_view cert_flag, absl::string_view key_flag);
 
+// a program's own certificate chain and its key (--tls_cert, --tls_key),
+// each read and checked as above, and checked to belong together
+struct KeyPair {
+  std::string cert_chain;
+  std::string private_key;
+};
+absl::StatusOr<KeyPair> read_key_pair(const std::string& cert_path, const std::string& key_path);
+
 }  // namespace wm

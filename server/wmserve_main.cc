@@ -299,14 +299,10 @@ int main(int argc, char** argv) {
     if (cert.empty() != key.empty()) return fail("--tls_cert and --tls_key go together");
     if (!ca.empty() && cert.empty()) return fail("--tls_client_ca needs --tls_cert and --tls_key");
     if (!cert.empty()) {
-      auto chain = wm::read_certificates(cert, "--tls_cert", wm::CertRole::kOwnChain);
-      if (!chain.ok()) return fail(std::string(chain.status().message()));
-      auto pkey = wm::read_private_key(key, "--tls_key");
-      if (!pkey.ok()) return fail(std::string(pkey.status().message()));
-      if (auto st = wm::check_key_matches(*chain, *pkey, "--tls_cert", "--tls_key"); !st.ok())
-        return fail(std::string(st.message()));
-      o.tls.cert_chain = std::move(*chain);
-      o.tls.private_key = std::move(*pkey);
+      auto pair = wm::read_key_pair(cert, key);
+      if (!pair.ok()) return fail(std::string(pair.status().message()));
+      o.tls.cert_chain = std::move(pair->cert_chain);
+      o.tls.private_key = std::move(pair->private_key);
       o.tls.cert_path = cert;
       o.tls.key_path = key;
       o.tls.client_ca_path = ca;
