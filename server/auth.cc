@@ -63,7 +63,7 @@ absl::StatusOr<TokenTable> TokenTable::parse(absl::string_view text, absl::strin
   return t;
 }
 
-absl::StatusOr<std::string> TokenTable::identify(absl::string_view authorization) const {
+absl::StatusOr<Caller> TokenTable::identify(absl::string_view authorization) const {
   if (authorization.empty())
     return absl::UnauthenticatedError(
         "this server needs a token: send the metadata 'authorization: Bearer TOKEN' (the clients' --token_file)");
@@ -73,7 +73,7 @@ absl::StatusOr<std::string> TokenTable::identify(absl::string_view authorization
   token = absl::StripAsciiWhitespace(token.substr(7));
   auto it = names_.find(sha256(token));
   if (it == names_.end()) return absl::UnauthenticatedError("unknown token");
-  return it->second;
+  return Caller{it->second, it->first};
 }
 
 }  // namespace wm::server

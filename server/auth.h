@@ -14,6 +14,13 @@
 
 namespace wm::server {
 
+// who a call is from: the token's name, and the SHA-256 of the token itself
+// (a session remembers it, so that a reload without that token ends it)
+struct Caller {
+  std::string name;
+  std::string credential;
+};
+
 class TokenTable {
  public:
   // lines "NAME TOKEN" (a # at the start of a line or after a space starts
@@ -22,10 +29,12 @@ class TokenTable {
   // without spaces; names and tokens unique. Errors name `source` and the line.
   static absl::StatusOr<TokenTable> parse(absl::string_view text, absl::string_view source);
 
-  // the token's name, from an authorization metadata value ("Bearer TOKEN";
-  // the scheme in any case); UNAUTHENTICATED when it is missing (empty),
+  // the caller, from an authorization metadata value ("Bearer TOKEN"; the
+  // scheme in any case); UNAUTHENTICATED when it is missing (empty),
   // malformed or unknown
-  absl::StatusOr<std::string> identify(absl::string_view authorization) const;
+  absl::StatusOr<Caller> identify(absl::string_view authorization) const;
+  // whether a Caller::credential is one of this table's tokens
+  bool holds(const std::string& credential) const { return names_.count(credential) != 0; }
   size_t size() const { return names_.size(); }
 
  private:

@@ -15,6 +15,7 @@ absl::string_view end_reason_label(EndReason r) {
     case EndReason::kError: return "error";
     case EndReason::kProtocol: return "protocol_error";
     case EndReason::kParkExpired: return "park_expired";
+    case EndReason::kRevoked: return "revoked";
   }
   return "unknown";
 }
@@ -89,7 +90,7 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
   sessions_started = counter(r, "wm_sessions_started_total", "sessions admitted and opened");
   auto& ended = pm::BuildCounter().Name("wm_sessions_ended_total").Help("sessions ended, by reason").Register(r);
   for (EndReason e : {EndReason::kClientClosed, EndReason::kCancelled, EndReason::kIdleTtl, EndReason::kShutdown,
-                      EndReason::kError, EndReason::kProtocol, EndReason::kParkExpired})
+                      EndReason::kError, EndReason::kProtocol, EndReason::kParkExpired, EndReason::kRevoked})
     ended_[e] = &ended.Add({{"reason", std::string(end_reason_label(e))}});
   auto& rejected =
       pm::BuildCounter().Name("wm_sessions_rejected_total").Help("Play streams refused at Start, by reason").Register(r);

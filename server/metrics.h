@@ -22,7 +22,7 @@
 namespace wm::server {
 
 // why a session ended (wm_sessions_ended_total{reason})
-enum class EndReason { kClientClosed, kCancelled, kIdleTtl, kShutdown, kError, kProtocol, kParkExpired };
+enum class EndReason { kClientClosed, kCancelled, kIdleTtl, kShutdown, kError, kProtocol, kParkExpired, kRevoked };
 absl::string_view end_reason_label(EndReason r);
 
 class Metrics {

@@ -72,8 +72,9 @@ class Server {
   std::pair<int, int> sessions_and_parked() const { return service_->sessions_and_parked(); }
 
   void sweep_idle() { service_->sweep_idle(Clock::now()); }
-  // SIGHUP: new API tokens (null: leave them), and the session log's file opened again
-  void set_tokens(std::shared_ptr<const TokenTable> tokens) { service_->set_tokens(std::move(tokens)); }
+  // SIGHUP: new API tokens (PlayService::set_tokens: the sessions closed
+  // for a revoked token), and the session log's file opened again
+  int set_tokens(std::shared_ptr<const TokenTable> tokens) { return service_->set_tokens(std::move(tokens)); }
   absl::Status reopen_session_log() { return session_log_ != nullptr ? session_log_->reopen() : absl::OkStatus(); }
   // refuse new sessions (UNAVAILABLE), health NOT_SERVING, tell the sessions
   void begin_drain(double grace_seconds) { service_->begin_drain(grace_seconds); }

@@ -79,7 +79,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
         reject("unauthenticated", user.status());
         return;
       }
-      user_ = *user;
+      user_ = user->name;
+      credential_ = user->credential;
       // the per-client caps and the Start ration count per user when there are tokens
       identity_ = user_.empty() ? client_group(client_) : "user:" + user_;
       if (!parsed.ok()) {
@@ -256,7 +257,8 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     // a Start costs its prompt frames, and at least one: a client that
     // starts and drops sessions without prompts is rationed too
     const int prompt_frames = std::max(1, static_cast<int>(params->prompt.size()));
-    auto key = service_->admit(identity_, params->cache_format, prompt_frames, &params->audit, now, &token);
+    auto key = service_->admit(identity_, credential_, params->cache_format, prompt_frames, &params->audit, now,
+                               &token);
     if (!key.ok()) {
       finish_once(key.status());  // admit() counted the rejection
       return false;
@@ -320,6 +322,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   grpc::CallbackServerContext* const context_;
   const std::string client_;
   std::string user_;       // the API token's name, "" without tokens
+  std::string credential_;  // the API token's digest, "" without tokens
   std::string identity_;   // what the per-client caps count: the user, or else the address
   grpc::ByteBuffer read_;     // the message being read
   v1::PlayRequest request_;  // ... parsed
@@ -363,10 +366,23 @@ void PlayService::update_health_locked() {
   health_->SetServingStatus(kAdmitHealthService, can);
 }
 
-absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client, const std::string& format,
-                                                       int prompt_frames, bool* audit, TimePoint now,
-                                                       std::string* token) {
+absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client, const std::string& credential,
+                                                       const std::string& format, int prompt_frames, bool* audit,
+                                                       TimePoint now, std::string* token) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (!credential.empty()) {
+    // a reload between this stream's first message and now: set_tokens
+    // sweeps the sessions admitted before it takes mu_, this refuses the rest
+    std::shared_ptr<const TokenTable> tokens;
+    {
+      std::lock_guard<std::mutex> tl(tokens_mu_);
+      tokens = tokens_;
+    }
+    if (tokens == nullptr || !tokens->holds(credential)) {
+      metrics_->sessions_rejected("unauthenticated").Increment();
+      return absl::UnauthenticatedError("this API token was revoked (the server's --auth_tokens changed)");
+    }
+  }
   RejectReason reason = RejectReason::kNone;
   std::string t = new_resume_token_locked();
   // deterministic and evenly spread: the n-th admitted session is audited
@@ -377,6 +393,7 @@ absl::StatusOr<SessionManager::Key> PlayService::admit(const std::string& client
     sampled = std::floor(f * static_cast<double>(admitted_ + 1)) > std::floor(f * static_cast<double>(admitted_));
   }
   AdmitRequest request{client, format, t};
+  request.credential = credential;
   request.audit = *audit || sampled;
   request.prompt_frames = prompt_frames;
   auto key = manager_.admit(request, now, &reason);
@@ -415,22 +432,38 @@ void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, c
   if (!parked) worker_->close_stream(*session, status, reason);
 }
 
-absl::StatusOr<std::string> PlayService::authenticate(const grpc::CallbackServerContext& context) const {
+absl::StatusOr<Caller> PlayService::authenticate(const grpc::CallbackServerContext& context) const {
   std::shared_ptr<const TokenTable> tokens;
   {
     std::lock_guard<std::mutex> lk(tokens_mu_);
     tokens = tokens_;
   }
-  if (tokens == nullptr) return std::string();
+  if (tokens == nullptr) return Caller();
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
   return tokens->identify(it == md.end() ? absl::string_view()
                                          : absl::string_view(it->second.data(), it->second.size()));
 }
 
-void PlayService::set_tokens(std::shared_ptr<const TokenTable> tokens) {
-  std::lock_guard<std::mutex> lk(tokens_mu_);
-  tokens_ = std::move(tokens);
+int PlayService::set_tokens(std::shared_ptr<const TokenTable> tokens) {
+  {
+    std::lock_guard<std::mutex> lk(tokens_mu_);
+    tokens_ = tokens;
+  }
+  std::vector<SessionManager::Key> revoked;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    revoked = manager_.take_revoked(
+        [&](const std::string& credential) { return tokens != nullptr && tokens->holds(credential); });
+  }
+  // open sessions are told on their stream; a parked one has none
+  for (auto key : revoked)
+    worker_->close(key,
+                   absl::UnauthenticatedError(
+                       "the API token this session was started with was revoked (the server's --auth_tokens "
+                       "changed): session closed"),
+                   EndReason::kRevoked);
+  return static_cast<int>(revoked.size());
 }
 
 absl::StatusOr<std::shared_ptr<ServerSession>> PlayService::resume(absl::string_view token, StreamWriter* writer,

@@ -94,12 +94,13 @@ class PlayService final : public RawWorldModelService {
   // client address, which the session reports from now on
   absl::StatusOr<std::shared_ptr<ServerSession>> resume(absl::string_view token, StreamWriter* writer, TimePoint now,
                                                         absl::string_view only_client, const std::string& address);
-  // replaces the API tokens (SIGHUP): calls from now on need one of these;
-  // open sessions go on whatever their user
-  void set_tokens(std::shared_ptr<const TokenTable> tokens);
-  // the caller's API token name ("" when the server has no tokens);
+  // replaces the API tokens (SIGHUP): calls from now on need one of these,
+  // and sessions (open or parked) started with a token the new ones lack
+  // end now, UNAUTHENTICATED (`revoked`); returns how many
+  int set_tokens(std::shared_ptr<const TokenTable> tokens);
+  // the caller's API token (an empty Caller when the server has no tokens);
   // UNAUTHENTICATED without a known token
-  absl::StatusOr<std::string> authenticate(const grpc::CallbackServerContext& context) const;
+  absl::StatusOr<Caller> authenticate(const grpc::CallbackServerContext& context) const;
   // refuse new sessions from now on (UNAVAILABLE), health NOT_SERVING, tell
   // every open session (Event SERVER_DRAINING)
   void begin_drain(double grace_seconds);
@@ -118,9 +119,11 @@ class PlayService final : public RawWorldModelService {
   // in, whether the Start asked for an audit; out, whether the session is
   // audited (asked, or sampled by audit_fraction), its shadow reserved;
   // prompt_frames: the frames written before its first block (the client's
-  // prompt-frame bucket pays them)
-  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& format,
-                                            int prompt_frames, bool* audit, TimePoint now, std::string* token);
+  // prompt-frame bucket pays them); credential: the caller's
+  // Caller::credential, UNAUTHENTICATED if a reload has revoked it since
+  absl::StatusOr<SessionManager::Key> admit(const std::string& client, const std::string& credential,
+                                            const std::string& format, int prompt_frames, bool* audit,
+                                            TimePoint now, std::string* token);
   // SessionManager::check_prompt_frames under the service's lock
   absl::Status check_prompt_frames(const std::string& client, int prompt_frames, TimePoint now);
   void release(SessionManager::Key key);

@@ -127,6 +127,7 @@ absl::StatusOr<SessionManager::Key> SessionManager::admit(const AdmitRequest& re
   e.reserved = need;
   e.last_activity = now;
   e.token = request.resume_token;
+  e.credential = request.credential;
   if (!e.token.empty()) tokens_.emplace(e.token, key);
   sessions_.emplace(key, std::move(e));
   ++per_client_[request.client];
@@ -223,6 +224,19 @@ std::vector<SessionManager::Key> SessionManager::take_park_expired(TimePoint now
   std::sort(out.begin(), out.end());
   std::vector<Key> keys;
   for (const auto& [t, k] : out) keys.push_back(k);
+  return keys;
+}
+
+std::vector<SessionManager::Key> SessionManager::take_revoked(
+    const std::function<bool(const std::string& credential)>& holds) {
+  std::vector<Key> keys;  // keys grow with admission: oldest first
+  for (auto& [key, e] : sessions_) {
+    if (!e.expired && !e.credential.empty() && !holds(e.credential)) {
+      e.expired = true;
+      forget_token(e);
+      keys.push_back(key);
+    }
+  }
   return keys;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ struct AdmitRequest {
   std::string resume_token = "";  // "" = not resumable; otherwise unique among held sessions
   bool audit = false;             // keeps a full-precision shadow: reserves audit_bytes more
   int prompt_frames = 0;          // what the Start costs the client's bucket (its prompt frames, at least one)
+  std::string credential = "";    // the API token the session was started with (its digest); "" without tokens
 };
 
 class SessionManager {
@@ -88,6 +90,10 @@ class SessionManager {
   std::vector<Key> take_park_expired(TimePoint now);
   // every parked session (draining closes them); their tokens stop working
   std::vector<Key> take_parked();
+  // sessions, open or parked, started with an API token that `holds` no
+  // longer accepts (a reload revoked it), oldest first; their resume tokens
+  // stop working at once, and they stay held until released
+  std::vector<Key> take_revoked(const std::function<bool(const std::string& credential)>& holds);
   int parked() const { return parked_; }
 
   void set_draining() { draining_ = true; }
@@ -122,6 +128,7 @@ class SessionManager {
     std::string token;      // "" once the token stopped working
     bool parked = false;
     TimePoint parked_since;
+    std::string credential;  // AdmitRequest::credential
   };
   // what is left of a client's prompt frames at a time (a full bucket is not stored)
   struct PromptBucket {

@@ -45,7 +45,8 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: with TLS, every client must present a certificate one of them signed (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of API tokens, lines 'NAME TOKEN': every call but the health checks must send 'authorization: "
-          "Bearer TOKEN', and the per-client caps count per NAME (read again on SIGHUP)");
+          "Bearer TOKEN', and the per-client caps count per NAME (read again on SIGHUP, which ends the "
+          "sessions of tokens no longer in it)");
 ABSL_FLAG(std::string, session_log, "-",
           "one JSON line per session start, park, resume and end: - (standard output), a file to append to "
           "(opened again on SIGHUP), or off");
@@ -138,20 +139,23 @@ absl::StatusOr<std::shared_ptr<const wm::server::TokenTable>> load_tokens(const 
   return std::make_shared<const wm::server::TokenTable>(std::move(*tokens));
 }
 
-// SIGHUP: the API tokens read again (a bad file keeps the ones in use) and
-// the session log's file opened again (after a rotation)
+// SIGHUP: the session log's file opened again (after a rotation: what the
+// reload ends is logged there) and the API tokens read again (a bad file
+// keeps the ones in use; the sessions of a token no longer there end)
 void reload(wm::server::Server& server, const std::string& tokens_path) {
+  if (auto st = server.reopen_session_log(); !st.ok())
+    std::printf("wmserve: SIGHUP: %s\n", std::string(st.message()).c_str());
   if (!tokens_path.empty()) {
     auto tokens = load_tokens(tokens_path);
     if (tokens.ok()) {
-      std::printf("wmserve: SIGHUP: %zu API token(s) from %s\n", (*tokens)->size(), tokens_path.c_str());
-      server.set_tokens(*std::move(tokens));
+      const size_t n = (*tokens)->size();
+      const int revoked = server.set_tokens(*std::move(tokens));
+      std::printf("wmserve: SIGHUP: %zu API token(s) from %s; %d session(s) of revoked tokens closed\n", n,
+                  tokens_path.c_str(), revoked);
     } else {
       std::printf("wmserve: SIGHUP: %s; the tokens in use stay\n", std::string(tokens.status().message()).c_str());
     }
   }
-  if (auto st = server.reopen_session_log(); !st.ok())
-    std::printf("wmserve: SIGHUP: %s\n", std::string(st.message()).c_str());
   std::fflush(stdout);
 }
 

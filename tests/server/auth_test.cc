@@ -13,13 +13,13 @@ TEST(TokenTable, IdentifiesEachTokensName) {
                              "tokens");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->size(), 2u);
-  EXPECT_EQ(*t->identify("Bearer 0123456789abcdef0123"), "alice");
-  EXPECT_EQ(*t->identify("bearer fedcba9876543210fedc"), "bob");  // the scheme in any case
-  EXPECT_EQ(*t->identify("BEARER  fedcba9876543210fedc "), "bob");
+  EXPECT_EQ(t->identify("Bearer 0123456789abcdef0123")->name, "alice");
+  EXPECT_EQ(t->identify("bearer fedcba9876543210fedc")->name, "bob");  // the scheme in any case
+  EXPECT_EQ(t->identify("BEARER  fedcba9876543210fedc ")->name, "bob");
   // a '#' inside a token is part of it, not a comment that cuts it short
   auto hashed = TokenTable::parse("carol cccccccccccccccc#secretsuffix # a comment\n", "tokens");
   ASSERT_TRUE(hashed.ok()) << hashed.status();
-  EXPECT_EQ(*hashed->identify("Bearer cccccccccccccccc#secretsuffix"), "carol");
+  EXPECT_EQ(hashed->identify("Bearer cccccccccccccccc#secretsuffix")->name, "carol");
   EXPECT_FALSE(hashed->identify("Bearer cccccccccccccccc").ok());
   struct Case {
     const char* authorization;
@@ -34,6 +34,25 @@ TEST(TokenTable, IdentifiesEachTokensName) {
     EXPECT_EQ(who.status().code(), absl::StatusCode::kUnauthenticated) << c.authorization;
     EXPECT_TRUE(absl::StrContains(who.status().message(), c.says)) << c.authorization << ": " << who.status();
   }
+}
+
+// a session remembers its token's credential; a reloaded table holds it
+// only while the same token is in the file, whatever the name
+TEST(TokenTable, CredentialsFollowTheTokenNotTheName) {
+  auto before = TokenTable::parse("alice 0123456789abcdef0123\nbob fedcba9876543210fedc\n", "tokens");
+  auto after = TokenTable::parse("alice 00000000000000000000\ncarol fedcba9876543210fedc\n", "tokens");
+  ASSERT_TRUE(before.ok() && after.ok());
+  const auto alice = before->identify("Bearer 0123456789abcdef0123");
+  const auto bob = before->identify("Bearer fedcba9876543210fedc");
+  ASSERT_TRUE(alice.ok() && bob.ok());
+  EXPECT_NE(alice->credential, bob->credential);
+  EXPECT_TRUE(before->holds(alice->credential));
+  EXPECT_FALSE(after->holds(alice->credential));  // a new token for the same name
+  EXPECT_TRUE(after->holds(bob->credential));     // the same token under another name
+  EXPECT_EQ(after->identify("Bearer fedcba9876543210fedc")->credential, bob->credential);
+  EXPECT_FALSE(after->holds(""));
+  // the credential is a digest, not the token
+  EXPECT_EQ(alice->credential.find("0123456789abcdef0123"), std::string::npos);
 }
 
 TEST(TokenTable, RefusesABadFileNamingTheLine) {

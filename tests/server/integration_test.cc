@@ -1060,13 +1060,15 @@ TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   EXPECT_EQ(bob_lines, 2);
 }
 
-// SIGHUP: new tokens without a restart (open sessions go on), a bad file
-// keeps the ones in use, and the session log starts a new file after a rotation
-TEST(ServerIntegration, SighupReloadsTheTokensAndReopensTheSessionLog) {
+// SIGHUP: new tokens without a restart; the sessions of a token that is no
+// longer there end at once, open or parked, while the others go on; a bad
+// file keeps the tokens in use; the session log starts a new file after a
+// rotation
+TEST(ServerIntegration, SighupReloadsTheTokensRevokesAndReopensTheSessionLog) {
   const std::string dir = testing::fresh_dir("sighup");
   const std::string tokens = dir + "/tokens", log_path = dir + "/sessions.jsonl";
   auto put = [&](const std::string& text) { ASSERT_TRUE(write_file(tokens, text.data(), text.size()).ok()); };
-  put("alice 0123456789abcdef0123\n");
+  put("alice 0123456789abcdef0123\ncarol cccccccccccccccccccc\n");
   std::filesystem::permissions(tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   auto server = ServerProcess::start(tiny_model(), {"--auth_tokens=" + tokens, "--session_log=" + log_path});
   ASSERT_NE(server, nullptr);
@@ -1076,7 +1078,7 @@ TEST(ServerIntegration, SighupReloadsTheTokensAndReopensTheSessionLog) {
     co.auth_token = token;
     return client::make_channel(server->target(), co);
   };
-  auto alice = as("0123456789abcdef0123"), bob = as("fedcba9876543210fedc");
+  auto alice = as("0123456789abcdef0123"), bob = as("fedcba9876543210fedc"), carol = as("cccccccccccccccccccc");
   auto hup_and_wait = [&](const std::string& says) {
     const size_t before = server->log().size();
     server->signal(SIGHUP);
@@ -1085,48 +1087,80 @@ TEST(ServerIntegration, SighupReloadsTheTokensAndReopensTheSessionLog) {
     EXPECT_NE(server->log().find(says, before), std::string::npos) << server->log();
   };
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
-  client::PlayStream open(alice, deadline);
+  client::PlayStream open(alice, deadline), stays(carol, deadline);
   ASSERT_TRUE(open.start(v1::Start()).ok());
+  ASSERT_TRUE(stays.start(v1::Start()).ok());
   {
     client::PlayStream p(bob, deadline);
     EXPECT_EQ(p.start(v1::Start()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
+  // a second session of alice's, parked
+  auto parked = std::make_unique<client::PlayStream>(alice, deadline);
+  ASSERT_TRUE(parked->start(v1::Start()).ok());
+  const std::string parked_token = parked->started().resume_token();
+  parked->cancel();
+  parked->finish();
+  parked.reset();
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 1), 1);
+
   // rotate the log and give bob alice's place
   std::filesystem::rename(log_path, log_path + ".1");
-  put("bob fedcba9876543210fedc\n");
-  hup_and_wait("SIGHUP: 1 API token(s)");
+  put("bob fedcba9876543210fedc\ncarol cccccccccccccccccccc\n");
+  hup_and_wait("SIGHUP: 2 API token(s) from " + tokens + "; 2 session(s) of revoked tokens closed");
   {
     client::PlayStream p(alice, deadline);
     EXPECT_EQ(p.start(v1::Start()).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
+  // alice's open session ended, saying why; her parked one is gone
+  v1::Frame f;
+  while (next_frame(open, &f)) {
+  }
+  const grpc::Status revoked = open.finish();
+  EXPECT_EQ(revoked.error_code(), grpc::StatusCode::UNAUTHENTICATED) << revoked.error_message();
+  EXPECT_TRUE(absl::StrContains(revoked.error_message(), "was revoked")) << revoked.error_message();
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_ended_total{reason=\"revoked\"}", 2), 2);
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 0), 0);
+  {
+    // not even bob, whose token now has alice's place, resumes it
+    v1::Start resume;
+    resume.set_resume_token(parked_token);
+    client::PlayStream p(bob, deadline);
+    EXPECT_EQ(p.start(resume).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
   PlayResult r = client::play(bob, per_action(1, script_actions()));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
-  // alice's open session went on
+  // carol's session went on
   v1::Action a;
   a.set_seq(1);
-  ASSERT_TRUE(open.send_action(a));
-  v1::Frame f;
-  EXPECT_TRUE(next_frame(open, &f));
-  // a bad file: the tokens in use stay
+  ASSERT_TRUE(stays.send_action(a));
+  EXPECT_TRUE(next_frame(stays, &f));
+  // a bad file: the tokens in use stay, and so do their sessions
   put("bob 0123\n");
   hup_and_wait("the tokens in use stay");
   r = client::play(bob, per_action(2, script_actions()));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
-  open.writes_done();
-  while (next_frame(open, &f)) {
+  a.set_seq(2);
+  ASSERT_TRUE(stays.send_action(a));
+  EXPECT_TRUE(next_frame(stays, &f));
+  stays.writes_done();
+  while (next_frame(stays, &f)) {
   }
-  EXPECT_TRUE(open.finish().ok());
+  EXPECT_TRUE(stays.finish().ok());
   EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
-  // alice's start went to the old file, everything after the rotation to the new one
+  // alice's starts went to the old file, everything after the rotation to the new one
   const std::string old_log = *read_file(log_path + ".1"), new_log = *read_file(log_path);
   EXPECT_TRUE(absl::StrContains(old_log, "\"user\":\"alice\",\"format\"")) << old_log;
   EXPECT_FALSE(absl::StrContains(old_log, "bob")) << old_log;
   EXPECT_TRUE(absl::StrContains(new_log, "\"event\":\"end\",\"session\":\"" + open.started().session_id()))
       << new_log;
-  int bob_starts = 0;
+  int revoked_ends = 0, bob_starts = 0;
+  for (size_t at = new_log.find("\"reason\":\"revoked\""); at != std::string::npos;
+       at = new_log.find("\"reason\":\"revoked\"", at + 1))
+    ++revoked_ends;
   for (size_t at = new_log.find("\"event\":\"start\""); at != std::string::npos;
        at = new_log.find("\"event\":\"start\"", at + 1))
     ++bob_starts;
+  EXPECT_EQ(revoked_ends, 2) << new_log;
   EXPECT_EQ(bob_starts, 2) << new_log;
 }
 

@@ -240,6 +240,32 @@ TEST(SessionManager, ParkedSessionsDoNotIdleOutAndResumeRestartsTheIdleClock) {
   EXPECT_FALSE(m.park(a, t0 + seconds(31)));
 }
 
+// a reload of the API tokens takes every session, open or parked, whose
+// credential the new table lacks, once; sessions without one are never taken
+TEST(SessionManager, RevokedCredentialsTakeOpenAndParkedSessionsOnce) {
+  SessionManager m(config());
+  const TimePoint t0{};
+  auto with = [&](const char* token, const char* credential) {
+    AdmitRequest r{"user:x", "q2", token};
+    r.credential = credential;
+    return *m.admit(r, t0);
+  };
+  const auto open_a = with("ta", "A"), parked_a = with("tb", "A"), open_b = with("tc", "B");
+  const auto anonymous = *m.admit({"ipv4:1.2.3.4", "q2", "td"}, t0);
+  ASSERT_TRUE(m.park(parked_a, t0));
+  auto holds_b = [](const std::string& c) { return c == "B"; };
+  EXPECT_EQ(m.take_revoked(holds_b), (std::vector<SessionManager::Key>{open_a, parked_a}));
+  EXPECT_TRUE(m.take_revoked(holds_b).empty());                  // reported once
+  EXPECT_EQ(m.unpark("tb", t0).status().code(), absl::StatusCode::kNotFound);  // its resume token is gone
+  EXPECT_FALSE(m.park(open_a, t0));                               // on its way out: it cannot park
+  EXPECT_EQ(m.sessions(), 4);                                     // held until released
+  // a session without a credential (no tokens when it started) is never taken
+  EXPECT_EQ(m.take_revoked([](const std::string&) { return false; }), std::vector<SessionManager::Key>{open_b});
+  EXPECT_EQ(m.take_expired(t0 + seconds(60)), std::vector<SessionManager::Key>{anonymous});
+  EXPECT_TRUE(m.release(open_a) && m.release(parked_a));
+  EXPECT_EQ(m.parked(), 0);
+}
+
 TEST(SessionManager, NoParkingWhenOffOrDrainingAndDrainingTakesTheParked) {
   SessionManagerConfig off = config();
   off.park_ttl = Duration::zero();
