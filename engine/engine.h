@@ -172,6 +172,7 @@ class Engine {
   // EngineOptions::batch_invariant: every session is
   bool all_batch_invariant() const { return options_.batch_invariant; }
   KvGeometry kv_geometry() const;
+  const KvFormatOptions& kv_options() const { return options_.kv_options; }
   // drift of every audited session so far (open and closed), summed per cache format
   std::map<std::string, DriftStats> drift_by_format() const;
 

@@ -137,6 +137,10 @@ std::vector<std::string> kv_format_variants();
 bool kv_format_known(absl::string_view format);
 // the options a format name implies on top of `base` (error: unknown name)
 absl::StatusOr<KvFormatOptions> kv_format_options(absl::string_view format, const KvFormatOptions& base = {});
+// whether `format` can hold a cache of `geometry` with `options`: the
+// format's own checks (e.g. "qvg2: block 128 does not divide head_dim 64");
+// NOT_FOUND for an unknown format
+absl::Status kv_format_check(absl::string_view format, const KvGeometry& geometry, const KvFormatOptions& options = {});
 absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& geometry,
                                                        const KvFormatOptions& options = {});
 // the most bytes a session in this format can ever hold (admission reserves

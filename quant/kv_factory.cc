@@ -6,10 +6,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "quant/kv_cache.h"
 #include "quant/kv_fp.h"
 #include "quant/kv_kivi.h"
 #include "quant/kv_ledger.h"
+#include "quant/kv_options.h"
 #include "quant/kv_span.h"
 
 namespace wm {
@@ -120,11 +122,17 @@ absl::StatusOr<KvFormatOptions> kv_format_options(absl::string_view format, cons
   return p->options;
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
-                                                       const KvFormatOptions& options) {
+absl::Status kv_format_check(absl::string_view format, const KvGeometry& g, const KvFormatOptions& options) {
   auto p = parse(format, options);
   if (!p.ok()) return p.status();
   if (auto st = validate(*p, g); !st.ok()) return absl::InvalidArgumentError(absl::StrCat(format, ": ", st.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
+                                                       const KvFormatOptions& options) {
+  WM_RETURN_IF_ERROR(kv_format_check(format, g, options));
+  auto p = parse(format, options);
   switch (p->family) {
     case Family::fp32: return make_fp32_cache(g);
     case Family::fp16: return make_fp16_cache(g);

@@ -282,13 +282,13 @@ class KiviKvCache final : public KvCache {
 
 absl::Status kivi_validate(const KvGeometry& g, const KvFormatOptions& o) {
   const int G = o.kivi_group;
-  if (G != 32 && G != 64 && G != 128) return absl::InvalidArgumentError(absl::StrCat("kivi2: group ", G, " is not 32, 64 or 128"));
+  if (G != 32 && G != 64 && G != 128) return absl::InvalidArgumentError(absl::StrCat("group ", G, " is not 32, 64 or 128"));
   if (g.head_dim % G != 0)
-    return absl::InvalidArgumentError(absl::StrCat("kivi2: group ", G, " does not divide head_dim ", g.head_dim));
-  if (g.head_dim > 512) return absl::InvalidArgumentError("kivi2: head_dim above 512");
+    return absl::InvalidArgumentError(absl::StrCat("group ", G, " does not divide head_dim ", g.head_dim));
+  if (g.head_dim > 512) return absl::InvalidArgumentError("head_dim above 512");
   // the ledger's worst case replays twice the residual
   if (o.kivi_residual <= 0 || o.kivi_residual % G != 0 || o.kivi_residual > kMaxKiviResidual)
-    return absl::InvalidArgumentError(absl::StrCat("kivi2: residual ", o.kivi_residual, " is not a multiple of ", G,
+    return absl::InvalidArgumentError(absl::StrCat("residual ", o.kivi_residual, " is not a multiple of ", G,
                                                    " within ", G, "..", kMaxKiviResidual));
   return absl::OkStatus();
 }

@@ -115,6 +115,7 @@ void fill_model_info(const ServedModel& model, v1::ModelInfo* out) {
     info->set_compression_ratio(model.compression_ratio.at(f));
   }
   out->set_audit_bytes(model.audit_supported ? model.audit_bytes : 0);
+  out->set_kv_options(model.kv_options);
   fill_action_space(c.actions, out->mutable_action_space());
   out->set_window_frames(c.window_frames);
   out->set_sink_frames(c.sink_frames);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/engine.h"
+#include "quant/kv_options.h"
 
 namespace wm::server {
 
@@ -19,6 +20,16 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
   m.device = engine.device();
   m.device_note = engine.device_note();
   m.kv_capacity_bytes = engine.kv_capacity_bytes();
+  // options that keep a format from this model's geometry are a mistake, not
+  // a way to hide the format: the server does not start
+  const KvGeometry geometry = engine.kv_geometry();
+  for (const auto& f : kv_formats()) {
+    if (!kv_format_check(f, geometry).ok()) continue;
+    if (auto st = kv_format_check(f, geometry, engine.kv_options()); !st.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--kv_options ", kv_format_options_text(engine.kv_options()),
+                                                     ": ", st.message()));
+  }
+  m.kv_options = kv_format_options_text(engine.kv_options());
   // formats whose layout does not fit this model's geometry reserve nothing:
   // they are not offered
   for (const auto& f : engine.cache_formats()) {

@@ -30,12 +30,14 @@ struct ServedModel {
   int64_t audit_bytes = 0;                           // what that shadow adds to a session's reservation
   bool all_batch_invariant = false;                  // --batch_invariant: every session is
   std::map<std::string, double> compression_ratio;   // per format: fp16 bytes / format bytes (full window)
+  std::string kv_options;                            // the format options set (--kv_options), canonical; "": defaults
   int64_t kv_capacity_bytes = 0;
   std::vector<Rgb8Image> prompts;                    // the model's prompts/*.jpg, sorted by name
 };
 
 // reads everything from a freshly created engine (on the engine's thread)
-// and the model directory's prompts/*.jpg; fails naming a bad prompt file
+// and the model directory's prompts/*.jpg; fails naming a bad prompt file,
+// or format options that take a format away from this model
 absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const std::string& model_dir,
                                                   const std::string& default_format);
 

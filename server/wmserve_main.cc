@@ -21,6 +21,7 @@
 #include "common/cli.h"
 #include "common/image_io.h"
 #include "common/tls_files.h"
+#include "quant/kv_options.h"
 #include "server/auth.h"
 #include "server/grpc_log.h"
 #include "server/server.h"
@@ -63,6 +64,10 @@ ABSL_FLAG(int, threads, 0, "engine CPU threads (0: the libraries' default, all c
 ABSL_FLAG(int64_t, kv_budget_bytes, int64_t{2} << 30,
           "KV-cache byte budget: admission reserves each session's worst-case cache from it");
 ABSL_FLAG(std::string, cache_format, "fp16", "default KV-cache format when Start names none");
+ABSL_FLAG(std::string, kv_options, "",
+          "cache format options, e.g. block=32,psac_bits=4 (docs/QUANT.md: span_frames, centroids, "
+          "tokens_per_centroid, block, kmeans_iters, quantize_sinks, psac_bits, psac_refresh_frames, kivi_group, "
+          "kivi_residual); \"\": the defaults");
 ABSL_FLAG(int, max_sessions, 64, "sessions at most (0: only the KV budget limits)");
 ABSL_FLAG(int, max_sessions_per_client, 16, "sessions at most per client address (0: no cap)");
 ABSL_FLAG(double, idle_ttl_s, 60, "close a session after this many seconds without an action (0: never)");
@@ -232,6 +237,11 @@ int main(int argc, char** argv) {
   o.worker.engine.cuda_plugin = absl::GetFlag(FLAGS_cuda_plugin);
   o.worker.engine.threads = absl::GetFlag(FLAGS_threads);
   o.worker.engine.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_bytes);
+  if (auto kv = wm::parse_kv_format_options(absl::GetFlag(FLAGS_kv_options)); kv.ok()) {
+    o.worker.engine.kv_options = *kv;
+  } else {
+    return fail(absl::StrCat("--kv_options: ", kv.status().message()));
+  }
   o.worker.default_cache_format = absl::GetFlag(FLAGS_cache_format);
   o.service.audit_fraction = absl::GetFlag(FLAGS_audit_fraction);
   o.worker.max_batch = absl::GetFlag(FLAGS_max_batch);

@@ -24,11 +24,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/image_metrics.h"
 #include "engine/engine.h"
+#include "quant/kv_options.h"
 #include "sim/episode.h"
 
 ABSL_FLAG(std::string, model, "models/default", "model directory");
@@ -36,6 +38,7 @@ ABSL_FLAG(int, episodes, 4, "held-out episodes");
 ABSL_FLAG(int, frames, 129, "frames per episode (the first is the prompt)");
 ABSL_FLAG(uint64_t, seed, 900001, "held-out dataset seed (training uses others)");
 ABSL_FLAG(std::string, formats, "fp16", "comma-separated cache formats; fp16 is always run");
+ABSL_FLAG(std::string, kv_options, "", "cache format options, e.g. block=32,psac_bits=4 (as wmserve's; docs/QUANT.md)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON");
 ABSL_FLAG(std::string, md, "", "write the results as Markdown");
 ABSL_FLAG(std::string, strip, "", "write a strip of frames (ground truth / formats) as JPEG");
@@ -136,6 +139,11 @@ int main(int argc, char** argv) {
   wm::EngineOptions eo;
   eo.model_dir = absl::GetFlag(FLAGS_model);
   eo.threads = absl::GetFlag(FLAGS_threads);
+  if (auto kv = wm::parse_kv_format_options(absl::GetFlag(FLAGS_kv_options)); kv.ok()) {
+    eo.kv_options = *kv;
+  } else {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--kv_options: ", kv.status().message())));
+  }
   eo.kv_budget_bytes = int64_t{64} << 30;
   auto engine = wm::Engine::create(eo);
   if (!engine.ok()) return fail(engine.status());
@@ -248,6 +256,7 @@ int main(int argc, char** argv) {
   const int64_t fp16_reserved = e.session_reservation("fp16");
   nlohmann::json j;
   j["model"] = c.name;
+  j["kv_options"] = wm::kv_format_options_text(eo.kv_options);
   j["episodes"] = episodes;
   j["frames"] = frames;
   j["seed"] = absl::GetFlag(FLAGS_seed);

@@ -17,12 +17,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "quant/kv_options.h"
 
 ABSL_FLAG(std::string, model, "models/default", "model directory");
 ABSL_FLAG(uint64_t, seed, 0, "session seed");
 ABSL_FLAG(std::string, script, "", "action script (one action per frame)");
 ABSL_FLAG(std::string, out, "", "output directory");
 ABSL_FLAG(std::string, format, "fp16", "KV cache format");
+ABSL_FLAG(std::string, kv_options, "", "cache format options, e.g. block=32,psac_bits=4 (as wmserve's; docs/QUANT.md)");
 ABSL_FLAG(std::string, prompt, "", "comma-separated JPEG frames written into the cache first");
 ABSL_FLAG(int, threads, 0, "CPU threads, 0..1024 (0: all cores)");
 ABSL_FLAG(int, quality, 90, "JPEG quality");
@@ -54,6 +56,11 @@ int main(int argc, char** argv) {
   wm::EngineOptions eo;
   eo.model_dir = absl::GetFlag(FLAGS_model);
   eo.threads = absl::GetFlag(FLAGS_threads);
+  if (auto kv = wm::parse_kv_format_options(absl::GetFlag(FLAGS_kv_options)); kv.ok()) {
+    eo.kv_options = *kv;
+  } else {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--kv_options: ", kv.status().message())));
+  }
   auto engine = wm::Engine::create(eo);
   if (!engine.ok()) return fail(engine.status());
   const wm::ModelConfig& cfg = (*engine)->config();
@@ -107,6 +114,7 @@ int main(int argc, char** argv) {
   j["model"] = cfg.name;
   j["seed"] = so.seed;
   j["cache_format"] = so.cache_format;
+  j["kv_options"] = wm::kv_format_options_text(eo.kv_options);
   j["frames"] = frames;
   j["prompt_frames"] = so.prompt.size();
   j["width"] = cfg.width;

@@ -640,6 +640,50 @@ TEST(ServerIntegration, StreamsThatNeverStartAreEndedAfterTheStartTimeout) {
   EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
 }
 
+// --kv_options: the knobs change what each format reserves (and admission
+// with it), the server says which it set, a session plays with them, and a
+// knob a format cannot use on this model stops the server naming it
+TEST(ServerIntegration, KvOptionsSetTheFormatsKnobs) {
+  auto format_info = [](const ServerProcess& s, std::string* options) {
+    v1::ListModelsResponse models;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(v1::WorldModel::NewStub(channel(s))->ListModels(&ctx, {}, &models).ok());
+    std::map<std::string, int64_t> bytes;
+    if (models.models_size() != 1) return bytes;
+    for (const auto& f : models.models(0).cache_format_info()) bytes[f.name()] = f.session_bytes();
+    *options = models.models(0).kv_options();
+    return bytes;
+  };
+  auto plain = ServerProcess::start(tiny_model());
+  ASSERT_NE(plain, nullptr);
+  std::string options = "?";
+  const auto defaults = format_info(*plain, &options);
+  EXPECT_EQ(options, "");
+  auto tuned = ServerProcess::start(tiny_model(), {"--kv_options=psac_bits=4,kivi_residual=64"});
+  ASSERT_NE(tuned, nullptr);
+  const auto bytes = format_info(*tuned, &options);
+  EXPECT_EQ(options, "psac_bits=4,kivi_residual=64");
+  // int4 PSAC coefficients: quantwm2 holds less, qvg2 (no PSAC) the same; a
+  // longer KIVI residual keeps more tokens fp16
+  EXPECT_LT(bytes.at("quantwm2"), defaults.at("quantwm2"));
+  EXPECT_EQ(bytes.at("qvg2"), defaults.at("qvg2"));
+  EXPECT_GT(bytes.at("kivi2"), defaults.at("kivi2"));
+  EXPECT_EQ(bytes.at("fp16"), defaults.at("fp16"));
+  PlayConfig pc = per_action(3, script_actions());
+  pc.start.set_cache_format("quantwm2");
+  const PlayResult r = client::play(channel(*tuned), pc);
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.started.kv_reserved_bytes(), bytes.at("quantwm2"));
+  EXPECT_EQ(r.frames.size(), script_actions().size());
+
+  expect_server_refuses({"--kv_options=block=48"}, "--kv_options: 'block=48': block is one of 16, 32, 64, 128");
+  expect_server_refuses({"--kv_options=psac_bits=4,nope=1"}, "'nope=1': unknown option");
+  // the tiny model's head_dim is 32 and its window 4 frames
+  expect_server_refuses({"--kv_options=kivi_group=64"},
+                        "--kv_options kivi_group=64: kivi2: group 64 does not divide head_dim 32");
+  expect_server_refuses({"--kv_options=span_frames=5"}, "qvg2: span_frames 5 must be within 0..window (4");
+}
+
 TEST(ServerIntegration, AdmissionRefusesWhenTheBudgetOrTheClientCapIsFull) {
   v1::Start start;
   // the per-client cap; this server also tells what each format reserves
