@@ -1191,8 +1191,15 @@ TEST(ServerIntegration, SighupReloadsTheTokensRevokesAndReopensTheSessionLog) {
   }
   EXPECT_TRUE(stays.finish().ok());
   EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
-  // alice's starts went to the old file, everything after the rotation to the new one
-  const std::string old_log = *read_file(log_path + ".1"), new_log = *read_file(log_path);
+  // alice's starts went to the old file, everything after the rotation to
+  // the new one (written by the log's own thread: wait for carol's end)
+  std::string new_log;
+  for (int i = 0; i < 250; ++i) {
+    new_log = read_file(log_path).value_or("");
+    if (absl::StrContains(new_log, "\"event\":\"end\",\"session\":\"" + stays.started().session_id())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string old_log = *read_file(log_path + ".1");
   EXPECT_TRUE(absl::StrContains(old_log, "\"user\":\"alice\",\"format\"")) << old_log;
   EXPECT_FALSE(absl::StrContains(old_log, "bob")) << old_log;
   EXPECT_TRUE(absl::StrContains(new_log, "\"event\":\"end\",\"session\":\"" + open.started().session_id()))
