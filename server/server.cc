@@ -115,10 +115,32 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", maddr, ": ", e.what()));
     }
     s->exposer_->RegisterCollectable(s->metrics_->registry());
+    if (options.metrics_auth != nullptr) {
+      s->metrics_auth_ = options.metrics_auth;
+      // the exposer goes before the server (shutdown), so `raw` outlives every call
+      Server* raw = s.get();
+      s->exposer_->RegisterAuth(
+          [raw](const std::string& user, const std::string& password) {
+            std::shared_ptr<const TokenTable> table;
+            {
+              std::lock_guard<std::mutex> lk(raw->metrics_auth_mu_);
+              table = raw->metrics_auth_;
+            }
+            if (password.empty()) return false;
+            auto who = table->identify("Bearer " + password);
+            return who.ok() && who->name == user;
+          },
+          "wmserve metrics");
+    }
     const auto ports = s->exposer_->GetListeningPorts();
     s->metrics_port_ = ports.empty() ? options.metrics_port : ports.front();
   }
   return s;
+}
+
+void Server::set_metrics_auth(std::shared_ptr<const TokenTable> table) {
+  std::lock_guard<std::mutex> lk(metrics_auth_mu_);
+  if (metrics_auth_ != nullptr && table != nullptr) metrics_auth_ = std::move(table);
 }
 
 void Server::shutdown(Duration cancel_after) {

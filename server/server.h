@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -46,6 +47,9 @@ struct ServerOptions {
   int port = 50051;                 // 0: any free port
   std::string metrics_host = "0.0.0.0";
   int metrics_port = 9464;          // 0: any free port; -1: no exposer
+  // set: /metrics answers only HTTP basic auth with a NAME and TOKEN of
+  // this table (401 otherwise); null: anyone may scrape
+  std::shared_ptr<const TokenTable> metrics_auth;
   int encoder_threads = 2;
   int max_concurrent_streams = 0;   // per connection; 0: gRPC's default
   // a connection that has not finished its handshake (TLS, and HTTP/2's
@@ -75,6 +79,8 @@ class Server {
   // SIGHUP: new API tokens (PlayService::set_tokens: the sessions closed
   // for a revoked token), and the session log's file opened again
   int set_tokens(std::shared_ptr<const TokenTable> tokens) { return service_->set_tokens(std::move(tokens)); }
+  // SIGHUP: new /metrics credentials (only when the server started with some)
+  void set_metrics_auth(std::shared_ptr<const TokenTable> table);
   absl::Status reopen_session_log() { return session_log_ != nullptr ? session_log_->reopen() : absl::OkStatus(); }
   // refuse new sessions (UNAVAILABLE), health NOT_SERVING, tell the sessions
   void begin_drain(double grace_seconds) { service_->begin_drain(grace_seconds); }
@@ -94,6 +100,9 @@ class Server {
   std::unique_ptr<PlayService> service_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  // read by the exposer's threads for each scrape
+  mutable std::mutex metrics_auth_mu_;
+  std::shared_ptr<const TokenTable> metrics_auth_;
   int port_ = 0;
   int metrics_port_ = -1;
   bool shut_down_ = false;

@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, host, "0.0.0.0", "address the gRPC server listens on");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: any free port, printed and written to --port_file)");
 ABSL_FLAG(std::string, metrics_host, "", "address of the Prometheus /metrics endpoint (default: --host)");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0: any free port; -1: off)");
+ABSL_FLAG(std::string, metrics_auth, "",
+          "file of 'NAME TOKEN' lines: /metrics answers only HTTP basic auth with one of them (read again on "
+          "SIGHUP; the endpoint is plain HTTP: keep it on a private network)");
 ABSL_FLAG(std::string, port_file, "", "write {\"port\": P, \"metrics_port\": M} here once listening");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve gRPC over TLS with it (and --tls_key); the metrics port stays plain HTTP");
@@ -132,26 +135,29 @@ void raise_open_file_limit() {
   setrlimit(RLIMIT_NOFILE, &r);
 }
 
-// the --auth_tokens file, checked; a warning on stderr when others may read it
-absl::StatusOr<std::shared_ptr<const wm::server::TokenTable>> load_tokens(const std::string& path) {
+// a file of NAME TOKEN lines (--auth_tokens, --metrics_auth), checked; a
+// warning on stderr when others may read it
+absl::StatusOr<std::shared_ptr<const wm::server::TokenTable>> load_tokens(const std::string& flag,
+                                                                          const std::string& path) {
   auto text = wm::read_file(path, 1 << 20);
-  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--auth_tokens: ", text.status().message()));
-  auto tokens = wm::server::TokenTable::parse(*text, absl::StrCat("--auth_tokens ", path));
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", text.status().message()));
+  auto tokens = wm::server::TokenTable::parse(*text, absl::StrCat("--", flag, " ", path));
   if (!tokens.ok()) return tokens.status();
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
-    std::fprintf(stderr, "wmserve: warning: --auth_tokens %s can be read by others (chmod 600 it)\n", path.c_str());
+    std::fprintf(stderr, "wmserve: warning: --%s %s can be read by others (chmod 600 it)\n", flag.c_str(),
+                 path.c_str());
   return std::make_shared<const wm::server::TokenTable>(std::move(*tokens));
 }
 
 // SIGHUP: the session log's file opened again (after a rotation: what the
 // reload ends is logged there) and the API tokens read again (a bad file
 // keeps the ones in use; the sessions of a token no longer there end)
-void reload(wm::server::Server& server, const std::string& tokens_path) {
+void reload(wm::server::Server& server, const std::string& tokens_path, const std::string& metrics_auth_path) {
   if (auto st = server.reopen_session_log(); !st.ok())
     std::printf("wmserve: SIGHUP: %s\n", std::string(st.message()).c_str());
   if (!tokens_path.empty()) {
-    auto tokens = load_tokens(tokens_path);
+    auto tokens = load_tokens("auth_tokens", tokens_path);
     if (tokens.ok()) {
       const size_t n = (*tokens)->size();
       const int revoked = server.set_tokens(*std::move(tokens));
@@ -159,6 +165,16 @@ void reload(wm::server::Server& server, const std::string& tokens_path) {
                   tokens_path.c_str(), revoked);
     } else {
       std::printf("wmserve: SIGHUP: %s; the tokens in use stay\n", std::string(tokens.status().message()).c_str());
+    }
+  }
+  if (!metrics_auth_path.empty()) {
+    auto table = load_tokens("metrics_auth", metrics_auth_path);
+    if (table.ok()) {
+      std::printf("wmserve: SIGHUP: %zu metrics credential(s) from %s\n", (*table)->size(), metrics_auth_path.c_str());
+      server.set_metrics_auth(*std::move(table));
+    } else {
+      std::printf("wmserve: SIGHUP: %s; the metrics credentials in use stay\n",
+                  std::string(table.status().message()).c_str());
     }
   }
   std::fflush(stdout);
@@ -192,8 +208,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the wmserve inference server: serves one world model over gRPC (wmserve.v1.WorldModel).\n"
       "  wmserve [--model DIR] [--port 50051] [--metrics_port 9464] [--kv_budget_bytes N] ...\n"
-      "Without --model it serves models/default. SIGTERM/SIGINT drain and exit 0; SIGHUP reloads --auth_tokens\n"
-      "and reopens --session_log. See docs/API.md.");
+      "Without --model it serves models/default. SIGTERM/SIGINT drain and exit 0; SIGHUP reloads\n"
+      "--auth_tokens and --metrics_auth and reopens --session_log. See docs/API.md.");
   if (auto bad = wm::parse_flags_only(argc, argv)) {
     std::fprintf(stderr, "wmserve: %s\n", bad->c_str());
     return 1;
@@ -329,8 +345,14 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_auth); !path.empty()) {
+    if (o.metrics_port < 0) return fail("--metrics_auth needs the metrics endpoint (--metrics_port is -1)");
+    auto table = load_tokens("metrics_auth", path);
+    if (!table.ok()) return fail(std::string(table.status().message()));
+    o.metrics_auth = *std::move(table);
+  }
   if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
-    auto tokens = load_tokens(path);
+    auto tokens = load_tokens("auth_tokens", path);
     if (!tokens.ok()) return fail(std::string(tokens.status().message()));
     o.service.tokens = *std::move(tokens);
     if (!o.tls.enabled())
@@ -373,7 +395,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   for (;;) {
     sig = wait_signal(signals, 200);
-    if (sig == SIGHUP) reload(**server, absl::GetFlag(FLAGS_auth_tokens));
+    if (sig == SIGHUP) reload(**server, absl::GetFlag(FLAGS_auth_tokens), absl::GetFlag(FLAGS_metrics_auth));
     if (sig == SIGINT || sig == SIGTERM) break;
     (*server)->sweep_idle();
   }

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "clients/play_client.h"
@@ -1213,6 +1214,58 @@ TEST(ServerIntegration, SighupReloadsTheTokensRevokesAndReopensTheSessionLog) {
     ++bob_starts;
   EXPECT_EQ(revoked_ends, 2) << new_log;
   EXPECT_EQ(bob_starts, 2) << new_log;
+}
+
+// --metrics_auth: /metrics answers HTTP basic auth with a NAME and TOKEN of
+// its file and nothing else; SIGHUP reads the file again
+TEST(ServerIntegration, MetricsAuthNeedsBasicCredentialsAndReloads) {
+  const std::string dir = testing::fresh_dir("metrics_auth");
+  const std::string file = dir + "/metrics_auth";
+  auto put = [&](const std::string& text) { ASSERT_TRUE(write_file(file, text.data(), text.size()).ok()); };
+  put("prometheus 0123456789abcdef0123\n");
+  std::filesystem::permissions(file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto server = ServerProcess::start(tiny_model(), {"--metrics_auth=" + file});
+  ASSERT_NE(server, nullptr);
+  auto get = [&](const std::string& user, const std::string& password, std::string* body = nullptr) {
+    int code = 0;
+    const std::string headers =
+        user.empty() ? "" : "Authorization: Basic " + absl::Base64Escape(user + ":" + password) + "\r\n";
+    const std::string b = testing::http_request(server->metrics_port(), "GET", "/metrics", &code, 5, headers);
+    if (body != nullptr) *body = b;
+    return code;
+  };
+  std::string body;
+  EXPECT_EQ(get("prometheus", "0123456789abcdef0123", &body), 200);
+  EXPECT_TRUE(absl::StrContains(body, "wm_sessions_active")) << body;
+  EXPECT_EQ(get("", "", &body), 401);
+  EXPECT_FALSE(absl::StrContains(body, "wm_sessions_active")) << body;
+  EXPECT_EQ(get("prometheus", "0123456789abcdef012"), 401);  // a prefix
+  EXPECT_EQ(get("prometheus", ""), 401);
+  EXPECT_EQ(get("grafana", "0123456789abcdef0123"), 401);     // another name
+  // the gRPC port does not care
+  EXPECT_TRUE(client::health_check(channel(*server), "").serving());
+
+  put("grafana fedcba9876543210fedc\n");
+  const size_t before = server->log().size();
+  server->signal(SIGHUP);
+  for (int i = 0; i < 200 && server->log().find("1 metrics credential(s)", before) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(get("prometheus", "0123456789abcdef0123"), 401);
+  EXPECT_EQ(get("grafana", "fedcba9876543210fedc"), 200);
+  // a bad file keeps the credentials in use
+  put("grafana short\n");
+  server->signal(SIGHUP);
+  for (int i = 0; i < 200 && server->log().find("metrics credentials in use stay", before) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(server->log().find("the metrics credentials in use stay", before), std::string::npos) << server->log();
+  EXPECT_EQ(get("grafana", "fedcba9876543210fedc"), 200);
+
+  // (expect_server_refuses turns the endpoint off: turn it on again)
+  expect_server_refuses({"--metrics_port=0", "--metrics_auth=" + dir + "/none"}, "--metrics_auth: cannot open");
+  expect_server_refuses({"--metrics_port=0", "--metrics_auth=" + file},
+                        "--metrics_auth " + file + " line 1: a token is 16..512");
+  put("prometheus 0123456789abcdef0123\n");
+  expect_server_refuses({"--metrics_auth=" + file, "--metrics_port=-1"}, "--metrics_auth needs the metrics endpoint");
 }
 
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {

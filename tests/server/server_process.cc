@@ -153,7 +153,7 @@ int idle_connection(int port) {
 }
 
 std::string http_request(int port, const std::string& method, const std::string& path, int* http_status,
-                         double timeout_s) {
+                         double timeout_s, const std::string& headers) {
   const int fd = idle_connection(port);
   if (fd < 0) return "";
   if (timeout_s > 0) {
@@ -164,7 +164,8 @@ std::string http_request(int port, const std::string& method, const std::string&
   }
   std::string response;
   {
-    const std::string req = method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n";
+    const std::string req =
+        method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n" + headers + "Content-Length: 0\r\n\r\n";
     if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[65536];
       ssize_t n;

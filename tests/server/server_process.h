@@ -48,9 +48,10 @@ int run_program(const std::vector<std::string>& argv, std::string* log);
 // GET path over a plain TCP socket; returns the body (empty on failure)
 std::string http_get(int port, const std::string& path, int* http_status = nullptr);
 // any method (HTTP/1.0, empty body); the status is 0 when no response came
-// (within timeout_s of each read, when positive)
+// (within timeout_s of each read, when positive); headers: more header
+// lines, each ending in \r\n
 std::string http_request(int port, const std::string& method, const std::string& path, int* http_status = nullptr,
-                         double timeout_s = 0);
+                         double timeout_s = 0, const std::string& headers = "");
 // a connection to 127.0.0.1:port that sends nothing (-1 on failure; close it)
 int idle_connection(int port);
 
