@@ -537,7 +537,13 @@ void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& sessio
   if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
   const double seconds = to_seconds(Clock::now() - session->started());
   metrics_->session_duration->Observe(seconds);
-  if (session_log_ != nullptr) session_log_->ended(*session, reason, seconds);
+  // logged once the stream has its status: the frames still being written
+  // when the session closed (a half-close gets its last frames) are counted
+  if (session_log_ != nullptr) {
+    SessionLog* log = session_log_;
+    ServerSession* raw = session.get();  // the callback runs while it lives
+    session->when_finished([log, raw, reason, seconds] { log->ended(*raw, reason, seconds); });
+  }
 }
 
 std::shared_ptr<PendingStart> PlayService::await_start(TimePoint now,

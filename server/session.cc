@@ -65,6 +65,21 @@ void ServerSession::send_frames(std::vector<OutFrame> frames) {
   pump();
 }
 
+ServerSession::~ServerSession() {
+  if (on_finished_) on_finished_();
+}
+
+void ServerSession::when_finished(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!finish_called_) {
+      on_finished_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
 void ServerSession::finish(const absl::Status& status, bool flush) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -116,6 +131,7 @@ void ServerSession::on_write_done(bool ok) {
 void ServerSession::pump() {
   enum class Next { kNothing, kWrite, kEncode, kFinish } next = Next::kNothing;
   std::unique_ptr<OutFrame> to_encode;
+  std::function<void()> finished;
   absl::Status status;
   int dropped = 0;
   {
@@ -130,6 +146,8 @@ void ServerSession::pump() {
       if (finish_requested_) {
         finish_called_ = true;
         status = finish_status_;
+        finished = std::move(on_finished_);
+        on_finished_ = nullptr;
         next = Next::kFinish;
       }
     } else if (item->second.frame != nullptr) {
@@ -147,7 +165,10 @@ void ServerSession::pump() {
   switch (next) {
     case Next::kNothing: return;
     case Next::kWrite: writer_->start_write(&writing_); return;
-    case Next::kFinish: writer_->finish(status); return;
+    case Next::kFinish:
+      writer_->finish(status);
+      if (finished) finished();
+      return;
     case Next::kEncode: {
       auto self = shared_from_this();
       // std::function needs a copyable callable: hand the frame over by raw pointer

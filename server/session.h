@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -92,6 +93,13 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   // written; otherwise now (unsent frames are dropped). The first call wins.
   void finish(const absl::Status& status, bool flush);
 
+  // runs `fn` once the stream has been given its final status, when every
+  // frame it got has been counted (at once if that has happened; else on
+  // the thread that finishes it, or at the latest when the session is
+  // destroyed); one callback, a later one replaces it
+  void when_finished(std::function<void()> fn);
+  ~ServerSession();
+
   // the reactor's OnWriteDone
   void on_write_done(bool ok);
 
@@ -124,6 +132,7 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   wmserve::v1::PlayResponse writing_;  // the message in flight
   bool writing_frame_ = false;
   uint64_t frames_sent_ = 0;
+  std::function<void()> on_finished_;  // when_finished's
   bool any_frame_written_ = false;
   TimePoint last_frame_write_;
 };

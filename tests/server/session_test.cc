@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <sstream>
 #include <thread>
@@ -187,6 +188,38 @@ TEST(ServerSession, FlushWritesWhatIsQueuedThenFinishes) {
   EXPECT_EQ(w[2].event().code(), "INVALID_ACTION");
   EXPECT_EQ(w[2].event().action_seq(), 7u);
   EXPECT_EQ(w[3].frame().index(), 1);
+}
+
+// what the session log reports at the end waits for the stream's status:
+// a frame still being written when the session closed is counted
+TEST(ServerSession, WhenFinishedRunsOnceTheLastFrameIsCounted) {
+  Fixture t;
+  t.started();
+  t.send(0);
+  ASSERT_TRUE(t.writer.wait_writes(2));
+  t.session->finish(absl::OkStatus(), /*flush=*/true);
+  std::atomic<int> calls{0};
+  std::atomic<uint64_t> sent_then{0};
+  t.session->when_finished([&] {
+    ++calls;
+    sent_then = t.session->frames_sent();
+  });
+  EXPECT_EQ(calls.load(), 0);  // frame 0 is in flight
+  t.writer.complete(*t.session);
+  ASSERT_TRUE(t.writer.wait_finished());
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(sent_then.load(), 1u);
+  // after the finish: at once
+  t.session->when_finished([&] { ++calls; });
+  EXPECT_EQ(calls.load(), 2);
+  // a session destroyed before its stream finished runs its callback then
+  Fixture u;
+  u.started();
+  bool ran = false;
+  u.session->when_finished([&] { ran = true; });
+  EXPECT_FALSE(ran);
+  u.session.reset();
+  EXPECT_TRUE(ran);
 }
 
 TEST(ServerSession, AFailedWriteEndsTheStream) {
