@@ -99,6 +99,14 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
                              "resume_attached", "resume_draining", "start_timeout"})
     rejected_[reason] = &rejected.Add({{"reason", reason}});
   rejected_other_ = &rejected.Add({{"reason", "other"}});
+  connections_open = gauge(r, "wm_connections_open", "gRPC connections open (as of the last accept or sweep, within 1 s)");
+  auto& refused = pm::BuildCounter()
+                      .Name("wm_connections_refused_total")
+                      .Help("connections closed at accept, by reason (--max_connections, "
+                            "--max_connections_per_client, no file descriptor left)")
+                      .Register(r);
+  for (const char* reason : {"total_cap", "client_cap", "no_fds", "other"})
+    refused_connections_[reason] = &refused.Add({{"reason", reason}});
   sessions_evicted_idle = &pm::BuildCounter()
                                .Name("wm_sessions_evicted_total")
                                .Help("sessions closed by the server, by reason")
@@ -147,6 +155,11 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
 pm::Counter& Metrics::sessions_rejected(absl::string_view reason) {
   auto it = rejected_.find(reason);
   return it == rejected_.end() ? *rejected_other_ : *it->second;
+}
+
+pm::Counter& Metrics::connections_refused(absl::string_view reason) {
+  auto it = refused_connections_.find(reason);
+  return it == refused_connections_.end() ? *refused_connections_.at("other") : *it->second;
 }
 
 pm::Counter& Metrics::actions_invalid(absl::string_view reason) {

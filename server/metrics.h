@@ -39,6 +39,7 @@ class Metrics {
   prometheus::Gauge* kv_usage_ratio;        // used / capacity
   prometheus::Gauge* admitting;             // 1 while a new default-format session would be admitted
   prometheus::Gauge* sessions_parked;       // sessions whose stream broke, waiting for a resume
+  prometheus::Gauge* connections_open;      // gRPC connections open (as of the listener's last sweep)
   void set_drift(const std::string& format, double ratio, double queries);
   // the accelerator's memory (no series on the CPU, which reports none)
   void set_gpu_memory(int64_t total, int64_t free);
@@ -50,6 +51,8 @@ class Metrics {
   prometheus::Counter* sessions_started;
   prometheus::Counter& sessions_ended(EndReason r) { return *ended_.at(r); }
   prometheus::Counter& sessions_rejected(absl::string_view reason);
+  // connections closed at accept: "total_cap", "client_cap", "no_fds" (other: "other")
+  prometheus::Counter& connections_refused(absl::string_view reason);
   prometheus::Counter* sessions_evicted_idle;
   prometheus::Counter* sessions_parked_total;   // streams that broke and left their session parked
   prometheus::Counter* sessions_resumed;
@@ -77,6 +80,7 @@ class Metrics {
   std::map<EndReason, prometheus::Counter*> ended_;
   std::map<std::string, prometheus::Counter*, std::less<>> rejected_;
   std::map<std::string, prometheus::Counter*, std::less<>> invalid_;
+  std::map<std::string, prometheus::Counter*, std::less<>> refused_connections_;
   prometheus::Family<prometheus::Gauge>* drift_family_;
   prometheus::Family<prometheus::Gauge>* drift_queries_family_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_family_;

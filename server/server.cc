@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <chrono>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
@@ -73,7 +75,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     tls.pem_root_certs = options.tls.client_ca;
     credentials = grpc::SslServerCredentials(tls);
   }
-  builder.AddListeningPort(address, credentials, &s->port_);
+  // the port is ours (listener.h): gRPC gets the connections it accepts
+  auto listener = Listener::bind(options.host, options.port, options.connections);
+  if (!listener.ok()) {
+    s->worker_->stop();
+    return listener.status();
+  }
+  s->listener_ = std::move(*listener);
+  s->port_ = s->listener_->port();
+  s->acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.service.max_request_bytes));
   // no compressed requests: gRPC inflates a message whole before it checks
@@ -89,17 +100,43 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              options.keepalive.min_client_ping_interval_s * 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
-  // gRPC binds with SO_REUSEPORT by default: a second server on a taken port
-  // would start and silently get half the connections
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.max_concurrent_streams > 0)
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   s->grpc_ = builder.BuildAndStart();
-  if (s->grpc_ == nullptr || s->port_ == 0) {
+  if (s->grpc_ == nullptr) {
+    s->listener_->stop();
     s->worker_->stop();
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (in use, or a bad address?)"));
+    return absl::UnavailableError(absl::StrCat("cannot start the gRPC server on ", address));
   }
   s->service_->set_health(s->grpc_->GetHealthCheckService());
+  Listener::Callbacks cb;
+  grpc::experimental::ExternalConnectionAcceptor* acceptor = s->acceptor_.get();
+  cb.hand_over = [acceptor](int listener_fd, int fd) {
+    grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+    p.listener_fd = listener_fd;
+    p.fd = fd;
+    acceptor->HandleNewConnection(&p);
+  };
+  Metrics* metrics = s->metrics_.get();
+  cb.open_changed = [metrics](int open) { metrics->connections_open->Set(open); };
+  const ConnectionCaps caps = options.connections;
+  cb.refused = [metrics, caps, last = std::chrono::steady_clock::time_point()](absl::string_view reason,
+                                                                               absl::string_view client) mutable {
+    metrics->connections_refused(reason).Increment();
+    // one line a second at most: a flood must not flood the log too
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(1)) return;
+    last = now;
+    if (reason == "client_cap") {
+      std::fprintf(stderr, "wmserve: refused connections from %s: it has %d open (--max_connections_per_client)\n",
+                   std::string(client).c_str(), caps.max_per_client);
+    } else if (reason == "total_cap") {
+      std::fprintf(stderr, "wmserve: refused connections: %d are open (--max_connections)\n", caps.max_total);
+    } else {
+      std::fprintf(stderr, "wmserve: an accept failed for want of file descriptors; retrying\n");
+    }
+  };
+  s->listener_->start(std::move(cb));
 
   if (options.metrics_port >= 0) {
     const std::string maddr = absl::StrCat(options.metrics_host, ":", options.metrics_port);
@@ -153,6 +190,7 @@ void Server::shutdown(Duration cancel_after) {
   if (worker_ != nullptr)
     worker_->close_all(absl::UnavailableError("the server is shutting down; start a new session elsewhere"),
                        EndReason::kShutdown);
+  if (listener_ != nullptr) listener_->stop();
   if (grpc_ != nullptr) grpc_->Shutdown(std::chrono::system_clock::now() + cancel_after);
   if (worker_ != nullptr) worker_->stop();
   if (encoder_ != nullptr) encoder_->stop();

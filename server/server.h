@@ -14,6 +14,7 @@
 #include "prometheus/exposer.h"
 #include "server/encoder_pool.h"
 #include "server/engine_worker.h"
+#include "server/listener.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/session_log.h"
@@ -52,6 +53,7 @@ struct ServerOptions {
   std::shared_ptr<const TokenTable> metrics_auth;
   int encoder_threads = 2;
   int max_concurrent_streams = 0;   // per connection; 0: gRPC's default
+  ConnectionCaps connections;       // on the gRPC port (listener.h)
   // a connection that has not finished its handshake (TLS, and HTTP/2's
   // preface) by then is closed: idle connections cannot pile up for long
   int handshake_timeout_s = 10;
@@ -98,7 +100,9 @@ class Server {
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<PlayService> service_;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;  // gRPC's side of listener_
   std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<Listener> listener_;  // stopped before grpc_ shuts down
   std::unique_ptr<prometheus::Exposer> exposer_;
   // read by the exposer's threads for each scrape
   mutable std::mutex metrics_auth_mu_;

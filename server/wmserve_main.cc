@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -95,6 +96,11 @@ ABSL_FLAG(double, audit_fraction, 0.0,
           "wm_token_selection_drift_ratio{format}; each reserves one more fp32 cache of the KV budget "
           "and costs a probe (CPU backend only: ignored on a GPU)");
 ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
+ABSL_FLAG(int, max_connections, 4096,
+          "gRPC connections open at once at most; more are closed at accept (0: only the open-file limit, less a "
+          "reserve, caps them)");
+ABSL_FLAG(int, max_connections_per_client, 64,
+          "gRPC connections open at once from one client address (an IPv6 one by its /64) at most (0: no cap)");
 ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
 ABSL_FLAG(double, start_timeout_s, 10,
@@ -123,17 +129,23 @@ std::string default_model_dir() {
   return "";
 }
 
-// every connection is a file descriptor, and once gRPC runs out of them it
-// stops accepting for good (it does not retry an accept that failed with
-// EMFILE): take the hard limit, not the soft one (often 1024 or 20000)
-void raise_open_file_limit() {
+// every connection is a file descriptor: take the hard limit, not the soft
+// one (often 1024); returns the limit in force (0: unknown)
+int64_t raise_open_file_limit() {
   rlimit r;
-  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
   const rlim_t want = r.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : r.rlim_max;
-  if (r.rlim_cur >= want) return;
-  r.rlim_cur = want;
-  setrlimit(RLIMIT_NOFILE, &r);
+  if (r.rlim_cur < want) {
+    r.rlim_cur = want;
+    setrlimit(RLIMIT_NOFILE, &r);
+    getrlimit(RLIMIT_NOFILE, &r);
+  }
+  return r.rlim_cur == RLIM_INFINITY ? int64_t{1} << 20 : static_cast<int64_t>(r.rlim_cur);
 }
+
+// descriptors kept for everything but connections: the model's files, the
+// engine's and gRPC's own, the metrics endpoint's, the session log
+constexpr int64_t kReservedFds = 256;
 
 // a file of NAME TOKEN lines (--auth_tokens, --metrics_auth), checked; a
 // warning on stderr when others may read it
@@ -223,7 +235,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  raise_open_file_limit();
+  const int64_t fd_limit = raise_open_file_limit();
 
   std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) model = default_model_dir();
@@ -282,6 +294,22 @@ int main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_audit_fraction) >= 0 && absl::GetFlag(FLAGS_audit_fraction) <= 1))
     return fail("--audit_fraction must be in [0, 1]");
   if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
+  {
+    const int64_t total = absl::GetFlag(FLAGS_max_connections), per = absl::GetFlag(FLAGS_max_connections_per_client);
+    if (total < 0 || total > 1000000 || per < 0 || per > 1000000)
+      return fail("--max_connections and --max_connections_per_client must be 0..1000000");
+    // below the open-file limit, so that an accept never fails for want of one
+    const int64_t room = fd_limit > 0 ? std::max<int64_t>(16, fd_limit - kReservedFds) : 1000000;
+    if (total == 0 || total > room) {
+      if (total > room)
+        std::fprintf(stderr, "wmserve: --max_connections %lld lowered to %lld: the open-file limit is %lld\n",
+                     static_cast<long long>(total), static_cast<long long>(room), static_cast<long long>(fd_limit));
+      o.connections.max_total = static_cast<int>(room);
+    } else {
+      o.connections.max_total = static_cast<int>(total);
+    }
+    o.connections.max_per_client = static_cast<int>(per);
+  }
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
   if (!wm::threads_in_range(o.worker.engine.threads)) return fail(wm::kThreadsRange);
   // each queued action is held in memory: a bound a client cannot push past

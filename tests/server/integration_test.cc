@@ -1268,6 +1268,56 @@ TEST(ServerIntegration, MetricsAuthNeedsBasicCredentialsAndReloads) {
   expect_server_refuses({"--metrics_auth=" + file, "--metrics_port=-1"}, "--metrics_auth needs the metrics endpoint");
 }
 
+// --max_connections_per_client / --max_connections: past a cap a new
+// connection is closed at accept, gRPC never sees it; closed connections
+// make room again; the metrics count both
+TEST(ServerIntegration, ConnectionCapsCloseWhatIsPastThemAtAccept) {
+  auto server = ServerProcess::start(tiny_model(), {"--max_connections_per_client=2", "--handshake_timeout_s=30"});
+  ASSERT_NE(server, nullptr);
+  // two connections that send nothing hold the address's two places
+  const int idle1 = testing::idle_connection(server->port()), idle2 = testing::idle_connection(server->port());
+  ASSERT_GE(idle1, 0);
+  ASSERT_GE(idle2, 0);
+  EXPECT_EQ(wait_for_metric(*server, "wm_connections_open", 2), 2);
+  client::ChannelOptions co;
+  co.own_connection = true;
+  const auto refused = client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.status.error_message();
+  EXPECT_GE(scrape(*server).at("wm_connections_refused_total{reason=\"client_cap\"}"), 1);
+  EXPECT_TRUE(absl::StrContains(server->log(), "refused connections from ipv4:127.0.0.1: it has 2 open "
+                                               "(--max_connections_per_client)"))
+      << server->log();
+  close(idle1);
+  close(idle2);
+  // gRPC closes them on its side too; the next connection finds the room
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    served = client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2)).serving();
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(served);
+  PlayResult r = client::play(client::make_channel(server->target(), co), per_action(1, script_actions()));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+
+  auto one = ServerProcess::start(tiny_model(), {"--max_connections=1", "--handshake_timeout_s=30"});
+  ASSERT_NE(one, nullptr);
+  const int idle = testing::idle_connection(one->port());
+  ASSERT_GE(idle, 0);
+  EXPECT_EQ(wait_for_metric(*one, "wm_connections_open", 1), 1);
+  EXPECT_FALSE(client::health_check(client::make_channel(one->target(), co), "", std::chrono::seconds(2)).serving());
+  EXPECT_GE(scrape(*one).at("wm_connections_refused_total{reason=\"total_cap\"}"), 1);
+  close(idle);
+
+  // a cap above the open-file limit comes down below it
+  std::string log;
+  EXPECT_EQ(testing::run_program({"/usr/bin/prlimit", "--nofile=400:400", WMSERVE_BIN, "--model=" + tiny_model(),
+                                  "--max_connections=1000", "--encoder_threads=0"},
+                                 &log),
+            1);
+  EXPECT_TRUE(absl::StrContains(log, "--max_connections 1000 lowered to 144: the open-file limit is 400")) << log;
+  expect_server_refuses({"--max_connections=-1"}, "--max_connections and --max_connections_per_client must be");
+}
+
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
   const std::string dir = testing::fresh_dir("bad_tokens");
   auto file = [&](const std::string& name, const std::string& text) {

@@ -1,0 +1,57 @@
+// Which accepted connections are still open, counted in total and per
+// client, for the gRPC port's caps (--max_connections,
+// --max_connections_per_client). Once a connection is handed to gRPC, gRPC
+// owns its file descriptor and closes it without telling anyone; a
+// connection is known by its descriptor and the socket's inode, so a
+// descriptor that was closed (EBADF), or reused for anything else (another
+// inode), marks its connection gone. sweep() finds them.
+//
+// Threading: one thread (the listener's).
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace wm::server {
+
+struct ConnectionCaps {
+  int max_total = 0;       // 0: no cap
+  int max_per_client = 0;  // per client_group(address); 0: no cap
+};
+
+class ConnectionTable {
+ public:
+  enum class Verdict { kAdmitted, kTotalCap, kClientCap, kNotASocket };
+
+  explicit ConnectionTable(ConnectionCaps caps) : caps_(caps) {}
+
+  // a new connection `fd` from `client` (a client_group): admitted and
+  // counted, or refused (and not counted: the caller closes it). A caps hit
+  // sweeps first, so connections closed since the last sweep make room.
+  Verdict admit(int fd, const std::string& client);
+  // forgets the connections whose descriptor no longer holds their socket
+  void sweep();
+
+  int open() const { return static_cast<int>(by_fd_.size()); }
+  int open_from(absl::string_view client) const;
+
+ private:
+  struct Entry {
+    ino_t inode = 0;
+    dev_t device = 0;
+    std::string client;
+  };
+  bool still_open(int fd, const Entry& e) const;
+  void forget(std::map<int, Entry>::iterator it);
+  bool full(const std::string& client) const;
+
+  ConnectionCaps caps_;
+  std::map<int, Entry> by_fd_;
+  std::map<std::string, int, std::less<>> per_client_;
+};
+
+}  // namespace wm::server

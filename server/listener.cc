@@ -1,0 +1,184 @@
+#include "server/listener.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/session_manager.h"
+
+namespace wm::server {
+
+namespace {
+
+constexpr int kBacklog = 1024;
+constexpr int kSweepMs = 1000;      // connections gRPC closed are found at least this often
+constexpr int kNoFdsPauseMs = 100;  // after an accept failed for want of descriptors
+
+absl::Status bind_error(const std::string& host, int port, absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, " (", what, ")"));
+}
+
+}  // namespace
+
+std::string peer_of_sockaddr(const void* addr, size_t len) {
+  char text[INET6_ADDRSTRLEN] = "";
+  const auto* sa = static_cast<const sockaddr*>(addr);
+  if (sa->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
+    inet_ntop(AF_INET, &static_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof text);
+    return absl::StrCat("ipv4:", text);
+  }
+  if (sa->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+    const in6_addr& a = static_cast<const sockaddr_in6*>(addr)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&a)) {
+      inet_ntop(AF_INET, a.s6_addr + 12, text, sizeof text);
+      return absl::StrCat("ipv4:", text);
+    }
+    inet_ntop(AF_INET6, &a, text, sizeof text);
+    return absl::StrCat("ipv6:[", text, "]");
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::bind(const std::string& host, int port, ConnectionCaps caps) {
+  std::string name = host;
+  if (absl::StartsWith(name, "[") && absl::EndsWith(name, "]")) name = name.substr(1, name.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int e = getaddrinfo(name.empty() ? nullptr : name.c_str(), service.c_str(), &hints, &found); e != 0)
+    return bind_error(host, port, gai_strerror(e));
+  bool any_v4 = false;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) any_v4 = any_v4 || a->ai_family == AF_INET;
+  std::vector<int> fds;
+  auto fail = [&](absl::string_view what) {
+    for (int fd : fds) close(fd);
+    freeaddrinfo(found);
+    return bind_error(host, port, what);
+  };
+  int bound_port = port;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return fail(std::strerror(errno));
+    fds.push_back(fd);
+    const int one = 1;
+    // a restart binds at once over connections in TIME_WAIT; no SO_REUSEPORT,
+    // so a port another process listens on is refused, not shared
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (a->ai_family == AF_INET6) {
+      // "::" alone takes IPv4 too; beside an IPv4 address of its own, IPv6 only
+      const int v6only = any_v4 ? 1 : 0;
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
+    }
+    sockaddr_storage addr{};
+    std::memcpy(&addr, a->ai_addr, a->ai_addrlen);
+    // port 0: the first socket picks the port, the others take the same
+    if (a->ai_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(static_cast<uint16_t>(bound_port));
+    else reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(static_cast<uint16_t>(bound_port));
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), a->ai_addrlen) != 0 || listen(fd, kBacklog) != 0)
+      return fail(std::strerror(errno));
+    sockaddr_storage got{};
+    socklen_t len = sizeof got;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&got), &len) != 0) return fail(std::strerror(errno));
+    bound_port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
+                                                : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+  }
+  freeaddrinfo(found);
+  if (fds.empty()) return bind_error(host, port, "no IPv4 or IPv6 address");
+  return std::unique_ptr<Listener>(new Listener(std::move(fds), bound_port, caps));
+}
+
+Listener::Listener(std::vector<int> fds, int port, ConnectionCaps caps)
+    : fds_(std::move(fds)), port_(port), wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), table_(caps) {}
+
+Listener::~Listener() {
+  stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Listener::start(Callbacks callbacks) {
+  callbacks_ = std::move(callbacks);
+  thread_ = std::thread([this] { run(); });
+}
+
+void Listener::stop() {
+  if (!stopping_.exchange(true) && thread_.joinable()) {
+    const uint64_t one = 1;
+    if (write(wake_fd_, &one, sizeof one) < 0) {
+      // the thread notices stopping_ at its next sweep
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  for (int fd : fds_) close(fd);
+  fds_.clear();
+}
+
+void Listener::run() {
+  std::vector<pollfd> polled;
+  for (int fd : fds_) polled.push_back({fd, POLLIN, 0});
+  polled.push_back({wake_fd_, POLLIN, 0});
+  while (!stopping_.load()) {
+    const int n = poll(polled.data(), polled.size(), kSweepMs);
+    if (stopping_.load()) break;
+    if (n <= 0) {
+      table_.sweep();
+    } else {
+      for (size_t i = 0; i + 1 < polled.size(); ++i)
+        if (polled[i].revents & POLLIN) accept_from(polled[i].fd);
+    }
+    if (const int open = table_.open(); open != last_open_ && callbacks_.open_changed) {
+      last_open_ = open;
+      callbacks_.open_changed(open);
+    }
+  }
+}
+
+void Listener::accept_from(int listener_fd) {
+  // what is waiting, but a bounded batch: the other sockets get their turn
+  for (int i = 0; i < 64 && !stopping_.load(); ++i) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    const int fd = accept4(listener_fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // the connection waits in the backlog; try again shortly (gRPC's
+        // own acceptor would have stopped for good)
+        if (callbacks_.refused) callbacks_.refused("no_fds", "");
+        table_.sweep();
+        pollfd wake{wake_fd_, POLLIN, 0};
+        poll(&wake, 1, kNoFdsPauseMs);
+      }
+      return;  // EAGAIN: nothing more waits
+    }
+    const std::string client = client_group(peer_of_sockaddr(&addr, len));
+    const ConnectionTable::Verdict v = table_.admit(fd, client);
+    if (v != ConnectionTable::Verdict::kAdmitted) {
+      if (callbacks_.refused)
+        callbacks_.refused(v == ConnectionTable::Verdict::kClientCap  ? "client_cap"
+                           : v == ConnectionTable::Verdict::kTotalCap ? "total_cap"
+                                                                      : "not_a_socket",
+                           client);
+      close(fd);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    callbacks_.hand_over(listener_fd, fd);
+  }
+}
+
+}  // namespace wm::server

@@ -1,0 +1,70 @@
+// The gRPC port: listening sockets of the server's own, accepted by a thread
+// of its own and handed to gRPC (ServerBuilder's external connection
+// acceptor), so that the server decides which connections gRPC gets.
+//
+// - Caps: at most --max_connections connections at once, and at most
+//   --max_connections_per_client from one address (an IPv6 one by its /64,
+//   client_group); past either a new connection is closed at once, before
+//   its handshake costs anything.
+// - File descriptors: gRPC's own acceptor stops for good once an accept
+//   fails for want of descriptors; this one counts the failure and tries
+//   again 100 ms later.
+//
+// Threading: start/stop on one thread; the accept thread calls the callbacks.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/connection_table.h"
+
+namespace wm::server {
+
+class Listener {
+ public:
+  struct Callbacks {
+    std::function<void(int listener_fd, int fd)> hand_over;  // owns fd from then on
+    std::function<void(int open)> open_changed;              // connections open now (after a sweep)
+    // a connection closed unhandled: "total_cap", "client_cap" or "no_fds"
+    // (an accept that failed for want of file descriptors)
+    std::function<void(absl::string_view reason, absl::string_view client)> refused;
+  };
+
+  // binds every address `host` resolves to (a name, an IPv4 or an IPv6
+  // address, in brackets or not) on `port` (0: a free port, the same on
+  // every address); UNAVAILABLE when one is taken or cannot be bound
+  static absl::StatusOr<std::unique_ptr<Listener>> bind(const std::string& host, int port, ConnectionCaps caps);
+  ~Listener();
+
+  int port() const { return port_; }
+  void start(Callbacks callbacks);
+  // stops accepting and closes the listening sockets (connections already
+  // handed over are gRPC's); idempotent
+  void stop();
+
+ private:
+  Listener(std::vector<int> fds, int port, ConnectionCaps caps);
+  void run();
+  void accept_from(int listener_fd);
+
+  std::vector<int> fds_;
+  int port_ = 0;
+  int wake_fd_ = -1;  // an eventfd: stop() wakes the thread
+  ConnectionTable table_;
+  Callbacks callbacks_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  int last_open_ = -1;
+};
+
+// "ipv4:1.2.3.4", "ipv6:[2001:db8::1]" (an IPv4-mapped IPv6 address as
+// IPv4), as gRPC writes a peer without its port
+std::string peer_of_sockaddr(const void* addr, size_t len);
+
+}  // namespace wm::server
