@@ -28,16 +28,18 @@ bool ConnectionTable::full(const std::string& client) const {
   return caps_.max_per_client > 0 && open_from(client) >= caps_.max_per_client;
 }
 
-ConnectionTable::Verdict ConnectionTable::admit(int fd, const std::string& client) {
+ConnectionTable::Verdict ConnectionTable::admit(int fd, const std::string& client, TimePoint now) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return Verdict::kNotASocket;
   // the descriptor is ours again: whatever it held before is closed
   if (auto it = by_fd_.find(fd); it != by_fd_.end()) forget(it);
+  if (rate_.limited() && rate_.left(client, now) < 1) return Verdict::kClientRate;
   if (full(client)) sweep();
   if (caps_.max_total > 0 && open() >= caps_.max_total) return Verdict::kTotalCap;
   if (caps_.max_per_client > 0 && open_from(client) >= caps_.max_per_client) return Verdict::kClientCap;
   by_fd_[fd] = Entry{st.st_ino, st.st_dev, client};
   ++per_client_[client];
+  rate_.take(client, 1, now);
   return Verdict::kAdmitted;
 }
 

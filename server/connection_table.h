@@ -4,7 +4,9 @@
 // owns its file descriptor and closes it without telling anyone; a
 // connection is known by its descriptor and the socket's inode, so a
 // descriptor that was closed (EBADF), or reused for anything else (another
-// inode), marks its connection gone. sweep() finds them.
+// inode), marks its connection gone. sweep() finds them. A client's new
+// connections are rationed too (a TLS handshake costs the server a
+// signature: a loop of connect and close would burn its cores).
 //
 // Threading: one thread (the listener's).
 #pragma once
@@ -15,24 +17,32 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "server/clock.h"
+#include "server/rate_buckets.h"
 
 namespace wm::server {
 
 struct ConnectionCaps {
   int max_total = 0;       // 0: no cap
   int max_per_client = 0;  // per client_group(address); 0: no cap
+  // new connections per client: burst_per_client at once, refilled at
+  // rate_per_client a second (0: no limit); each one admitted takes one
+  double rate_per_client = 0;
+  int burst_per_client = 0;
 };
 
 class ConnectionTable {
  public:
-  enum class Verdict { kAdmitted, kTotalCap, kClientCap, kNotASocket };
+  enum class Verdict { kAdmitted, kTotalCap, kClientCap, kClientRate, kNotASocket };
 
-  explicit ConnectionTable(ConnectionCaps caps) : caps_(caps) {}
+  explicit ConnectionTable(ConnectionCaps caps)
+      : caps_(caps), rate_(caps.rate_per_client, caps.burst_per_client) {}
 
-  // a new connection `fd` from `client` (a client_group): admitted and
-  // counted, or refused (and not counted: the caller closes it). A caps hit
-  // sweeps first, so connections closed since the last sweep make room.
-  Verdict admit(int fd, const std::string& client);
+  // a new connection `fd` from `client` (a client_group) at `now`: admitted
+  // and counted, or refused (and not counted, nor taken from the client's
+  // rate: the caller closes it). A caps hit sweeps first, so connections
+  // closed since the last sweep make room.
+  Verdict admit(int fd, const std::string& client, TimePoint now);
   // forgets the connections whose descriptor no longer holds their socket
   void sweep();
 
@@ -50,6 +60,7 @@ class ConnectionTable {
   bool full(const std::string& client) const;
 
   ConnectionCaps caps_;
+  RateBuckets rate_;
   std::map<int, Entry> by_fd_;
   std::map<std::string, int, std::less<>> per_client_;
 };

@@ -24,6 +24,15 @@ constexpr int kBacklog = 1024;
 constexpr int kSweepMs = 1000;      // connections gRPC closed are found at least this often
 constexpr int kNoFdsPauseMs = 100;  // after an accept failed for want of descriptors
 
+absl::string_view verdict_label(ConnectionTable::Verdict v) {
+  switch (v) {
+    case ConnectionTable::Verdict::kClientCap: return "client_cap";
+    case ConnectionTable::Verdict::kTotalCap: return "total_cap";
+    case ConnectionTable::Verdict::kClientRate: return "client_rate";
+    default: return "not_a_socket";
+  }
+}
+
 absl::Status bind_error(const std::string& host, int port, absl::string_view what) {
   return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, " (", what, ")"));
 }
@@ -165,13 +174,9 @@ void Listener::accept_from(int listener_fd) {
       return;  // EAGAIN: nothing more waits
     }
     const std::string client = client_group(peer_of_sockaddr(&addr, len));
-    const ConnectionTable::Verdict v = table_.admit(fd, client);
+    const ConnectionTable::Verdict v = table_.admit(fd, client, Clock::now());
     if (v != ConnectionTable::Verdict::kAdmitted) {
-      if (callbacks_.refused)
-        callbacks_.refused(v == ConnectionTable::Verdict::kClientCap  ? "client_cap"
-                           : v == ConnectionTable::Verdict::kTotalCap ? "total_cap"
-                                                                      : "not_a_socket",
-                           client);
+      if (callbacks_.refused) callbacks_.refused(verdict_label(v), client);
       close(fd);
       continue;
     }

@@ -4,8 +4,9 @@
 //
 // - Caps: at most --max_connections connections at once, and at most
 //   --max_connections_per_client from one address (an IPv6 one by its /64,
-//   client_group); past either a new connection is closed at once, before
-//   its handshake costs anything.
+//   client_group), and from one address at most --client_connection_burst
+//   at once, then --client_connection_rate a second; past any of them a new
+//   connection is closed at once, before its handshake costs anything.
 // - File descriptors: gRPC's own acceptor stops for good once an accept
 //   fails for want of descriptors; this one counts the failure and tries
 //   again 100 ms later.
@@ -31,8 +32,9 @@ class Listener {
   struct Callbacks {
     std::function<void(int listener_fd, int fd)> hand_over;  // owns fd from then on
     std::function<void(int open)> open_changed;              // connections open now (after a sweep)
-    // a connection closed unhandled: "total_cap", "client_cap" or "no_fds"
-    // (an accept that failed for want of file descriptors)
+    // a connection closed unhandled: "total_cap", "client_cap",
+    // "client_rate" or "no_fds" (an accept that failed for want of file
+    // descriptors)
     std::function<void(absl::string_view reason, absl::string_view client)> refused;
   };
 

@@ -103,9 +103,9 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
   auto& refused = pm::BuildCounter()
                       .Name("wm_connections_refused_total")
                       .Help("connections closed at accept, by reason (--max_connections, "
-                            "--max_connections_per_client, no file descriptor left)")
+                            "--max_connections_per_client, --client_connection_rate, no file descriptor left)")
                       .Register(r);
-  for (const char* reason : {"total_cap", "client_cap", "no_fds", "other"})
+  for (const char* reason : {"total_cap", "client_cap", "client_rate", "no_fds", "other"})
     refused_connections_[reason] = &refused.Add({{"reason", reason}});
   sessions_evicted_idle = &pm::BuildCounter()
                                .Name("wm_sessions_evicted_total")

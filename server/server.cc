@@ -130,6 +130,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     if (reason == "client_cap") {
       std::fprintf(stderr, "wmserve: refused connections from %s: it has %d open (--max_connections_per_client)\n",
                    std::string(client).c_str(), caps.max_per_client);
+    } else if (reason == "client_rate") {
+      std::fprintf(stderr, "wmserve: refused connections from %s: more than %d at once, then %g a second "
+                   "(--client_connection_burst, --client_connection_rate)\n",
+                   std::string(client).c_str(), caps.burst_per_client, caps.rate_per_client);
     } else if (reason == "total_cap") {
       std::fprintf(stderr, "wmserve: refused connections: %d are open (--max_connections)\n", caps.max_total);
     } else {

@@ -29,7 +29,8 @@ absl::string_view reject_reason_label(RejectReason r) {
   return "unknown";
 }
 
-SessionManager::SessionManager(SessionManagerConfig config) : config_(std::move(config)) {
+SessionManager::SessionManager(SessionManagerConfig config)
+    : config_(std::move(config)), prompt_frames_(config_.client_prompt_rate, config_.client_prompt_burst) {
   WM_CHECK(config_.kv_capacity_bytes > 0);
   WM_CHECK(config_.max_sessions >= 0 && config_.max_sessions_per_client >= 0);
   for (const auto& [format, bytes] : config_.reservation_bytes) WM_CHECK(bytes > 0);
@@ -41,16 +42,8 @@ int SessionManager::sessions_of(absl::string_view client) const {
   return it == per_client_.end() ? 0 : it->second;
 }
 
-double SessionManager::refilled(const PromptBucket& b, TimePoint now) const {
-  // a caller's clock that went back refills nothing
-  const double elapsed = std::max(0.0, to_seconds(now - b.at));
-  return std::min<double>(config_.client_prompt_burst, b.frames + elapsed * config_.client_prompt_rate);
-}
-
 double SessionManager::prompt_frames_left(absl::string_view client, TimePoint now) const {
-  auto it = prompt_buckets_.find(client);
-  if (config_.client_prompt_rate <= 0 || it == prompt_buckets_.end()) return config_.client_prompt_burst;
-  return refilled(it->second, now);
+  return prompt_frames_.left(client, now);
 }
 
 absl::Status SessionManager::check_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now) const {
@@ -63,21 +56,6 @@ absl::Status SessionManager::check_prompt_frames(absl::string_view client, int p
       "costs %d (its prompt frames, at least one), %d are left; retry in %.1f s",
       client, exact_text(config_.client_prompt_rate), prompt_frames, static_cast<int>(left),
       std::max(0.1, std::ceil(wait_s * 10) / 10)));
-}
-
-void SessionManager::take_prompt_frames(const AdmitRequest& request, TimePoint now) {
-  if (config_.client_prompt_rate <= 0 || request.prompt_frames <= 0) return;
-  const double left = prompt_frames_left(request.client, now) - request.prompt_frames;
-  // a full bucket is the same as none: forget the clients that have
-  // refilled (so the map holds about the clients of the last burst / rate
-  // seconds), when the map has doubled since the last sweep: amortized,
-  // admission does not pay a scan of every client each time
-  if (prompt_buckets_.size() >= prune_at_) {
-    std::erase_if(prompt_buckets_,
-                  [&](const auto& kv) { return refilled(kv.second, now) >= config_.client_prompt_burst; });
-    prune_at_ = std::max<size_t>(kMinPruneAt, 2 * prompt_buckets_.size());
-  }
-  prompt_buckets_[request.client] = PromptBucket{left, now};
 }
 
 absl::Status SessionManager::check(const AdmitRequest& request, TimePoint now, RejectReason* reason) const {
@@ -118,7 +96,7 @@ absl::Status SessionManager::check(const AdmitRequest& request, TimePoint now, R
 absl::StatusOr<SessionManager::Key> SessionManager::admit(const AdmitRequest& request, TimePoint now,
                                                           RejectReason* reason) {
   WM_RETURN_IF_ERROR(check(request, now, reason));
-  take_prompt_frames(request, now);
+  prompt_frames_.take(request.client, request.prompt_frames, now);
   const int64_t need = reservation(request);
   WM_CHECK(request.resume_token.empty() || tokens_.count(request.resume_token) == 0);
   const Key key = next_key_++;

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/clock.h"
+#include "server/rate_buckets.h"
 
 namespace wm::server {
 
@@ -112,7 +113,7 @@ class SessionManager {
   // the prompt frames a client may send now (client_prompt_burst when the rate is off)
   double prompt_frames_left(absl::string_view client, TimePoint now) const;
   // clients whose bucket is not full (the others are not stored)
-  int prompt_buckets() const { return static_cast<int>(prompt_buckets_.size()); }
+  int prompt_buckets() const { return static_cast<int>(prompt_frames_.stored()); }
   const SessionManagerConfig& config() const { return config_; }
 
  private:
@@ -130,23 +131,14 @@ class SessionManager {
     TimePoint parked_since;
     std::string credential;  // AdmitRequest::credential
   };
-  // what is left of a client's prompt frames at a time (a full bucket is not stored)
-  struct PromptBucket {
-    double frames = 0;
-    TimePoint at;
-  };
   void forget_token(Entry& e);
   absl::Status check(const AdmitRequest& request, TimePoint now, RejectReason* reason) const;
-  void take_prompt_frames(const AdmitRequest& request, TimePoint now);
-  double refilled(const PromptBucket& b, TimePoint now) const;
 
   SessionManagerConfig config_;
   std::map<Key, Entry> sessions_;
   std::map<std::string, int, std::less<>> per_client_;
   std::map<std::string, Key, std::less<>> tokens_;
-  std::map<std::string, PromptBucket, std::less<>> prompt_buckets_;
-  static constexpr size_t kMinPruneAt = 64;
-  size_t prune_at_ = kMinPruneAt;  // the bucket map's size that sweeps it
+  RateBuckets prompt_frames_;  // each client's Start ration
   int parked_ = 0;
   int64_t reserved_ = 0;
   Key next_key_ = 1;

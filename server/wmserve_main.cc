@@ -101,6 +101,10 @@ ABSL_FLAG(int, max_connections, 4096,
           "reserve, caps them)");
 ABSL_FLAG(int, max_connections_per_client, 64,
           "gRPC connections open at once from one client address (an IPv6 one by its /64) at most (0: no cap)");
+ABSL_FLAG(double, client_connection_rate, 16,
+          "new gRPC connections a client address may open a second, after --client_connection_burst at once "
+          "(0: no limit)");
+ABSL_FLAG(int, client_connection_burst, 64, "new gRPC connections a client address may open at once");
 ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
 ABSL_FLAG(double, start_timeout_s, 10,
@@ -309,6 +313,12 @@ int main(int argc, char** argv) {
       o.connections.max_total = static_cast<int>(total);
     }
     o.connections.max_per_client = static_cast<int>(per);
+    const double rate = absl::GetFlag(FLAGS_client_connection_rate);
+    const int burst = absl::GetFlag(FLAGS_client_connection_burst);
+    if (!(rate >= 0 && rate <= 1e6)) return fail("--client_connection_rate must be 0..1000000");
+    if (burst < 1 || burst > 1000000) return fail("--client_connection_burst must be 1..1000000");
+    o.connections.rate_per_client = rate;
+    o.connections.burst_per_client = burst;
   }
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
   if (!wm::threads_in_range(o.worker.engine.threads)) return fail(wm::kThreadsRange);

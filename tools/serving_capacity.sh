@@ -51,7 +51,8 @@ for n in $ladder; do [ "$n" -gt "$top" ] && top=$n; done
 
 rm -f "$out/ports.json"
 "$wmserve" --model "$model" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$out/ports.json" \
-  --max_sessions 0 --max_sessions_per_client 0 --max_connections_per_client 0 --client_prompt_rate 0 \
+  --max_sessions 0 --max_sessions_per_client 0 --max_connections_per_client 0 --client_connection_rate 0 \
+  --client_prompt_rate 0 \
   --max_batch "$top" --idle_ttl_s 0 --park_ttl_s 0 \
   "$@" >"$out/wmserve.log" 2>&1 &
 server=$!

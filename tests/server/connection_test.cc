@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/clock.h"
 #include "server/connection_table.h"
 #include "server/listener.h"
 
@@ -27,23 +28,23 @@ int new_socket() { return socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
 TEST(ConnectionTable, CountsPerClientAndInTotalAndFreesWhatWasClosed) {
   ConnectionTable t({/*max_total=*/3, /*max_per_client=*/2});
   const int a1 = new_socket(), a2 = new_socket(), a3 = new_socket(), b1 = new_socket(), c1 = new_socket();
-  EXPECT_EQ(t.admit(a1, "a"), Verdict::kAdmitted);
-  EXPECT_EQ(t.admit(a2, "a"), Verdict::kAdmitted);
-  EXPECT_EQ(t.admit(a3, "a"), Verdict::kClientCap);  // not counted: the caller closes it
-  EXPECT_EQ(t.admit(b1, "b"), Verdict::kAdmitted);
-  EXPECT_EQ(t.admit(c1, "c"), Verdict::kTotalCap);
+  EXPECT_EQ(t.admit(a1, "a", TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(a2, "a", TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(a3, "a", TimePoint{}), Verdict::kClientCap);  // not counted: the caller closes it
+  EXPECT_EQ(t.admit(b1, "b", TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(c1, "c", TimePoint{}), Verdict::kTotalCap);
   EXPECT_EQ(t.open(), 3);
   EXPECT_EQ(t.open_from("a"), 2);
   // a connection closed (by gRPC, which never says) makes room at the next cap hit
   close(a1);
   EXPECT_EQ(t.open(), 3);  // not known yet
-  EXPECT_EQ(t.admit(a3, "a"), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(a3, "a", TimePoint{}), Verdict::kAdmitted);
   EXPECT_EQ(t.open_from("a"), 2);
   close(b1);
   t.sweep();
   EXPECT_EQ(t.open(), 2);
   EXPECT_EQ(t.open_from("b"), 0);
-  EXPECT_EQ(t.admit(c1, "c"), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(c1, "c", TimePoint{}), Verdict::kAdmitted);
   for (int fd : {a2, a3, c1}) close(fd);
   t.sweep();
   EXPECT_EQ(t.open(), 0);
@@ -54,11 +55,11 @@ TEST(ConnectionTable, CountsPerClientAndInTotalAndFreesWhatWasClosed) {
 TEST(ConnectionTable, AReusedDescriptorIsANewConnection) {
   ConnectionTable t({0, 1});
   const int fd = new_socket();
-  ASSERT_EQ(t.admit(fd, "a"), Verdict::kAdmitted);
+  ASSERT_EQ(t.admit(fd, "a", TimePoint{}), Verdict::kAdmitted);
   close(fd);
   const int again = new_socket();  // the lowest free number: the same one
   ASSERT_EQ(again, fd);
-  EXPECT_EQ(t.admit(again, "b"), Verdict::kAdmitted);  // a's entry went with it
+  EXPECT_EQ(t.admit(again, "b", TimePoint{}), Verdict::kAdmitted);  // a's entry went with it
   EXPECT_EQ(t.open_from("a"), 0);
   EXPECT_EQ(t.open_from("b"), 1);
   close(again);
@@ -66,9 +67,37 @@ TEST(ConnectionTable, AReusedDescriptorIsANewConnection) {
   ASSERT_EQ(pipe(pipe_fds), 0);  // takes the number again, not a socket
   t.sweep();
   EXPECT_EQ(t.open(), 0);
-  EXPECT_EQ(t.admit(pipe_fds[0], "c"), Verdict::kNotASocket);
+  EXPECT_EQ(t.admit(pipe_fds[0], "c", TimePoint{}), Verdict::kNotASocket);
   close(pipe_fds[0]);
   close(pipe_fds[1]);
+}
+
+// new connections per client: a burst, then a rate; a refusal takes nothing
+TEST(ConnectionTable, RationsEachClientsNewConnections) {
+  ConnectionCaps caps;
+  caps.rate_per_client = 2;
+  caps.burst_per_client = 3;
+  ConnectionTable t(caps);
+  const TimePoint t0{};
+  std::vector<int> fds;
+  auto admit = [&](const char* client, double at_s) {
+    fds.push_back(new_socket());
+    return t.admit(fds.back(), client, t0 + from_seconds(at_s));
+  };
+  EXPECT_EQ(admit("a", 0), Verdict::kAdmitted);
+  EXPECT_EQ(admit("a", 0), Verdict::kAdmitted);
+  EXPECT_EQ(admit("a", 0), Verdict::kAdmitted);
+  EXPECT_EQ(admit("a", 0), Verdict::kClientRate);
+  EXPECT_EQ(admit("a", 0.2), Verdict::kClientRate);  // 0.4 of one back
+  EXPECT_EQ(admit("b", 0.2), Verdict::kAdmitted);    // another client has its own
+  EXPECT_EQ(admit("a", 0.5), Verdict::kAdmitted);    // refusals took nothing: one back at 0.5 s
+  EXPECT_EQ(admit("a", 0.5), Verdict::kClientRate);
+  EXPECT_EQ(admit("a", 10), Verdict::kAdmitted);     // refilled to the burst
+  EXPECT_EQ(admit("a", 10), Verdict::kAdmitted);
+  EXPECT_EQ(admit("a", 10), Verdict::kAdmitted);
+  EXPECT_EQ(admit("a", 10), Verdict::kClientRate);   // not beyond it
+  EXPECT_EQ(t.open_from("a"), 7);
+  for (int fd : fds) close(fd);
 }
 
 int connect_to(int port) {

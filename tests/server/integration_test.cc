@@ -1318,6 +1318,29 @@ TEST(ServerIntegration, ConnectionCapsCloseWhatIsPastThemAtAccept) {
   expect_server_refuses({"--max_connections=-1"}, "--max_connections and --max_connections_per_client must be");
 }
 
+// --client_connection_rate/--client_connection_burst: a client that opens
+// connections faster is refused at accept, whether or not it keeps them
+TEST(ServerIntegration, NewConnectionsPerClientAreRationed) {
+  auto server = ServerProcess::start(tiny_model(), {"--client_connection_burst=3", "--client_connection_rate=0.1"});
+  ASSERT_NE(server, nullptr);
+  client::ChannelOptions co;
+  co.own_connection = true;
+  int served = 0, refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    // each its own connection, closed when the channel goes
+    const auto h = client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2));
+    (h.serving() ? served : refused) += 1;
+  }
+  EXPECT_EQ(served, 3);
+  EXPECT_EQ(refused, 3);
+  EXPECT_GE(scrape(*server).at("wm_connections_refused_total{reason=\"client_rate\"}"), 3);
+  EXPECT_TRUE(absl::StrContains(server->log(), "refused connections from ipv4:127.0.0.1: more than 3 at once, then "
+                                               "0.1 a second"))
+      << server->log();
+  expect_server_refuses({"--client_connection_burst=0"}, "--client_connection_burst must be 1..1000000");
+  expect_server_refuses({"--client_connection_rate=-1"}, "--client_connection_rate must be 0..1000000");
+}
+
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
   const std::string dir = testing::fresh_dir("bad_tokens");
   auto file = [&](const std::string& name, const std::string& text) {
