@@ -78,9 +78,15 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::bind(const std::string& host
     return bind_error(host, port, what);
   };
   int bound_port = port;
+  std::string skipped;  // why an address this machine does not have was left out
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
     const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 && errno == EAFNOSUPPORT) {
+      // "localhost" on a machine without IPv6: the other address serves
+      skipped = std::strerror(errno);
+      continue;
+    }
     if (fd < 0) return fail(std::strerror(errno));
     fds.push_back(fd);
     const int one = 1;
@@ -97,8 +103,16 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::bind(const std::string& host
     // port 0: the first socket picks the port, the others take the same
     if (a->ai_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(static_cast<uint16_t>(bound_port));
     else reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(static_cast<uint16_t>(bound_port));
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), a->ai_addrlen) != 0 || listen(fd, kBacklog) != 0)
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), a->ai_addrlen) != 0) {
+      if (errno == EADDRNOTAVAIL && found->ai_next != nullptr) {
+        skipped = std::strerror(errno);
+        fds.pop_back();
+        close(fd);
+        continue;
+      }
       return fail(std::strerror(errno));
+    }
+    if (listen(fd, kBacklog) != 0) return fail(std::strerror(errno));
     sockaddr_storage got{};
     socklen_t len = sizeof got;
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&got), &len) != 0) return fail(std::strerror(errno));
@@ -106,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::bind(const std::string& host
                                                 : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
   }
   freeaddrinfo(found);
-  if (fds.empty()) return bind_error(host, port, "no IPv4 or IPv6 address");
+  if (fds.empty()) return bind_error(host, port, skipped.empty() ? "no IPv4 or IPv6 address" : skipped);
   return std::unique_ptr<Listener>(new Listener(std::move(fds), bound_port, caps));
 }
 
@@ -139,14 +153,16 @@ void Listener::run() {
   std::vector<pollfd> polled;
   for (int fd : fds_) polled.push_back({fd, POLLIN, 0});
   polled.push_back({wake_fd_, POLLIN, 0});
+  auto last_sweep = Clock::now();
   while (!stopping_.load()) {
     const int n = poll(polled.data(), polled.size(), kSweepMs);
     if (stopping_.load()) break;
-    if (n <= 0) {
+    for (size_t i = 0; n > 0 && i + 1 < polled.size(); ++i)
+      if (polled[i].revents & POLLIN) accept_from(polled[i].fd);
+    // each second, idle or not, so that the gauge follows what gRPC closed
+    if (const auto now = Clock::now(); now - last_sweep >= std::chrono::milliseconds(kSweepMs)) {
       table_.sweep();
-    } else {
-      for (size_t i = 0; i + 1 < polled.size(); ++i)
-        if (polled[i].revents & POLLIN) accept_from(polled[i].fd);
+      last_sweep = now;
     }
     if (const int open = table_.open(); open != last_open_ && callbacks_.open_changed) {
       last_open_ = open;

@@ -1289,13 +1289,11 @@ TEST(ServerIntegration, ConnectionCapsCloseWhatIsPastThemAtAccept) {
       << server->log();
   close(idle1);
   close(idle2);
-  // gRPC closes them on its side too; the next connection finds the room
-  bool served = false;
-  for (int i = 0; i < 50 && !served; ++i) {
-    served = client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2)).serving();
-    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_TRUE(served);
+  // gRPC closes them on its side too, and the listener's sweep (each
+  // second) sees that: the next connections find the room
+  EXPECT_EQ(wait_for_metric(*server, "wm_connections_open", 0), 0);
+  EXPECT_TRUE(client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2)).serving());
+  EXPECT_EQ(wait_for_metric(*server, "wm_connections_open", 0), 0);
   PlayResult r = client::play(client::make_channel(server->target(), co), per_action(1, script_actions()));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
 
