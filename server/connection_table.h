@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -29,11 +30,15 @@ struct ConnectionCaps {
   // rate_per_client a second (0: no limit); each one admitted takes one
   double rate_per_client = 0;
   int burst_per_client = 0;
+  // calls (streams) a connection may open in one second; past that it is
+  // shut down and its address refused for block_s (0: no limit)
+  int max_calls_per_s = 0;
+  double block_s = 10;
 };
 
 class ConnectionTable {
  public:
-  enum class Verdict { kAdmitted, kTotalCap, kClientCap, kClientRate, kNotASocket };
+  enum class Verdict { kAdmitted, kTotalCap, kClientCap, kClientRate, kClientBlocked, kNotASocket };
 
   explicit ConnectionTable(ConnectionCaps caps)
       : caps_(caps), rate_(caps.rate_per_client, caps.burst_per_client) {}
@@ -42,9 +47,17 @@ class ConnectionTable {
   // and counted, or refused (and not counted, nor taken from the client's
   // rate: the caller closes it). A caps hit sweeps first, so connections
   // closed since the last sweep make room.
-  Verdict admit(int fd, const std::string& client, TimePoint now);
+  // `peer` is how gRPC names the connection ("ipv4:1.2.3.4:5678")
+  Verdict admit(int fd, const std::string& client, const std::string& peer, TimePoint now);
   // forgets the connections whose descriptor no longer holds their socket
   void sweep();
+
+  // a call on the connection gRPC names `peer`: true (once per connection)
+  // when it is past max_calls_per_s calls within one second; then the
+  // connection is shut down (both directions of its socket: gRPC sees it
+  // end and closes it) and its address refused for block_s. *client: its
+  // address
+  bool note_call(absl::string_view peer, TimePoint now, std::string* client);
 
   int open() const { return static_cast<int>(by_fd_.size()); }
   int open_from(absl::string_view client) const;
@@ -54,6 +67,10 @@ class ConnectionTable {
     ino_t inode = 0;
     dev_t device = 0;
     std::string client;
+    std::string peer;
+    int64_t window = -1;  // the second its calls are counted in
+    int calls = 0;
+    bool shut = false;
   };
   bool still_open(int fd, const Entry& e) const;
   void forget(std::map<int, Entry>::iterator it);
@@ -63,6 +80,8 @@ class ConnectionTable {
   RateBuckets rate_;
   std::map<int, Entry> by_fd_;
   std::map<std::string, int, std::less<>> per_client_;
+  std::map<std::string, int, std::less<>> fd_by_peer_;
+  std::map<std::string, TimePoint, std::less<>> blocked_until_;  // addresses refused for a while
 };
 
 }  // namespace wm::server

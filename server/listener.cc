@@ -29,6 +29,7 @@ absl::string_view verdict_label(ConnectionTable::Verdict v) {
     case ConnectionTable::Verdict::kClientCap: return "client_cap";
     case ConnectionTable::Verdict::kTotalCap: return "total_cap";
     case ConnectionTable::Verdict::kClientRate: return "client_rate";
+    case ConnectionTable::Verdict::kClientBlocked: return "client_blocked";
     default: return "not_a_socket";
   }
 }
@@ -39,21 +40,23 @@ absl::Status bind_error(const std::string& host, int port, absl::string_view wha
 
 }  // namespace
 
-std::string peer_of_sockaddr(const void* addr, size_t len) {
+std::string peer_of_sockaddr(const void* addr, size_t len, bool with_port) {
   char text[INET6_ADDRSTRLEN] = "";
   const auto* sa = static_cast<const sockaddr*>(addr);
   if (sa->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
-    inet_ntop(AF_INET, &static_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof text);
-    return absl::StrCat("ipv4:", text);
+    const auto* in = static_cast<const sockaddr_in*>(addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    return absl::StrCat("ipv4:", text, with_port ? absl::StrCat(":", ntohs(in->sin_port)) : "");
   }
   if (sa->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
-    const in6_addr& a = static_cast<const sockaddr_in6*>(addr)->sin6_addr;
-    if (IN6_IS_ADDR_V4MAPPED(&a)) {
-      inet_ntop(AF_INET, a.s6_addr + 12, text, sizeof text);
-      return absl::StrCat("ipv4:", text);
+    const auto* in6 = static_cast<const sockaddr_in6*>(addr);
+    const std::string port = with_port ? absl::StrCat(":", ntohs(in6->sin6_port)) : "";
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      inet_ntop(AF_INET, in6->sin6_addr.s6_addr + 12, text, sizeof text);
+      return absl::StrCat("ipv4:", text, port);
     }
-    inet_ntop(AF_INET6, &a, text, sizeof text);
-    return absl::StrCat("ipv6:[", text, "]");
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    return absl::StrCat("ipv6:[", text, "]", port);
   }
   return "unknown";
 }
@@ -133,7 +136,10 @@ Listener::~Listener() {
 }
 
 void Listener::start(Callbacks callbacks) {
-  callbacks_ = std::move(callbacks);
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // note_call reads shut_down on gRPC's threads
+    callbacks_ = std::move(callbacks);
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -160,15 +166,31 @@ void Listener::run() {
     for (size_t i = 0; n > 0 && i + 1 < polled.size(); ++i)
       if (polled[i].revents & POLLIN) accept_from(polled[i].fd);
     // each second, idle or not, so that the gauge follows what gRPC closed
-    if (const auto now = Clock::now(); now - last_sweep >= std::chrono::milliseconds(kSweepMs)) {
-      table_.sweep();
-      last_sweep = now;
+    int open = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (const auto now = Clock::now(); now - last_sweep >= std::chrono::milliseconds(kSweepMs)) {
+        table_.sweep();
+        last_sweep = now;
+      }
+      open = table_.open();
     }
-    if (const int open = table_.open(); open != last_open_ && callbacks_.open_changed) {
+    if (open != last_open_ && callbacks_.open_changed) {
       last_open_ = open;
       callbacks_.open_changed(open);
     }
   }
+}
+
+void Listener::note_call(absl::string_view peer) {
+  std::string client;
+  std::function<void(absl::string_view, absl::string_view)> tell;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!table_.note_call(peer, Clock::now(), &client)) return;
+    tell = callbacks_.shut_down;
+  }
+  if (tell) tell(peer, client);
 }
 
 void Listener::accept_from(int listener_fd) {
@@ -183,14 +205,21 @@ void Listener::accept_from(int listener_fd) {
         // the connection waits in the backlog; try again shortly (gRPC's
         // own acceptor would have stopped for good)
         if (callbacks_.refused) callbacks_.refused("no_fds", "");
-        table_.sweep();
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          table_.sweep();
+        }
         pollfd wake{wake_fd_, POLLIN, 0};
         poll(&wake, 1, kNoFdsPauseMs);
       }
       return;  // EAGAIN: nothing more waits
     }
     const std::string client = client_group(peer_of_sockaddr(&addr, len));
-    const ConnectionTable::Verdict v = table_.admit(fd, client, Clock::now());
+    ConnectionTable::Verdict v;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      v = table_.admit(fd, client, peer_of_sockaddr(&addr, len, /*with_port=*/true), Clock::now());
+    }
     if (v != ConnectionTable::Verdict::kAdmitted) {
       if (callbacks_.refused) callbacks_.refused(verdict_label(v), client);
       close(fd);

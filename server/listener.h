@@ -11,12 +11,14 @@
 //   fails for want of descriptors; this one counts the failure and tries
 //   again 100 ms later.
 //
-// Threading: start/stop on one thread; the accept thread calls the callbacks.
+// Threading: start/stop on one thread; the accept thread calls the
+// callbacks but shut_down, which note_call's caller calls.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +38,8 @@ class Listener {
     // "client_rate" or "no_fds" (an accept that failed for want of file
     // descriptors)
     std::function<void(absl::string_view reason, absl::string_view client)> refused;
+    // a connection shut down for its calls (note_call); on a gRPC thread
+    std::function<void(absl::string_view peer, absl::string_view client)> shut_down;
   };
 
   // binds every address `host` resolves to (a name, an IPv4 or an IPv6
@@ -46,6 +50,12 @@ class Listener {
 
   int port() const { return port_; }
   void start(Callbacks callbacks);
+  // every call on the port (gRPC's threads; a server interceptor): a
+  // connection past ConnectionCaps::max_calls_per_s calls in a second is
+  // shut down and its address refused for a while (an HTTP/2 rapid reset
+  // opens and cancels streams by the ten thousand, which gRPC 1.51 does not
+  // limit)
+  void note_call(absl::string_view peer);
   // stops accepting and closes the listening sockets (connections already
   // handed over are gRPC's); idempotent
   void stop();
@@ -58,6 +68,7 @@ class Listener {
   std::vector<int> fds_;
   int port_ = 0;
   int wake_fd_ = -1;  // an eventfd: stop() wakes the thread
+  std::mutex mu_;     // the table: the accept thread and note_call's gRPC threads
   ConnectionTable table_;
   Callbacks callbacks_;
   std::thread thread_;
@@ -66,7 +77,8 @@ class Listener {
 };
 
 // "ipv4:1.2.3.4", "ipv6:[2001:db8::1]" (an IPv4-mapped IPv6 address as
-// IPv4), as gRPC writes a peer without its port
-std::string peer_of_sockaddr(const void* addr, size_t len);
+// IPv4), as gRPC writes a peer without its port; with_port: and then
+// ":5678", as gRPC writes it
+std::string peer_of_sockaddr(const void* addr, size_t len, bool with_port = false);
 
 }  // namespace wm::server

@@ -103,10 +103,14 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
   auto& refused = pm::BuildCounter()
                       .Name("wm_connections_refused_total")
                       .Help("connections closed at accept, by reason (--max_connections, "
-                            "--max_connections_per_client, --client_connection_rate, no file descriptor left)")
+                            "--max_connections_per_client, --client_connection_rate, an address refused after "
+                            "--max_calls_per_connection, no file descriptor left)")
                       .Register(r);
-  for (const char* reason : {"total_cap", "client_cap", "client_rate", "no_fds", "other"})
+  for (const char* reason : {"total_cap", "client_cap", "client_rate", "client_blocked", "no_fds", "other"})
     refused_connections_[reason] = &refused.Add({{"reason", reason}});
+  connections_shut_down = counter(r, "wm_connections_shut_down_total",
+                                  "connections shut down for opening more calls in a second than "
+                                  "--max_calls_per_connection (their address is refused for a while)");
   sessions_evicted_idle = &pm::BuildCounter()
                                .Name("wm_sessions_evicted_total")
                                .Help("sessions closed by the server, by reason")

@@ -51,7 +51,8 @@ class Metrics {
   prometheus::Counter* sessions_started;
   prometheus::Counter& sessions_ended(EndReason r) { return *ended_.at(r); }
   prometheus::Counter& sessions_rejected(absl::string_view reason);
-  // connections closed at accept: "total_cap", "client_cap", "client_rate", "no_fds" (other: "other")
+  prometheus::Counter* connections_shut_down;  // for their calls (--max_calls_per_connection)
+  // connections closed at accept: "total_cap", "client_cap", "client_rate", "client_blocked", "no_fds" (other: "other")
   prometheus::Counter& connections_refused(absl::string_view reason);
   prometheus::Counter* sessions_evicted_idle;
   prometheus::Counter* sessions_parked_total;   // streams that broke and left their session parked

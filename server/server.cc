@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -11,10 +13,25 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace wm::server {
 
 namespace {
+
+// counts every call on the port against its connection (Listener::note_call)
+class CallCounter final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCounter(Listener* listener) : listener_(listener) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    if (info->server_context() != nullptr) listener_->note_call(info->server_context()->peer());
+    return nullptr;  // nothing to intercept: counting is all
+  }
+
+ private:
+  Listener* const listener_;
+};
+
 // the metrics endpoint's HTTP threads, and how long one waits for a request:
 // civetweb holds a thread per connection until its request is read, so it
 // takes this many connections that send nothing, each renewed within the
@@ -85,6 +102,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   s->port_ = s->listener_->port();
   s->acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
       grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
+  if (options.connections.max_calls_per_s > 0) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counters;
+    counters.push_back(std::make_unique<CallCounter>(s->listener_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(counters));
+  }
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.service.max_request_bytes));
   // no compressed requests: gRPC inflates a message whole before it checks
@@ -139,6 +161,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     } else {
       std::fprintf(stderr, "wmserve: an accept failed for want of file descriptors; retrying\n");
     }
+  };
+  cb.shut_down = [metrics, caps, last = std::chrono::steady_clock::time_point(), mu = std::make_shared<std::mutex>()](
+                     absl::string_view peer, absl::string_view client) mutable {
+    metrics->connections_shut_down->Increment();
+    std::lock_guard<std::mutex> lk(*mu);  // gRPC's threads
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(1)) return;
+    last = now;
+    std::fprintf(stderr,
+                 "wmserve: shut down the connection %s: more than %d calls in a second (--max_calls_per_connection); "
+                 "%s is refused for %g s\n",
+                 std::string(peer).c_str(), caps.max_calls_per_s, std::string(client).c_str(), caps.block_s);
   };
   s->listener_->start(std::move(cb));
 

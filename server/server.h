@@ -102,7 +102,7 @@ class Server {
   std::unique_ptr<PlayService> service_;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;  // gRPC's side of listener_
   std::unique_ptr<grpc::Server> grpc_;
-  std::unique_ptr<Listener> listener_;  // stopped before grpc_ shuts down
+  std::unique_ptr<Listener> listener_;  // stopped before grpc_ shuts down; outlives it (the call counter)
   std::unique_ptr<prometheus::Exposer> exposer_;
   // read by the exposer's threads for each scrape
   mutable std::mutex metrics_auth_mu_;

@@ -105,6 +105,9 @@ ABSL_FLAG(double, client_connection_rate, 16,
           "new gRPC connections a client address may open a second, after --client_connection_burst at once "
           "(0: no limit)");
 ABSL_FLAG(int, client_connection_burst, 64, "new gRPC connections a client address may open at once");
+ABSL_FLAG(int, max_calls_per_connection, 200,
+          "calls (Play streams, unary calls, health checks) a connection may open in one second; past that it is "
+          "shut down and its address refused for 10 s (HTTP/2 rapid reset; 0: no limit)");
 ABSL_FLAG(int, max_concurrent_streams, 128, "concurrent streams per client connection (0: gRPC's default)");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20, "largest request message accepted (RESOURCE_EXHAUSTED above)");
 ABSL_FLAG(double, start_timeout_s, 10,
@@ -319,6 +322,9 @@ int main(int argc, char** argv) {
     if (burst < 1 || burst > 1000000) return fail("--client_connection_burst must be 1..1000000");
     o.connections.rate_per_client = rate;
     o.connections.burst_per_client = burst;
+    const int calls = absl::GetFlag(FLAGS_max_calls_per_connection);
+    if (calls < 0 || calls > 1000000) return fail("--max_calls_per_connection must be 0..1000000");
+    o.connections.max_calls_per_s = calls;
   }
   if (o.encoder_threads < 1 || o.encoder_threads > 64) return fail("--encoder_threads must be 1..64");
   if (!wm::threads_in_range(o.worker.engine.threads)) return fail(wm::kThreadsRange);

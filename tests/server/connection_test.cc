@@ -28,23 +28,23 @@ int new_socket() { return socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
 TEST(ConnectionTable, CountsPerClientAndInTotalAndFreesWhatWasClosed) {
   ConnectionTable t({/*max_total=*/3, /*max_per_client=*/2});
   const int a1 = new_socket(), a2 = new_socket(), a3 = new_socket(), b1 = new_socket(), c1 = new_socket();
-  EXPECT_EQ(t.admit(a1, "a", TimePoint{}), Verdict::kAdmitted);
-  EXPECT_EQ(t.admit(a2, "a", TimePoint{}), Verdict::kAdmitted);
-  EXPECT_EQ(t.admit(a3, "a", TimePoint{}), Verdict::kClientCap);  // not counted: the caller closes it
-  EXPECT_EQ(t.admit(b1, "b", TimePoint{}), Verdict::kAdmitted);
-  EXPECT_EQ(t.admit(c1, "c", TimePoint{}), Verdict::kTotalCap);
+  EXPECT_EQ(t.admit(a1, "a", "p" + std::to_string(a1), TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(a2, "a", "p" + std::to_string(a2), TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(a3, "a", "p" + std::to_string(a3), TimePoint{}), Verdict::kClientCap);  // not counted: the caller closes it
+  EXPECT_EQ(t.admit(b1, "b", "p" + std::to_string(b1), TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(c1, "c", "p" + std::to_string(c1), TimePoint{}), Verdict::kTotalCap);
   EXPECT_EQ(t.open(), 3);
   EXPECT_EQ(t.open_from("a"), 2);
   // a connection closed (by gRPC, which never says) makes room at the next cap hit
   close(a1);
   EXPECT_EQ(t.open(), 3);  // not known yet
-  EXPECT_EQ(t.admit(a3, "a", TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(a3, "a", "p" + std::to_string(a3), TimePoint{}), Verdict::kAdmitted);
   EXPECT_EQ(t.open_from("a"), 2);
   close(b1);
   t.sweep();
   EXPECT_EQ(t.open(), 2);
   EXPECT_EQ(t.open_from("b"), 0);
-  EXPECT_EQ(t.admit(c1, "c", TimePoint{}), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(c1, "c", "p" + std::to_string(c1), TimePoint{}), Verdict::kAdmitted);
   for (int fd : {a2, a3, c1}) close(fd);
   t.sweep();
   EXPECT_EQ(t.open(), 0);
@@ -55,11 +55,11 @@ TEST(ConnectionTable, CountsPerClientAndInTotalAndFreesWhatWasClosed) {
 TEST(ConnectionTable, AReusedDescriptorIsANewConnection) {
   ConnectionTable t({0, 1});
   const int fd = new_socket();
-  ASSERT_EQ(t.admit(fd, "a", TimePoint{}), Verdict::kAdmitted);
+  ASSERT_EQ(t.admit(fd, "a", "p" + std::to_string(fd), TimePoint{}), Verdict::kAdmitted);
   close(fd);
   const int again = new_socket();  // the lowest free number: the same one
   ASSERT_EQ(again, fd);
-  EXPECT_EQ(t.admit(again, "b", TimePoint{}), Verdict::kAdmitted);  // a's entry went with it
+  EXPECT_EQ(t.admit(again, "b", "p" + std::to_string(again), TimePoint{}), Verdict::kAdmitted);  // a's entry went with it
   EXPECT_EQ(t.open_from("a"), 0);
   EXPECT_EQ(t.open_from("b"), 1);
   close(again);
@@ -67,7 +67,7 @@ TEST(ConnectionTable, AReusedDescriptorIsANewConnection) {
   ASSERT_EQ(pipe(pipe_fds), 0);  // takes the number again, not a socket
   t.sweep();
   EXPECT_EQ(t.open(), 0);
-  EXPECT_EQ(t.admit(pipe_fds[0], "c", TimePoint{}), Verdict::kNotASocket);
+  EXPECT_EQ(t.admit(pipe_fds[0], "c", "p" + std::to_string(pipe_fds[0]), TimePoint{}), Verdict::kNotASocket);
   close(pipe_fds[0]);
   close(pipe_fds[1]);
 }
@@ -82,7 +82,7 @@ TEST(ConnectionTable, RationsEachClientsNewConnections) {
   std::vector<int> fds;
   auto admit = [&](const char* client, double at_s) {
     fds.push_back(new_socket());
-    return t.admit(fds.back(), client, t0 + from_seconds(at_s));
+    return t.admit(fds.back(), client, "p" + std::to_string(fds.back()), t0 + from_seconds(at_s));
   };
   EXPECT_EQ(admit("a", 0), Verdict::kAdmitted);
   EXPECT_EQ(admit("a", 0), Verdict::kAdmitted);
@@ -98,6 +98,37 @@ TEST(ConnectionTable, RationsEachClientsNewConnections) {
   EXPECT_EQ(admit("a", 10), Verdict::kClientRate);   // not beyond it
   EXPECT_EQ(t.open_from("a"), 7);
   for (int fd : fds) close(fd);
+}
+
+// a connection past max_calls_per_s calls in one second is shut down (its
+// peer sees the end) and its address refused for block_s; the count starts
+// afresh each second
+TEST(ConnectionTable, AConnectionPastItsCallsIsShutDownAndItsAddressBlocked) {
+  ConnectionCaps caps;
+  caps.max_calls_per_s = 3;
+  caps.block_s = 10;
+  ConnectionTable t(caps);
+  const TimePoint t0{};
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  ASSERT_EQ(t.admit(pair[0], "a", "ipv4:10.0.0.1:1000", t0), Verdict::kAdmitted);
+  std::string client;
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(t.note_call("ipv4:10.0.0.1:1000", t0, &client));
+  EXPECT_FALSE(t.note_call("ipv4:10.0.0.1:9999", t0, &client));  // another (unknown) connection
+  EXPECT_TRUE(t.note_call("ipv4:10.0.0.1:1000", t0 + from_seconds(0.5), &client));
+  EXPECT_EQ(client, "a");
+  EXPECT_FALSE(t.note_call("ipv4:10.0.0.1:1000", t0 + from_seconds(0.6), &client));  // once
+  char c;
+  EXPECT_EQ(recv(pair[1], &c, 1, MSG_DONTWAIT), 0);  // shut down: the other end reads its end
+  const int s1 = new_socket(), s2 = new_socket(), s3 = new_socket(), s4 = new_socket();
+  EXPECT_EQ(t.admit(s1, "a", "p1", t0 + from_seconds(5)), Verdict::kClientBlocked);
+  EXPECT_EQ(t.admit(s2, "b", "p2", t0 + from_seconds(5)), Verdict::kAdmitted);
+  EXPECT_EQ(t.admit(s3, "a", "p3", t0 + from_seconds(10.6)), Verdict::kAdmitted);
+  // three calls a second, second after second, never pass the limit
+  ASSERT_EQ(t.admit(s4, "c", "p4", t0), Verdict::kAdmitted);
+  for (int second = 20; second < 23; ++second)
+    for (int i = 0; i < 3; ++i) EXPECT_FALSE(t.note_call("p4", t0 + from_seconds(second + 0.1 * i), &client));
+  for (int fd : {pair[0], pair[1], s1, s2, s3, s4}) close(fd);
 }
 
 int connect_to(int port) {

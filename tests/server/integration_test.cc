@@ -1339,6 +1339,41 @@ TEST(ServerIntegration, NewConnectionsPerClientAreRationed) {
   expect_server_refuses({"--client_connection_rate=-1"}, "--client_connection_rate must be 0..1000000");
 }
 
+// --max_calls_per_connection: a connection that opens calls faster (an HTTP/2
+// rapid reset opens and cancels them by the ten thousand) is shut down,
+// and its address refused for a while; other addresses are not
+TEST(ServerIntegration, AConnectionPastItsCallsPerSecondIsShutDown) {
+  auto server = ServerProcess::start(tiny_model(), {"--max_calls_per_connection=50"});
+  ASSERT_NE(server, nullptr);
+  client::ChannelOptions co;
+  co.own_connection = true;
+  auto stub = v1::WorldModel::NewStub(client::make_channel(server->target(), co));
+  int ok = 0;
+  grpc::Status failed;
+  for (int i = 0; i < 400 && failed.ok(); ++i) {
+    v1::ServerInfo info;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const grpc::Status st = stub->GetServerInfo(&ctx, {}, &info);
+    if (st.ok()) {
+      ++ok;
+    } else {
+      failed = st;
+    }
+  }
+  EXPECT_EQ(failed.error_code(), grpc::StatusCode::UNAVAILABLE) << failed.error_message();
+  EXPECT_GE(ok, 50);
+  EXPECT_LT(ok, 400);
+  EXPECT_EQ(wait_for_metric(*server, "wm_connections_shut_down_total", 1), 1);
+  EXPECT_TRUE(absl::StrContains(server->log(), "more than 50 calls in a second (--max_calls_per_connection); "
+                                               "ipv4:127.0.0.1 is refused for 10 s"))
+      << server->log();
+  // the address is refused for now, on any new connection
+  EXPECT_FALSE(client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2)).serving());
+  EXPECT_GE(scrape(*server).at("wm_connections_refused_total{reason=\"client_blocked\"}"), 1);
+  expect_server_refuses({"--max_calls_per_connection=-1"}, "--max_calls_per_connection must be 0..1000000");
+}
+
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
   const std::string dir = testing::fresh_dir("bad_tokens");
   auto file = [&](const std::string& name, const std::string& text) {
