@@ -98,8 +98,16 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target, const Cha
 
 std::string describe_call_failure(const std::string& target, const grpc::Status& status) {
   const auto code = status.error_code();
-  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED)
-    return absl::StrCat("cannot reach wmserve at ", target, ": ", status.error_message());
+  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::string text = absl::StrCat("cannot reach wmserve at ", target, ": ", status.error_message());
+    // a connection the server closed at once: it limits each address's connections
+    if (absl::StrContains(status.error_message(), "Connection reset by peer") ||
+        absl::StrContains(status.error_message(), "Socket closed"))
+      absl::StrAppend(&text,
+                      " (the server may be refusing connections from this address for now: too many open, opened "
+                      "too fast, or too many calls on one; its log says which)");
+    return text;
+  }
   return absl::StrCat("wmserve at ", target, " refused the call (",
                       absl::StatusCodeToString(static_cast<absl::StatusCode>(code)), "): ", status.error_message());
 }

@@ -65,7 +65,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   sm.kv_capacity_bytes = s->model_.kv_capacity_bytes;
   sm.reservation_bytes = s->model_.reservation_bytes;
   sm.audit_bytes = s->model_.audit_bytes;
-  s->service_ = std::make_unique<PlayService>(options.service, s->model_, sm, s->worker_.get(), s->encoder_.get(),
+  ServiceConfig service = options.service;
+  service.connections = options.connections;
+  s->service_ = std::make_unique<PlayService>(service, s->model_, sm, s->worker_.get(), s->encoder_.get(),
                                               s->metrics_.get(), s->session_log_.get());
 
   grpc::EnableDefaultHealthCheckService(true);

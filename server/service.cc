@@ -668,6 +668,10 @@ grpc::ServerUnaryReactor* PlayService::GetServerInfo(grpc::CallbackServerContext
   info.set_device(model_.device);
   info.set_max_request_bytes(config_.max_request_bytes);
   info.set_max_prompt_frames(config_.limits.max_prompt_frames);
+  info.set_max_connections_per_client(config_.connections.max_per_client);
+  info.set_client_connection_rate(config_.connections.rate_per_client);
+  info.set_client_connection_burst(config_.connections.burst_per_client);
+  info.set_max_calls_per_connection(config_.connections.max_calls_per_s);
   info.set_kv_used_bytes(worker_->kv_used_bytes());
   {
     std::lock_guard<std::mutex> lk(mu_);

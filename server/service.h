@@ -24,6 +24,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/encoder_pool.h"
 #include "server/auth.h"
+#include "server/connection_table.h"
 #include "server/engine_worker.h"
 #include "server/metrics.h"
 #include "server/play_protocol.h"
@@ -48,6 +49,8 @@ struct ServiceConfig {
   Duration start_timeout = std::chrono::seconds(10);
   // API tokens: set, every call but the health checks needs one
   std::shared_ptr<const TokenTable> tokens;
+  // the gRPC port's limits (the listener applies them; ServerInfo reports them)
+  ConnectionCaps connections;
 };
 
 // A Play stream still waiting for its Start: sweep_idle ends it past its

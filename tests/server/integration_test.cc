@@ -280,6 +280,11 @@ TEST(ServerIntegration, ServesModelsInfoHealthAndReflection) {
   }
   EXPECT_EQ(info.kv_capacity_bytes(), 1000000);
   EXPECT_EQ(info.kv_free_bytes(), 1000000);
+  // the connection limits' defaults
+  EXPECT_EQ(info.max_connections_per_client(), 64);
+  EXPECT_EQ(info.client_connection_rate(), 16);
+  EXPECT_EQ(info.client_connection_burst(), 64);
+  EXPECT_EQ(info.max_calls_per_connection(), 200);
   EXPECT_EQ(info.sessions_active(), 0);
   EXPECT_TRUE(info.admitting());
   EXPECT_FALSE(info.draining());
@@ -1368,8 +1373,13 @@ TEST(ServerIntegration, AConnectionPastItsCallsPerSecondIsShutDown) {
   EXPECT_TRUE(absl::StrContains(server->log(), "more than 50 calls in a second (--max_calls_per_connection); "
                                                "ipv4:127.0.0.1 is refused for 10 s"))
       << server->log();
-  // the address is refused for now, on any new connection
-  EXPECT_FALSE(client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2)).serving());
+  // the address is refused for now, on any new connection, and a client says what that may mean
+  const auto blocked =
+      client::health_check(client::make_channel(server->target(), co), "", std::chrono::seconds(2));
+  EXPECT_FALSE(blocked.serving());
+  EXPECT_TRUE(absl::StrContains(client::describe_call_failure(server->target(), blocked.status),
+                                "the server may be refusing connections from this address"))
+      << client::describe_call_failure(server->target(), blocked.status);
   EXPECT_GE(scrape(*server).at("wm_connections_refused_total{reason=\"client_blocked\"}"), 1);
   expect_server_refuses({"--max_calls_per_connection=-1"}, "--max_calls_per_connection must be 0..1000000");
 }
