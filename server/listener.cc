@@ -227,7 +227,11 @@ void Listener::accept_from(int listener_fd) {
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    callbacks_.hand_over(listener_fd, fd);
+    if (callbacks_.hand_over) {
+      callbacks_.hand_over(listener_fd, fd);
+    } else {
+      close(fd);
+    }
   }
 }
 

@@ -24,7 +24,8 @@ class CallCounter final : public grpc::experimental::ServerInterceptorFactoryInt
  public:
   explicit CallCounter(Listener* listener) : listener_(listener) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    if (info->server_context() != nullptr) listener_->note_call(info->server_context()->peer());
+    // gRPC writes the peer as a URI ("ipv6:%5B::1%5D:5678"); the listener as the address reads
+    if (info->server_context() != nullptr) listener_->note_call(peer_text(info->server_context()->peer()));
     return nullptr;  // nothing to intercept: counting is all
   }
 
@@ -160,17 +161,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
                    std::string(client).c_str(), caps.burst_per_client, caps.rate_per_client);
     } else if (reason == "total_cap") {
       std::fprintf(stderr, "wmserve: refused connections: %d are open (--max_connections)\n", caps.max_total);
-    } else {
+    } else if (reason == "client_blocked") {
+      std::fprintf(stderr, "wmserve: refused connections from %s: refused for %g s after too many calls on one "
+                   "(--max_calls_per_connection)\n", std::string(client).c_str(), caps.block_s);
+    } else if (reason == "no_fds") {
       std::fprintf(stderr, "wmserve: an accept failed for want of file descriptors; retrying\n");
     }
   };
-  cb.shut_down = [metrics, caps, last = std::chrono::steady_clock::time_point(), mu = std::make_shared<std::mutex>()](
-                     absl::string_view peer, absl::string_view client) mutable {
+  // copied for each call (Listener::note_call): the last line's time is shared
+  struct LogLimit {
+    std::mutex mu;
+    std::chrono::steady_clock::time_point last;
+  };
+  cb.shut_down = [metrics, caps, limit = std::make_shared<LogLimit>()](absl::string_view peer,
+                                                                      absl::string_view client) {
     metrics->connections_shut_down->Increment();
-    std::lock_guard<std::mutex> lk(*mu);  // gRPC's threads
+    std::lock_guard<std::mutex> lk(limit->mu);  // gRPC's threads
     const auto now = std::chrono::steady_clock::now();
-    if (now - last < std::chrono::seconds(1)) return;
-    last = now;
+    if (now - limit->last < std::chrono::seconds(1)) return;
+    limit->last = now;
     std::fprintf(stderr,
                  "wmserve: shut down the connection %s: more than %d calls in a second (--max_calls_per_connection); "
                  "%s is refused for %g s\n",
@@ -180,6 +189,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
 
   if (options.metrics_port >= 0) {
     const std::string maddr = absl::StrCat(options.metrics_host, ":", options.metrics_port);
+    // civetweb as Debian builds it has no IPv6: say so rather than "null context"
+    if (options.metrics_host.find(':') != std::string::npos) {
+      s->shutdown(std::chrono::seconds(0));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot serve metrics on ", maddr,
+                       ": the metrics endpoint listens on IPv4 only; give --metrics_host an IPv4 address "
+                       "(e.g. 127.0.0.1) or --metrics_port -1"));
+    }
     try {
       // civetweb gives each connection a thread until its request is read:
       // enough threads that a few idle connections cannot hold every scrape
@@ -191,7 +208,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
       s->shutdown(std::chrono::seconds(0));
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", maddr, ": ", e.what()));
     }
-    s->exposer_->RegisterCollectable(s->metrics_->registry());
+    // the credentials first: a scrape between the two would find /metrics open
     if (options.metrics_auth != nullptr) {
       s->metrics_auth_ = options.metrics_auth;
       // the exposer goes before the server (shutdown), so `raw` outlives every call
@@ -209,6 +226,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
           },
           "wmserve metrics");
     }
+    s->exposer_->RegisterCollectable(s->metrics_->registry());
     const auto ports = s->exposer_->GetListeningPorts();
     s->metrics_port_ = ports.empty() ? options.metrics_port : ports.front();
   }

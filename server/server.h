@@ -100,9 +100,10 @@ class Server {
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<PlayService> service_;
+  // stopped before grpc_ shuts down, destroyed after it (gRPC's call counter points to it)
+  std::unique_ptr<Listener> listener_;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;  // gRPC's side of listener_
   std::unique_ptr<grpc::Server> grpc_;
-  std::unique_ptr<Listener> listener_;  // stopped before grpc_ shuts down; outlives it (the call counter)
   std::unique_ptr<prometheus::Exposer> exposer_;
   // read by the exposer's threads for each scrape
   mutable std::mutex metrics_auth_mu_;

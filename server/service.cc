@@ -15,6 +15,13 @@ namespace v1 = ::wmserve::v1;
 
 namespace {
 
+// how a session of a revoked API token ends
+absl::Status revoked_status() {
+  return absl::UnauthenticatedError(
+      "the API token this session was started with was revoked (the server's --auth_tokens changed): session "
+      "closed");
+}
+
 grpc::Status to_grpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -290,6 +297,10 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       return false;
     }
     service_->worker().open(s);
+    // a reload between admit() and here swept before the worker knew the
+    // session (set_tokens swaps the tokens, then sweeps): close it now
+    if (!service_->still_authorized(credential_))
+      service_->worker().close(*key, revoked_status(), EndReason::kRevoked);
     return true;
   }
 
@@ -432,6 +443,12 @@ void PlayService::park_or_close(const std::shared_ptr<ServerSession>& session, c
   if (!parked) worker_->close_stream(*session, status, reason);
 }
 
+bool PlayService::still_authorized(const std::string& credential) const {
+  if (credential.empty()) return true;
+  std::lock_guard<std::mutex> lk(tokens_mu_);
+  return tokens_ != nullptr && tokens_->holds(credential);
+}
+
 absl::StatusOr<Caller> PlayService::authenticate(const grpc::CallbackServerContext& context) const {
   std::shared_ptr<const TokenTable> tokens;
   {
@@ -457,12 +474,7 @@ int PlayService::set_tokens(std::shared_ptr<const TokenTable> tokens) {
         [&](const std::string& credential) { return tokens != nullptr && tokens->holds(credential); });
   }
   // open sessions are told on their stream; a parked one has none
-  for (auto key : revoked)
-    worker_->close(key,
-                   absl::UnauthenticatedError(
-                       "the API token this session was started with was revoked (the server's --auth_tokens "
-                       "changed): session closed"),
-                   EndReason::kRevoked);
+  for (auto key : revoked) worker_->close(key, revoked_status(), EndReason::kRevoked);
   return static_cast<int>(revoked.size());
 }
 

@@ -101,6 +101,8 @@ class PlayService final : public RawWorldModelService {
   // and sessions (open or parked) started with a token the new ones lack
   // end now, UNAUTHENTICATED (`revoked`); returns how many
   int set_tokens(std::shared_ptr<const TokenTable> tokens);
+  // whether a Caller::credential is still one of the API tokens ("" always is)
+  bool still_authorized(const std::string& credential) const;
   // the caller's API token (an empty Caller when the server has no tokens);
   // UNAUTHENTICATED without a known token
   absl::StatusOr<Caller> authenticate(const grpc::CallbackServerContext& context) const;

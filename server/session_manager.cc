@@ -239,7 +239,26 @@ bool SessionManager::can_admit(absl::string_view cache_format) const {
   return reserved_ + fmt->second <= config_.kv_capacity_bytes;
 }
 
-std::string client_of_peer(absl::string_view peer) {
+std::string peer_text(absl::string_view grpc_peer) {
+  std::string out;
+  out.reserve(grpc_peer.size());
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  };
+  for (size_t i = 0; i < grpc_peer.size(); ++i) {
+    if (grpc_peer[i] == '%' && i + 2 < grpc_peer.size() && hex(grpc_peer[i + 1]) >= 0 && hex(grpc_peer[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(grpc_peer[i + 1]) * 16 + hex(grpc_peer[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(grpc_peer[i]);
+    }
+  }
+  return out;
+}
+
+std::string client_of_peer(absl::string_view grpc_peer) {
+  const std::string text = peer_text(grpc_peer);
+  const absl::string_view peer = text;
   // unix sockets and unknown forms are their own client
   const size_t colon = peer.rfind(':');
   const size_t first = peer.find(':');

@@ -145,8 +145,12 @@ class SessionManager {
   bool draining_ = false;
 };
 
-// "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1", "ipv6:[::1]:5555" -> "ipv6:[::1]"
-std::string client_of_peer(absl::string_view peer);
+// gRPC's peer text (a URI: "ipv6:%5B::1%5D:5555") percent-decoded, as the
+// address is written ("ipv6:[::1]:5555"); other text as it is
+std::string peer_text(absl::string_view grpc_peer);
+// the peer without its port, decoded: "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1",
+// "ipv6:%5B::1%5D:5555" (gRPC 1.51's form) or "ipv6:[::1]:5555" -> "ipv6:[::1]"
+std::string client_of_peer(absl::string_view grpc_peer);
 // what the per-client caps count for an address (without API tokens): an
 // IPv6 address by its /64, which one subscriber gets whole (so 2^64
 // addresses to rotate through), "ipv6:[2001:db8:1:2::]/64"; any other

@@ -1370,6 +1370,8 @@ TEST(ServerIntegration, AConnectionPastItsCallsPerSecondIsShutDown) {
   EXPECT_GE(ok, 50);
   EXPECT_LT(ok, 400);
   EXPECT_EQ(wait_for_metric(*server, "wm_connections_shut_down_total", 1), 1);
+  for (int i = 0; i < 200 && !absl::StrContains(server->log(), "is refused for"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(absl::StrContains(server->log(), "more than 50 calls in a second (--max_calls_per_connection); "
                                                "ipv4:127.0.0.1 is refused for 10 s"))
       << server->log();
@@ -1382,6 +1384,33 @@ TEST(ServerIntegration, AConnectionPastItsCallsPerSecondIsShutDown) {
       << client::describe_call_failure(server->target(), blocked.status);
   EXPECT_GE(scrape(*server).at("wm_connections_refused_total{reason=\"client_blocked\"}"), 1);
   expect_server_refuses({"--max_calls_per_connection=-1"}, "--max_calls_per_connection must be 0..1000000");
+
+  // over IPv6 too (gRPC writes an IPv6 peer as a URI, "ipv6:%5B::1%5D:port"), where the machine has it
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 loop6{};
+  loop6.sin6_family = AF_INET6;
+  loop6.sin6_addr = in6addr_loopback;
+  const bool has_v6 = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loop6), sizeof loop6) == 0;
+  if (probe >= 0) close(probe);
+  if (!has_v6) GTEST_SKIP() << "no IPv6 loopback here";
+  auto v6 = ServerProcess::start(tiny_model(), {"--host=::1", "--metrics_host=127.0.0.1", "--max_calls_per_connection=50"});
+  ASSERT_NE(v6, nullptr);
+  const std::string target6 = "[::1]:" + std::to_string(v6->port());
+  auto stub6 = v1::WorldModel::NewStub(client::make_channel(target6, co));
+  grpc::Status failed6;
+  for (int i = 0; i < 400 && failed6.ok(); ++i) {
+    v1::ServerInfo info;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    failed6 = stub6->GetServerInfo(&ctx, {}, &info);
+  }
+  EXPECT_EQ(failed6.error_code(), grpc::StatusCode::UNAVAILABLE) << failed6.error_message();
+  EXPECT_EQ(wait_for_metric(*v6, "wm_connections_shut_down_total", 1), 1);
+  for (int i = 0; i < 200 && !absl::StrContains(v6->log(), "is refused for"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(absl::StrContains(v6->log(), "ipv6:[::]/64 is refused for 10 s")) << v6->log();
+  // the metrics endpoint has no IPv6 (civetweb as Debian builds it): a clear refusal
+  expect_server_refuses({"--host=::1", "--metrics_port=0"}, "the metrics endpoint listens on IPv4 only");
 }
 
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {

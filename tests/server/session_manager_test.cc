@@ -405,6 +405,12 @@ TEST(SessionManager, AResumeForOneClientFindsOnlyItsSessions) {
 TEST(SessionManager, PeerAddressesLoseTheirPort) {
   EXPECT_EQ(client_of_peer("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
   EXPECT_EQ(client_of_peer("ipv6:[::1]:5555"), "ipv6:[::1]");
+  // gRPC 1.51 writes its peer as a URI: the brackets percent-encoded
+  EXPECT_EQ(client_of_peer("ipv6:%5B::1%5D:5555"), "ipv6:[::1]");
+  EXPECT_EQ(client_group(client_of_peer("ipv6:%5B2001:db8:1:2::7%5D:443")), "ipv6:[2001:db8:1:2::]/64");
+  EXPECT_EQ(peer_text("ipv6:%5Bfe80::1%25eth0%5D:5555"), "ipv6:[fe80::1%eth0]:5555");
+  EXPECT_EQ(peer_text("ipv4:10.0.0.1:80"), "ipv4:10.0.0.1:80");
+  EXPECT_EQ(peer_text("odd%zz%5"), "odd%zz%5");  // not an escape: as it is
   EXPECT_EQ(client_of_peer("unix:/tmp/sock"), "unix:/tmp/sock");
   EXPECT_EQ(client_of_peer(""), "");
 }
