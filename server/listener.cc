@@ -62,6 +62,18 @@ std::string peer_of_sockaddr(const void* addr, size_t len, bool with_port) {
 }
 
 absl::StatusOr<std::unique_ptr<Listener>> Listener::bind(const std::string& host, int port, ConnectionCaps caps) {
+  // port 0 on several addresses: the port the first one got may be taken on
+  // another (an IPv6 listener beside an IPv4 one); a new pick then
+  bool clash = false;
+  for (int attempt = 0;; ++attempt) {
+    auto l = bind_once(host, port, caps, &clash);
+    if (l.ok() || !clash || attempt == 7) return l;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::bind_once(const std::string& host, int port, ConnectionCaps caps,
+                                                              bool* port_clash) {
+  *port_clash = false;
   std::string name = host;
   if (absl::StartsWith(name, "[") && absl::EndsWith(name, "]")) name = name.substr(1, name.size() - 2);
   addrinfo hints{};
@@ -113,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::bind(const std::string& host
         close(fd);
         continue;
       }
+      *port_clash = errno == EADDRINUSE && port == 0 && fds.size() > 1;
       return fail(std::strerror(errno));
     }
     if (listen(fd, kBacklog) != 0) return fail(std::strerror(errno));

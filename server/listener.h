@@ -62,6 +62,9 @@ class Listener {
 
  private:
   Listener(std::vector<int> fds, int port, ConnectionCaps caps);
+  // one try; *port_clash: port 0's pick was taken on a later address
+  static absl::StatusOr<std::unique_ptr<Listener>> bind_once(const std::string& host, int port, ConnectionCaps caps,
+                                                             bool* port_clash);
   void run();
   void accept_from(int listener_fd);
 

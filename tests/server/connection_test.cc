@@ -2,6 +2,7 @@
 // connection is known by its descriptor and its socket's inode), and the
 // listener's accept thread on loopback.
 #include <gtest/gtest.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -220,6 +221,33 @@ TEST(Listener, RefusesATakenPortAndABadHost) {
   auto v6 = Listener::bind("[::1]", 0, {});
   if (v6.ok()) {
     EXPECT_GT((*v6)->port(), 0);
+  }
+}
+
+// a name with an IPv4 and an IPv6 address: one port on both
+TEST(Listener, BindsEveryAddressOfANameOnOnePort) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET6;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const bool has_v6 = getaddrinfo("localhost", "1", &hints, &found) == 0;
+  if (found != nullptr) freeaddrinfo(found);
+  for (int i = 0; i < 5; ++i) {
+    auto l = Listener::bind("localhost", 0, {});
+    ASSERT_TRUE(l.ok()) << l.status();
+    const int v4 = connect_to((*l)->port());
+    EXPECT_GE(v4, 0);
+    if (v4 >= 0) close(v4);
+    const int v6 = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(static_cast<uint16_t>((*l)->port()));
+    a.sin6_addr = in6addr_loopback;
+    // where localhost has ::1 too, it listens there on the same port
+    if (has_v6 && v6 >= 0 && connect(v6, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      EXPECT_NE(errno, ECONNREFUSED) << "localhost's IPv6 address is not listening on port " << (*l)->port();
+    }
+    if (v6 >= 0) close(v6);
   }
 }
 
