@@ -14,7 +14,10 @@ bool ConnectionTable::still_open(int fd, const Entry& e) const {
 
 void ConnectionTable::forget(std::map<int, Entry>::iterator it) {
   auto pc = per_client_.find(it->second.client);
-  if (pc != per_client_.end() && --pc->second <= 0) per_client_.erase(pc);
+  if (pc != per_client_.end()) {
+    pc->second.erase(it->first);
+    if (pc->second.empty()) per_client_.erase(pc);
+  }
   auto bp = fd_by_peer_.find(it->second.peer);
   if (bp != fd_by_peer_.end() && bp->second == it->first) fd_by_peer_.erase(bp);
   by_fd_.erase(it);
@@ -28,9 +31,12 @@ void ConnectionTable::sweep() {
   }
 }
 
-bool ConnectionTable::full(const std::string& client) const {
-  if (caps_.max_total > 0 && open() >= caps_.max_total) return true;
-  return caps_.max_per_client > 0 && open_from(client) >= caps_.max_per_client;
+void ConnectionTable::sweep_client(const std::string& client) {
+  auto pc = per_client_.find(client);
+  if (pc == per_client_.end()) return;
+  const std::set<int> fds = pc->second;  // forget() edits the set
+  for (int fd : fds)
+    if (auto it = by_fd_.find(fd); it != by_fd_.end() && !still_open(fd, it->second)) forget(it);
 }
 
 ConnectionTable::Verdict ConnectionTable::admit(int fd, const std::string& client, const std::string& peer,
@@ -44,7 +50,12 @@ ConnectionTable::Verdict ConnectionTable::admit(int fd, const std::string& clien
     blocked_until_.erase(b);
   }
   if (rate_.limited() && rate_.left(client, now) < 1) return Verdict::kClientRate;
-  if (full(client)) sweep();
+  if (caps_.max_per_client > 0 && open_from(client) >= caps_.max_per_client) sweep_client(client);
+  if (caps_.max_total > 0 && open() >= caps_.max_total &&
+      (!last_full_sweep_ || now - *last_full_sweep_ >= std::chrono::milliseconds(100))) {
+    sweep();
+    last_full_sweep_ = now;
+  }
   if (caps_.max_total > 0 && open() >= caps_.max_total) return Verdict::kTotalCap;
   if (caps_.max_per_client > 0 && open_from(client) >= caps_.max_per_client) return Verdict::kClientCap;
   Entry e;
@@ -54,7 +65,7 @@ ConnectionTable::Verdict ConnectionTable::admit(int fd, const std::string& clien
   e.peer = peer;
   by_fd_[fd] = std::move(e);
   fd_by_peer_[peer] = fd;
-  ++per_client_[client];
+  per_client_[client].insert(fd);
   rate_.take(client, 1, now);
   return Verdict::kAdmitted;
 }
@@ -85,7 +96,7 @@ bool ConnectionTable::note_call(absl::string_view peer, TimePoint now, std::stri
 
 int ConnectionTable::open_from(absl::string_view client) const {
   auto it = per_client_.find(client);
-  return it == per_client_.end() ? 0 : it->second;
+  return it == per_client_.end() ? 0 : static_cast<int>(it->second.size());
 }
 
 }  // namespace wm::server

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -45,8 +47,11 @@ class ConnectionTable {
 
   // a new connection `fd` from `client` (a client_group) at `now`: admitted
   // and counted, or refused (and not counted, nor taken from the client's
-  // rate: the caller closes it). A caps hit sweeps first, so connections
-  // closed since the last sweep make room.
+  // rate: the caller closes it). A cap hit sweeps first, so connections
+  // closed since the last sweep make room: the client's own at its cap (at
+  // most max_per_client of them), all of them at the total cap but no more
+  // often than every 100 ms (a flood at a cap must not fstat every open
+  // connection per refusal).
   // `peer` is how gRPC names the connection ("ipv4:1.2.3.4:5678")
   Verdict admit(int fd, const std::string& client, const std::string& peer, TimePoint now);
   // forgets the connections whose descriptor no longer holds their socket
@@ -74,12 +79,13 @@ class ConnectionTable {
   };
   bool still_open(int fd, const Entry& e) const;
   void forget(std::map<int, Entry>::iterator it);
-  bool full(const std::string& client) const;
+  void sweep_client(const std::string& client);
 
   ConnectionCaps caps_;
   RateBuckets rate_;
   std::map<int, Entry> by_fd_;
-  std::map<std::string, int, std::less<>> per_client_;
+  std::map<std::string, std::set<int>, std::less<>> per_client_;  // the open descriptors of each client
+  std::optional<TimePoint> last_full_sweep_;                       // by admit, at the total cap
   std::map<std::string, int, std::less<>> fd_by_peer_;
   std::map<std::string, TimePoint, std::less<>> blocked_until_;  // addresses refused for a while
 };
