@@ -9,7 +9,9 @@
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
-//                   [--ws_keys=0,64,128]
+//                   [--ws_keys=0,64,128] [--format=fp16|kivi2]
+// --format: the cache format (kivi2: the mma.sync kernel decoding 2-bit
+// tiles; on the GPU only where a frame is whole chunks, so 64-token queries)
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
@@ -42,6 +44,7 @@ int run(int argc, char** argv) {
   const int reps = static_cast<int>(f.num("reps", 20));
   const std::vector<int> cached = f.list("cached", "1024,2048,4096,8192,16384,32768,65536");
   const std::vector<int> queries = f.list("queries", "64,2640");
+  const std::string format = f.str("format", "fp16");
   int max_cached = 0;
   for (int c : cached) max_cached = std::max(max_cached, c);
   // one cache alive at a time; whole pages plus a frame of slack
@@ -126,7 +129,11 @@ int run(int argc, char** argv) {
         for (const int64_t split : {int64_t{-1}, int64_t{1}}) {
           if (split == 1 && (dev.plugin == nullptr || tq != 64)) continue;  // no-split contrast for the small block only
           if (dev.plugin != nullptr) dev.plugin->set_tuning("attention.split", split).IgnoreError();
-          auto cache = b.make_kv_cache("fp16", g, KvFormatOptions{});
+          auto cache = b.make_kv_cache(format, g, KvFormatOptions{});
+          if (!cache.ok() && cache.status().code() == absl::StatusCode::kUnimplemented) {
+            std::fprintf(stderr, "skipped: %s\n", cache.status().ToString().c_str());
+            continue;
+          }
           if (!cache.ok()) {
             std::fprintf(stderr, "cache: %s\n", cache.status().ToString().c_str());
             return 1;
@@ -142,7 +149,8 @@ int run(int argc, char** argv) {
           const std::span<const SessionSlice> slices(&slice, 1);
           for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
           dev.sync();
-          const std::string ran = dev.plugin == nullptr ? "cpu" : dev.plugin->attention_kernel(hd);
+          const std::string ran =
+              dev.plugin == nullptr ? "cpu" : format == "kivi2" ? "mma" : dev.plugin->attention_kernel(hd);
           const bool staged = ran == "overlap" || ran == "ws";
           const char* bq = tq == 64 ? "block_q_64" : "block_q_128";  // the planner's tile for these shapes
           const int64_t stages =
@@ -174,6 +182,8 @@ int run(int argc, char** argv) {
                               {"head_dim", hd},
                               {"split", split < 0 ? "auto" : "none"},
                               {"kernel", ran},
+                              {"format", format},
+                              {"cache_bytes", (*cache)->bytes().total()},
                               {"stages", stages},
                               {"pingpong", pingpong},
                               {"ws_keys", ws_keys},

@@ -40,6 +40,10 @@ int32_t attention_ctas_per_sm(int32_t head_dim, int32_t block_q);
 // grid (items, heads); head_dim 32, 64 or 128, block_q 64 or 128
 cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
                              cudaStream_t stream);
+// the same kernel over KIVI-2 pages (kv_format_kivi.cuh): decodes the
+// window's chunks into its fp16 tiles
+cudaError_t launch_attention_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim, int32_t items,
+                                  cudaStream_t stream);
 
 
 // The Hopper kernels (attention_sm90.cu, built for sm_90a only, so they run

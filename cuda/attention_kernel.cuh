@@ -93,14 +93,16 @@ __global__ void __launch_bounds__(Mma::kThreads(BQ), Mma::kMinCtas(BQ))
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 
-// A kernel family for the host side: the kernel for (HD, BQ) over the fp16
-// cache, its threads and its dynamic shared memory. This one is
-// attention_kernel with an Mma policy; attention_sm90.cu has another.
-template <class Mma>
+// A kernel family for the host side: the kernel for (HD, BQ) over a cache
+// format (the fp16 pages by default), its threads and its dynamic shared
+// memory. This one is attention_kernel with an Mma policy;
+// attention_sm90.cu has another.
+template <class Mma, class Fmt = Fp16PageFormat>
 struct PlainAttention {
+  using View = typename Fmt::View;
   template <int HD, int BQ>
   static constexpr auto kernel() {
-    return attention_kernel<Mma, Fp16PageFormat, HD, BQ>;
+    return attention_kernel<Mma, Fmt, HD, BQ>;
   }
   static constexpr int threads(int bq) { return Mma::kThreads(bq); }
   static constexpr size_t smem(int32_t hd, int32_t bq) { return attention_kernel_smem<Mma>(hd, bq); }

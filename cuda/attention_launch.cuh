@@ -19,6 +19,7 @@ namespace wm::cuda {
 // 64 and 128, chosen at run time
 template <class Family, int... HDs>
 struct AttentionKernels {
+  using View = typename Family::View;
   template <int HD, int BQ>
   static cudaError_t allow_smem() {
     return allow_dynamic_smem(Family::template kernel<HD, BQ>(), Family::smem(HD, BQ));
@@ -29,7 +30,7 @@ struct AttentionKernels {
   }
   // grid: work items x heads
   template <int HD, int BQ>
-  static cudaError_t launch_one(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t items,
+  static cudaError_t launch_one(const AttentionArgs& a, const View& kv, int32_t items,
                                 cudaStream_t stream) {
     return launch_kernel(Family::template kernel<HD, BQ>(),
                          dim3(static_cast<unsigned>(items), static_cast<unsigned>(a.heads)), Family::threads(BQ),
@@ -52,7 +53,7 @@ struct AttentionKernels {
     ((head_dim == HDs && (n = block_q == 128 ? ctas<HDs, 128>() : ctas<HDs, 64>(), true)) || ...);
     return n;
   }
-  static cudaError_t launch(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
+  static cudaError_t launch(const AttentionArgs& a, const View& kv, int32_t head_dim, int32_t items,
                             cudaStream_t stream) {
     if (items <= 0 || a.heads <= 0) return cudaSuccess;
     if (a.heads > 65535) return cudaErrorInvalidConfiguration;

@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
 
 template <int STAGES = kOverlapStages>
 struct OverlapAttention {
+  using View = PagedKvFp16View;
   template <int HD, int BQ>
   static constexpr auto kernel() {
     return attention_overlap_kernel<Fp16PageFormat, HD, BQ, STAGES>;

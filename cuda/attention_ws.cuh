@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
 
 template <int STAGES, int TPS = 1>
 struct WsAttention {
+  using View = PagedKvFp16View;
   template <int HD, int BQ>
   static constexpr auto kernel() {
     return attention_ws_kernel<Fp16PageFormat, HD, BQ, STAGES, TPS>;

@@ -325,6 +325,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.realigned_outputs") return gemm_ != nullptr ? gemm_->realigned_outputs() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "kv.append_launches") return append_launches_;
+  if (name == "attention.kivi_launches") return kivi_attention_launches_;
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
   if (name == "graph.launches") return graph_launches_;
@@ -831,7 +832,7 @@ absl::Status CudaBackend::euler_step(float* x, const float* v, const float* dt_p
 
 // ---- KV caches ------------------------------------------------------------
 
-PagedGeometry CudaBackend::paged_geometry(const WmKvGeometry& g) const {
+absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view format, const WmKvGeometry& g) const {
   PagedGeometry p;
   p.layers = g.layers;
   p.heads = g.heads;
@@ -839,28 +840,55 @@ PagedGeometry CudaBackend::paged_geometry(const WmKvGeometry& g) const {
   p.tokens_per_frame = g.tokens_per_frame;
   p.window_frames = g.window_frames;
   p.sink_frames = g.sink_frames;
-  p.page_tokens = g.head_dim > 0 ? static_cast<int32_t>(page_bytes_ / (4 * g.head_dim)) : 0;
+  const int32_t fp16_page_tokens = g.head_dim > 0 ? static_cast<int32_t>(page_bytes_ / (4 * g.head_dim)) : 0;
+  if (format == "fp16") {
+    p.page_tokens = fp16_page_tokens;
+  } else if (format == "kivi2") {
+    // the CPU's KIVI-2 (quant/kv_kivi.cc) when every frame ends on a chunk
+    // boundary with its fp16 buffer empty: a frame is then T / G whole chunks
+    // and leaves the window with its slot
+    const int32_t G = g.kivi_group, R = g.kivi_residual;
+    if (G != 32 && G != 64 && G != 128)
+      return absl::InvalidArgumentError(absl::StrCat("kivi2: group ", G, " is not 32, 64 or 128"));
+    if (g.head_dim <= 0 || g.head_dim % G != 0)
+      return absl::InvalidArgumentError(absl::StrCat("kivi2: group ", G, " does not divide head_dim ", g.head_dim));
+    if (R <= 0 || R % G != 0)
+      return absl::InvalidArgumentError(absl::StrCat("kivi2: residual ", R, " is not a multiple of the group ", G));
+    if (g.tokens_per_frame <= 0 || g.tokens_per_frame % R != 0)
+      return absl::UnimplementedError(absl::StrCat(
+          "kivi2 on the GPU needs the tokens of a frame (", g.tokens_per_frame, ") to be a multiple of the residual (",
+          R, "), so that no frame leaves tokens in the fp16 buffer; the CPU backend serves this geometry"));
+    const int32_t front = g.sink_frames * g.tokens_per_frame;
+    p.kivi = kivi_row_layout(page_bytes_, g.head_dim, G, front);
+    if (p.kivi.group == 0)
+      return absl::InvalidArgumentError(absl::StrCat("kivi2: a page of ", page_bytes_, " bytes holds no unit of keys"));
+    if (front % p.kivi.unit_tokens != 0)
+      return absl::UnimplementedError(absl::StrCat("kivi2 on the GPU needs the sink frames' tokens (", front,
+                                                   ") to be a multiple of ", p.kivi.unit_tokens,
+                                                   "; the CPU backend serves this geometry"));
+    p.page_tokens = p.kivi.q_per_page * p.kivi.unit_tokens;
+  } else {
+    return absl::UnimplementedError(absl::StrCat("cache format '", format,
+                                                 "' has no CUDA kernels yet; the CUDA backend serves 'fp16' and 'kivi2'"));
+  }
+  absl::Status s = validate_paged_geometry(p);
+  if (!s.ok()) return s;
   return p;
 }
 
 absl::StatusOr<int64_t> CudaBackend::kv_reservation_bytes(absl::string_view format, const WmKvGeometry& g) const {
-  if (format != "fp16")
-    return absl::UnimplementedError(absl::StrCat("cache format '", format,
-                                                 "' has no CUDA kernels yet; the CUDA backend serves 'fp16'"));
-  const PagedGeometry pg = paged_geometry(g);
-  absl::Status s = validate_paged_geometry(pg);
-  if (!s.ok()) return s;
-  return pg.reservation_pages() * page_bytes_;
+  auto pg = paged_geometry(format, g);
+  if (!pg.ok()) return pg.status();
+  return pg->reservation_pages() * page_bytes_;
 }
 
 absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::string_view format,
                                                                       const WmKvGeometry& g) {
-  auto bytes = kv_reservation_bytes(format, g);
-  if (!bytes.ok()) return bytes.status();
-  const PagedGeometry pg = paged_geometry(g);
-  auto owner = pool_.open(pg.reservation_pages());
+  auto pg = paged_geometry(format, g);
+  if (!pg.ok()) return pg.status();
+  auto owner = pool_.open(pg->reservation_pages());
   if (!owner.ok()) return owner.status();
-  return std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, pg, *owner);
+  return std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
 }
 
 void CudaBackend::kv_destroy(std::unique_ptr<DeviceKvCache> kv) {
@@ -885,8 +913,8 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
     if (w.batch_frame < 0) return absl::InvalidArgumentError("kv append: negative batch frame");
     const PagedGeometry &a = writes[0].kv->pages.geometry(), &b = w.kv->pages.geometry();
     if (a.heads != b.heads || a.head_dim != b.head_dim || a.tokens_per_frame != b.tokens_per_frame ||
-        a.page_tokens != b.page_tokens)
-      return absl::InvalidArgumentError("kv append: the caches of one batch differ in geometry");
+        a.page_tokens != b.page_tokens || a.kivi.group != b.kivi.group || a.kivi.front_units != b.kivi.front_units)
+      return absl::InvalidArgumentError("kv append: the caches of one batch differ in geometry or format");
     for (size_t j = 0; j < i; ++j)
       if (writes[j].kv == w.kv) return absl::InvalidArgumentError("kv append: a cache appears twice in one batch");
   }
@@ -924,8 +952,10 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
   // the pages count only once the device write is under way: a failure hands them back
   const absl::Status launched = [&]() -> absl::Status {
     if (!any_write) return absl::OkStatus();
-    // one upload: the frame writes, then each written cache's page table after the append [heads][pph]
-    std::vector<KvFrameWrite> frame_writes;
+    // one upload: the frame writes (a KIVI-2 batch's: its sink frames, then
+    // its window frames), then each written cache's page table after the
+    // append [heads][pph]
+    std::vector<KvFrameWrite> frame_writes, window_writes;
     std::vector<int32_t> tables;
     for (size_t i = 0; i < n; ++i) {
       const KvAppendPlan& p = plans[i];
@@ -939,9 +969,13 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
         for (int32_t j = 0; j < p.new_pages_per_head; ++j)
           tables.push_back(new_pages[i][static_cast<size_t>(h) * p.new_pages_per_head + j]);
       }
-      for (size_t w = 0; w < p.slot.size(); ++w)
-        frame_writes.push_back({writes[i].batch_frame + p.src_frame[w], p.slot[w], table, pph});
+      for (size_t w = 0; w < p.slot.size(); ++w) {
+        const KvFrameWrite fw{writes[i].batch_frame + p.src_frame[w], p.slot[w], table, pph};
+        (g.kivi.group > 0 && p.slot[w] >= g.sink_frames ? window_writes : frame_writes).push_back(fw);
+      }
     }
+    const size_t n_first = frame_writes.size();
+    frame_writes.insert(frame_writes.end(), window_writes.begin(), window_writes.end());
     const size_t write_bytes = frame_writes.size() * sizeof(KvFrameWrite);
     std::vector<uint8_t> host(write_bytes + tables.size() * sizeof(int32_t));
     std::memcpy(host.data(), frame_writes.data(), write_bytes);
@@ -950,20 +984,43 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
     if (!s.ok()) return s;
     s = copy_to_device(append_scratch_.get(), host.data(), host.size());
     if (!s.ok()) return s;
-    KvAppendArgs a;
-    a.k = k;
-    a.v = v;
-    a.pool = pool_memory_.as<uint16_t>();
-    a.page_elems = page_bytes_ / 2;
-    a.page_tokens = g.page_tokens;
-    a.head_dim = g.head_dim;
-    a.heads = g.heads;
-    a.tokens_per_frame = g.tokens_per_frame;
-    a.writes = reinterpret_cast<const KvFrameWrite*>(append_scratch_.get());
-    a.n_writes = static_cast<int32_t>(frame_writes.size());
-    a.page_tables = reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(append_scratch_.get()) + write_bytes);
-    WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
-    ++append_launches_;
+    const auto* device_writes = reinterpret_cast<const KvFrameWrite*>(append_scratch_.get());
+    const auto* device_tables =
+        reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(append_scratch_.get()) + write_bytes);
+    if (g.kivi.group == 0) {
+      KvAppendArgs a;
+      a.k = k;
+      a.v = v;
+      a.pool = pool_memory_.as<uint16_t>();
+      a.page_elems = page_bytes_ / 2;
+      a.page_tokens = g.page_tokens;
+      a.head_dim = g.head_dim;
+      a.heads = g.heads;
+      a.tokens_per_frame = g.tokens_per_frame;
+      a.writes = device_writes;
+      a.n_writes = static_cast<int32_t>(frame_writes.size());
+      a.page_tables = device_tables;
+      WM_CUDA_RETURN_IF_ERROR(launch_kv_append(a, stream_));
+      ++append_launches_;
+      return absl::OkStatus();
+    }
+    for (const bool sinks : {true, false}) {
+      KvKiviAppendArgs a;
+      a.k = k;
+      a.v = v;
+      a.pool = pool_memory_.as<uint8_t>();
+      a.page_bytes = page_bytes_;
+      a.row = g.kivi;
+      a.heads = g.heads;
+      a.tokens_per_frame = g.tokens_per_frame;
+      a.writes = device_writes + (sinks ? 0 : n_first);
+      a.n_writes = static_cast<int32_t>(sinks ? n_first : window_writes.size());
+      a.page_tables = device_tables;
+      a.sinks = sinks;
+      if (a.n_writes == 0) continue;
+      WM_CUDA_RETURN_IF_ERROR(launch_kv_append_kivi(a, stream_));
+      ++append_launches_;
+    }
     return absl::OkStatus();
   }();
   if (!launched.ok()) {
@@ -974,18 +1031,32 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
   return absl::OkStatus();
 }
 
+namespace {
+
+// value i of a KIVI-2 block: fp16 scale, fp16 zero, 2-bit codes four to a
+// byte (quant/kv_layouts.h: BlockQ2Asym, q2asym_dequantize_ref's arithmetic)
+float kivi_value(const uint8_t* block, int i) {
+  uint16_t scale, zero;
+  std::memcpy(&scale, block, 2);
+  std::memcpy(&zero, block + 2, 2);
+  const float z = f16_to_f32(zero), s = f16_to_f32(scale);
+  return z + static_cast<float>((block[4 + (i >> 2)] >> ((i & 3) * 2)) & 3) * s;
+}
+
+}  // namespace
+
 absl::Status CudaBackend::kv_reconstruct(const DeviceKvCache& kv, int32_t layer, std::vector<float>* k,
                                          std::vector<float>* v) {
   const PagedGeometry& g = kv.pages.geometry();
   if (layer < 0 || layer >= g.layers) return absl::InvalidArgumentError("kv reconstruct: bad layer");
   const int32_t pph = kv.pages.pages_per_head(layer);
-  const int64_t page_elems = page_bytes_ / 2;
-  std::vector<uint16_t> pages(static_cast<size_t>(g.heads) * pph * page_elems);
+  const int64_t P = page_bytes_;
+  std::vector<uint8_t> pages(static_cast<size_t>(g.heads) * pph * P);
   for (int32_t h = 0; h < g.heads; ++h)
     for (int32_t i = 0; i < pph; ++i) {
       const int32_t page = kv.pages.pages(layer, h)[static_cast<size_t>(i)];
-      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pages.data() + (static_cast<size_t>(h) * pph + i) * page_elems,
-                                              pool_memory_.as<uint16_t>() + page * page_elems, page_bytes_,
+      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pages.data() + (static_cast<size_t>(h) * pph + i) * P,
+                                              pool_memory_.as<uint8_t>() + page * P, static_cast<size_t>(P),
                                               cudaMemcpyDeviceToHost, stream_));
     }
   absl::Status s = synchronize();
@@ -998,17 +1069,45 @@ absl::Status CudaBackend::kv_reconstruct(const DeviceKvCache& kv, int32_t layer,
   const int32_t T = g.tokens_per_frame, H = g.heads, Dh = g.head_dim;
   k->assign(order.size() * T * H * Dh, 0.0f);
   v->assign(k->size(), 0.0f);
+  const auto f16_at = [&](const uint8_t* page, int64_t elem) {
+    uint16_t x;
+    std::memcpy(&x, page + elem * 2, 2);
+    return f16_to_f32(x);
+  };
+  const KiviRowLayout& q = g.kivi;
+  const int32_t G = q.group, bb = q.block_bytes();
   for (size_t f = 0; f < order.size(); ++f)
     for (int32_t t = 0; t < T; ++t)
       for (int32_t h = 0; h < H; ++h) {
         const int64_t logical = static_cast<int64_t>(order[f]) * T + t;
-        const int64_t base = (static_cast<int64_t>(h) * pph + logical / g.page_tokens) * page_elems +
-                             (logical % g.page_tokens) * Dh;
+        const uint8_t* row = pages.data() + static_cast<size_t>(h) * pph * P;
         float* kd = k->data() + ((f * T + t) * H + h) * Dh;
         float* vd = v->data() + ((f * T + t) * H + h) * Dh;
+        if (G == 0) {  // fp16 pages
+          const uint8_t* page = row + logical / g.page_tokens * P;
+          const int64_t at = logical % g.page_tokens * Dh;
+          for (int32_t d = 0; d < Dh; ++d) {
+            kd[d] = f16_at(page, at + d);
+            vd[d] = f16_at(page, at + static_cast<int64_t>(g.page_tokens) * Dh + d);
+          }
+          continue;
+        }
+        int32_t entry = 0, offset = 0;
+        q.unit_at(static_cast<int32_t>(logical / q.unit_tokens), &entry, &offset);
+        const uint8_t* unit = row + static_cast<int64_t>(entry) * P + offset;
+        const int32_t r = static_cast<int32_t>(logical % q.unit_tokens);
+        if (logical < q.front_tokens()) {  // a sink frame: fp16
+          for (int32_t d = 0; d < Dh; ++d) {
+            kd[d] = f16_at(unit, static_cast<int64_t>(r) * Dh + d);
+            vd[d] = f16_at(unit, static_cast<int64_t>(q.unit_tokens + r) * Dh + d);
+          }
+          continue;
+        }
+        const uint8_t* chunk = unit + r / G * q.chunk_bytes();
+        const int tok = r % G;
         for (int32_t d = 0; d < Dh; ++d) {
-          kd[d] = f16_to_f32(pages[static_cast<size_t>(base + d)]);
-          vd[d] = f16_to_f32(pages[static_cast<size_t>(base + static_cast<int64_t>(g.page_tokens) * Dh + d)]);
+          kd[d] = kivi_value(chunk + d * bb, tok);
+          vd[d] = kivi_value(chunk + (Dh + tok * (Dh / G) + d / G) * bb, d % G);
         }
       }
   return absl::OkStatus();
@@ -1186,6 +1285,11 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     if (c == nullptr) return absl::InvalidArgumentError("attention: a session has no device cache");
   const PagedGeometry& g = caches[0]->pages.geometry();
   if (layer < 0 || layer >= g.layers) return absl::InvalidArgumentError(absl::StrCat("attention: layer ", layer));
+  for (const DeviceKvCache* c : caches) {
+    const PagedGeometry& o = c->pages.geometry();
+    if (o.kivi.group != g.kivi.group || o.kivi.front_units != g.kivi.front_units || o.page_tokens != g.page_tokens)
+      return absl::InvalidArgumentError("attention: the caches of one call differ in format; attend each format alone");
+  }
   for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
                         static_cast<const void*>(out)}) {
     absl::Status s = need(p, "attention argument");
@@ -1200,7 +1304,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   ++attention_launches_;
   absl::Status s = reserve_attention_workspaces(p);
   if (!s.ok()) return s;
-  if (recording_) recorded_attention_.emplace_back(p.rows_total, p.partials > 0, p.block_q);
+  if (recording_) recorded_attention_.emplace_back(p.rows_total, p.partials > 0, p.block_q, g.kivi.group);
   const int64_t H = p.heads, Dh = p.head_dim, R = p.rows_total;
   const size_t one = static_cast<size_t>(H * R * Dh);
   uint16_t* q16 = qkv16_.as<uint16_t>();
@@ -1238,7 +1342,16 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   view.page_tokens = p.page_tokens;
   view.head_dim = p.head_dim;
   const auto items = static_cast<int32_t>(p.items.size());
-  if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWs) {
+  if (g.kivi.group > 0) {
+    // KIVI-2: the mma.sync kernel decodes its tiles (kv_format_kivi.cuh)
+    PagedKvKiviView kivi;
+    kivi.pool = pool_memory_.as<uint8_t>();
+    kivi.page_table = view.page_table;
+    kivi.page_bytes = page_bytes_;
+    kivi.row = g.kivi;
+    ++kivi_attention_launches_;
+    WM_CUDA_RETURN_IF_ERROR(launch_attention_kivi(a, kivi, p.head_dim, items, stream_));
+  } else if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWs) {
     ++sm90_launches_;
     ++ws_launches_;
     WM_CUDA_RETURN_IF_ERROR(

@@ -192,7 +192,8 @@ class CudaBackend {
 
   CudaBackend() = default;
   absl::Status init(const WmPluginOptions& options);
-  PagedGeometry paged_geometry(const WmKvGeometry& g) const;
+  // the page layout of a format (fp16 or kivi2) for g, or why the device cannot hold it
+  absl::StatusOr<PagedGeometry> paged_geometry(absl::string_view format, const WmKvGeometry& g) const;
   // x [n, in] fp32 as a GEMM operand: bf16 rows of ld, the valid copy when
   // there is one, else converted now (and kept as the copy)
   absl::StatusOr<const uint16_t*> bf16_operand(const float* x, int32_t n, int32_t in, int32_t ld);
@@ -235,6 +236,7 @@ class CudaBackend {
   DeviceBuffer append_scratch_;
   DeviceBuffer noise_scratch_;  // a batch's seeds and frame indices
   int64_t append_launches_ = 0;
+  int64_t kivi_attention_launches_ = 0;
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory
   static constexpr size_t kStagingBytes = size_t{8} << 20;
@@ -257,7 +259,7 @@ class CudaBackend {
   bool recording_ = false, recording_broken_ = false;
   std::vector<void*> frees_after_recording_;
   // rows, split, block_q of each attention call of the recorded pass, and the tuning generation
-  using GraphKey = std::pair<std::vector<std::tuple<int32_t, bool, int32_t>>, int64_t>;
+  using GraphKey = std::pair<std::vector<std::tuple<int32_t, bool, int32_t, int32_t>>, int64_t>;
   struct GraphSlot {
     GraphKey key;
     cudaGraphExec_t exec = nullptr;
@@ -268,7 +270,7 @@ class CudaBackend {
   cudaGraphExec_t graph_exec_ = nullptr;  // the last recorded (one of the slots)
   uint64_t graph_clock_ = 0;
   int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0, graphs_instantiated_ = 0;
-  std::vector<std::tuple<int32_t, bool, int32_t>> recorded_attention_;  // the recording's calls (GraphKey)
+  std::vector<std::tuple<int32_t, bool, int32_t, int32_t>> recorded_attention_;  // the recording's calls (GraphKey): rows, split, query tile, KIVI group (0: fp16)
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;
   // kept plans: at least kPlanSlots, and all of the current pass's; when a

@@ -42,7 +42,115 @@ __global__ void kv_append_kernel(const KvAppendArgs a, int64_t total) {
   }
 }
 
+// quant/kv_layouts.h: kv_sanitize
+__device__ __forceinline__ float sanitized(float x) {
+  if (x != x) return 0.0f;
+  return x < -65504.0f ? -65504.0f : (x > 65504.0f ? 65504.0f : x);
+}
+
+// KIVI-2's input: sanitized, then fp16 as the CPU's buffer holds it
+__device__ __forceinline__ float kivi_input(float x) { return __half2float(__float2half_rn(sanitized(x))); }
+
+// one BlockQ2Asym<G> (quant/kv_layouts.h: q2asym_quantize_ref) of the G
+// values src[i * stride] at dst (4-byte aligned)
+__device__ __forceinline__ void kivi_block(const float* src, int64_t stride, int G, uint8_t* dst) {
+  float lo = kivi_input(src[0]), hi = lo;
+  for (int i = 1; i < G; ++i) {
+    const float x = kivi_input(src[i * stride]);
+    lo = x < lo ? x : lo;  // std::min / std::max, -0 and all
+    hi = hi < x ? x : hi;
+  }
+  const uint16_t zero = f16_bits(lo), scale = f16_bits((hi - lo) / 3.0f);
+  const float z = __half2float(__ushort_as_half(zero)), s = __half2float(__ushort_as_half(scale));
+  auto* out = reinterpret_cast<uint32_t*>(dst);
+  out[0] = static_cast<uint32_t>(scale) | (static_cast<uint32_t>(zero) << 16);
+  for (int w = 0; w < G / 16; ++w) {
+    uint32_t codes = 0;
+    for (int i = 0; i < 16; ++i) {
+      const float x = kivi_input(src[(w * 16 + i) * stride]);
+      int c = s > 0.0f ? static_cast<int>(roundf((x - z) / s)) : 0;
+      c = c < 0 ? 0 : (c > 3 ? 3 : c);
+      codes |= static_cast<uint32_t>(c) << (2 * i);
+    }
+    out[1 + w] = codes;
+  }
+}
+
+// the first byte of logical token `logical`'s unit in its page
+__device__ __forceinline__ uint8_t* kivi_unit(const KvKiviAppendArgs& a, const KvFrameWrite& fw, int32_t h,
+                                              int64_t logical) {
+  int32_t entry = 0, offset = 0;
+  a.row.unit_at(static_cast<int32_t>(logical / a.row.unit_tokens), &entry, &offset);
+  const int32_t page = a.page_tables[fw.table + static_cast<int64_t>(h) * fw.pages_per_head + entry];
+  return a.pool + static_cast<int64_t>(page) * a.page_bytes + offset;
+}
+
+// window frames: one thread per block of one (write, head, chunk), the
+// chunk's head_dim key blocks then its head_dim value blocks
+__global__ void kv_append_kivi_kernel(const KvKiviAppendArgs a, int64_t total) {
+  const uint32_t D = static_cast<uint32_t>(a.row.head_dim), G = static_cast<uint32_t>(a.row.group);
+  const uint32_t per_chunk = 2 * D, chunks = static_cast<uint32_t>(a.tokens_per_frame) / G;
+  const int32_t bb = a.row.block_bytes();
+  const int64_t row_stride = static_cast<int64_t>(a.heads) * D;  // between tokens
+  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < static_cast<uint32_t>(total);
+       e += gridDim.x * blockDim.x) {
+    const uint32_t rest = e / per_chunk, b = e - rest * per_chunk;
+    const uint32_t r2 = rest / chunks, ch = rest - r2 * chunks;
+    const uint32_t w = r2 / static_cast<uint32_t>(a.heads);
+    const int32_t h = static_cast<int32_t>(r2 - w * static_cast<uint32_t>(a.heads));
+    const KvFrameWrite fw = a.writes[w];
+    const int64_t logical = static_cast<int64_t>(fw.slot) * a.tokens_per_frame + ch * G;
+    uint8_t* chunk = kivi_unit(a, fw, h, logical) + (logical % a.row.unit_tokens) / G * a.row.chunk_bytes();
+    const int64_t tok0 = static_cast<int64_t>(fw.src_frame) * a.tokens_per_frame + ch * G;
+    if (b < D) {  // key channel b over the chunk's G tokens
+      kivi_block(a.k + tok0 * row_stride + static_cast<int64_t>(h) * D + b, row_stride, a.row.group,
+                 chunk + static_cast<int64_t>(b) * bb);
+    } else {  // value block (token t, channels g*G..)
+      const uint32_t i = b - D, t = i / (D / G), g = i - t * (D / G);
+      kivi_block(a.v + (tok0 + t) * row_stride + static_cast<int64_t>(h) * D + g * G, 1, a.row.group,
+                 chunk + static_cast<int64_t>(b) * bb);
+    }
+  }
+}
+
+// sink frames: one thread per 8 channels of one (write, token, head), into
+// the fp16 unit (K [U][head_dim] then V)
+__global__ void kv_append_kivi_sinks_kernel(const KvKiviAppendArgs a, int64_t total) {
+  const uint32_t units = static_cast<uint32_t>(a.row.head_dim / 8);
+  const int32_t D = a.row.head_dim, U = a.row.unit_tokens;
+  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < static_cast<uint32_t>(total);
+       e += gridDim.x * blockDim.x) {
+    const uint32_t rest = e / units;
+    const int32_t c = static_cast<int32_t>(e - rest * units);
+    const uint32_t r2 = rest / static_cast<uint32_t>(a.heads);
+    const int32_t h = static_cast<int32_t>(rest - r2 * static_cast<uint32_t>(a.heads));
+    const uint32_t w = r2 / static_cast<uint32_t>(a.tokens_per_frame);
+    const int32_t t = static_cast<int32_t>(r2 - w * static_cast<uint32_t>(a.tokens_per_frame));
+    const KvFrameWrite fw = a.writes[w];
+    const int64_t src = ((static_cast<int64_t>(fw.src_frame) * a.tokens_per_frame + t) * a.heads + h) * D + c * 8;
+    const int64_t logical = static_cast<int64_t>(fw.slot) * a.tokens_per_frame + t;
+    auto* unit = reinterpret_cast<uint16_t*>(kivi_unit(a, fw, h, logical));
+    const int64_t row = (logical % U) * D + c * 8;
+    for (int i = 0; i < 8; ++i) {
+      unit[row + i] = f16_bits(sanitized(a.k[src + i]));
+      unit[static_cast<int64_t>(U) * D + row + i] = f16_bits(sanitized(a.v[src + i]));
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_kv_append_kivi(const KvKiviAppendArgs& a, cudaStream_t stream) {
+  const int32_t G = a.row.group, D = a.row.head_dim;
+  if (G != 32 && G != 64 && G != 128) return cudaErrorInvalidValue;
+  if (D % G != 0 || D % 8 != 0 || a.tokens_per_frame % G != 0) return cudaErrorInvalidValue;
+  const int64_t total = a.sinks ? static_cast<int64_t>(a.n_writes) * a.tokens_per_frame * a.heads * (D / 8)
+                                : static_cast<int64_t>(a.n_writes) * a.heads * (a.tokens_per_frame / G) * 2 * D;
+  if (total <= 0) return cudaSuccess;
+  if (total >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (a.sinks) return launch_kernel(kv_append_kivi_sinks_kernel, grid_for(total), kThreads, 0, stream, a, total);
+  return launch_kernel(kv_append_kivi_kernel, grid_for(total), kThreads, 0, stream, a, total);
+}
 
 cudaError_t launch_kv_append(const KvAppendArgs& a, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(a.n_writes) * a.tokens_per_frame * a.heads * (a.head_dim / 8);

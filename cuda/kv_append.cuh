@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 #include <cstdint>
 
+#include "cuda/kv_layout.h"
+
 namespace wm::cuda {
 
 // one frame written: where it comes from and which cache's slot it goes to
@@ -28,5 +30,27 @@ struct KvAppendArgs {
 };
 
 cudaError_t launch_kv_append(const KvAppendArgs& a, cudaStream_t stream);
+
+// The write pass into KIVI-2 rows (kv_layout.h: KiviRowLayout). Window
+// frames: their tokens, in chunks of `group`, are quantized as the CPU's
+// KIVI-2 does (quant/kv_kivi.cc): every value sanitized (NaN to 0, clamped to
+// fp16's range) and rounded to fp16 first, keys per channel over the chunk's
+// tokens, values per token over groups of channels, min-max 2-bit with fp16
+// scale and zero, codes chosen against the rounded scale and zero: the same
+// codes bit for bit. Sink frames (`sinks`): sanitized fp16 into their units.
+struct KvKiviAppendArgs {
+  const float* k = nullptr;  // device [frames * tokens_per_frame, heads, head_dim]
+  const float* v = nullptr;
+  uint8_t* pool = nullptr;
+  int64_t page_bytes = 0;
+  KiviRowLayout row;
+  int32_t heads = 0, tokens_per_frame = 0;
+  const KvFrameWrite* writes = nullptr;  // device [n_writes], all sink frames or all window frames
+  int32_t n_writes = 0;
+  const int32_t* page_tables = nullptr;
+  bool sinks = false;
+};
+
+cudaError_t launch_kv_append_kivi(const KvKiviAppendArgs& a, cudaStream_t stream);
 
 }  // namespace wm::cuda

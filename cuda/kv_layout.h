@@ -46,6 +46,89 @@ struct PagedKvFp16View {
   }
 };
 
+// KIVI-2 pages (kv_format_kivi.cuh, quant/kv_kivi.cc). A page-table row (one
+// session, layer and head) is a sequence of units of U = max(kTileKeys,
+// group) logical tokens, so that a key tile never spans two units and a unit
+// never spans two pages:
+//
+//   the sink frames' units, fp16:  K [U][head_dim] then V [U][head_dim]
+//   then the window's units:       U / group chunks of
+//     K: head_dim blocks BlockQ2Asym<group> (block d: channel d over the chunk's tokens)
+//     V: group x (head_dim / group) blocks (token t, channels j*group..)
+//   block = fp16 scale, fp16 zero, group / 4 code bytes (quant/kv_layouts.h)
+//
+// Units fill pages in order, as many whole units as fit; the window's first
+// units share the page where the fp16 ones end (wm-default-64: its sink
+// frame's unit and all 16 frames of its window fill one 64 KiB page).
+struct KiviRowLayout {
+  int32_t head_dim = 0, group = 0;  // group 0: not a KIVI-2 cache
+  int32_t unit_tokens = 0;
+  int32_t front_units = 0;              // fp16 units: the sink frames' tokens / unit_tokens
+  int32_t fp16_unit_bytes = 0, q_unit_bytes = 0;
+  int32_t fp16_per_page = 0, q_per_page = 0;  // whole units of each kind in one page
+  int32_t shared_q = 0;  // quantized units in the page where the fp16 ones end (0 if they fill it)
+
+  WM_HD int32_t block_bytes() const { return 4 + group / 4; }
+  WM_HD int32_t chunk_bytes() const { return 2 * head_dim * block_bytes(); }
+  WM_HD int32_t front_tokens() const { return front_units * unit_tokens; }
+  // page-table entry and byte offset inside that page of unit u
+  WM_HD void unit_at(int32_t u, int32_t* entry, int32_t* offset) const {
+    if (u < front_units) {
+      *entry = u / fp16_per_page;
+      *offset = (u % fp16_per_page) * fp16_unit_bytes;
+      return;
+    }
+    const int32_t q = u - front_units, last = front_units % fp16_per_page;
+    if (q < shared_q) {
+      *entry = front_units / fp16_per_page;
+      *offset = last * fp16_unit_bytes + q * q_unit_bytes;
+      return;
+    }
+    const int32_t rest = q - shared_q;
+    *entry = (front_units + fp16_per_page - 1) / fp16_per_page + rest / q_per_page;
+    *offset = (rest % q_per_page) * q_unit_bytes;
+  }
+  // page-table entries that hold the first `units` units
+  WM_HD int32_t entries_for(int32_t units) const {
+    if (units <= 0) return 0;
+    int32_t entry = 0, offset = 0;
+    unit_at(units - 1, &entry, &offset);
+    return entry + 1;
+  }
+};
+
+// the row layout of KIVI-2 with `group` over pages of page_bytes, the sink
+// frames' tokens (a multiple of the unit) fp16; group 0 if a page cannot
+// hold a unit of each kind
+inline KiviRowLayout kivi_row_layout(int64_t page_bytes, int32_t head_dim, int32_t group, int32_t front_tokens) {
+  KiviRowLayout k;
+  k.head_dim = head_dim;
+  k.group = group;
+  k.unit_tokens = group > kTileKeys ? group : kTileKeys;
+  k.front_units = front_tokens / k.unit_tokens;
+  k.fp16_unit_bytes = 4 * k.unit_tokens * head_dim;
+  k.q_unit_bytes = k.unit_tokens / group * k.chunk_bytes();
+  k.fp16_per_page = static_cast<int32_t>(page_bytes / k.fp16_unit_bytes);
+  k.q_per_page = static_cast<int32_t>(page_bytes / k.q_unit_bytes);
+  if (k.fp16_per_page <= 0 || k.q_per_page <= 0) {
+    k.group = 0;
+    return k;
+  }
+  const int32_t last = k.front_units % k.fp16_per_page;
+  k.shared_q = last > 0 ? static_cast<int32_t>((page_bytes - static_cast<int64_t>(last) * k.fp16_unit_bytes) /
+                                               k.q_unit_bytes)
+                        : 0;
+  return k;
+}
+
+// the view the attention kernel gets (by value) for KIVI-2 caches
+struct PagedKvKiviView {
+  const uint8_t* pool = nullptr;
+  const int32_t* page_table = nullptr;  // plan snapshot
+  int64_t page_bytes = 0;
+  KiviRowLayout row;
+};
+
 // one session of a planned attention launch
 struct PlanSession {
   int64_t pt_offset = 0;       // first entry of this session's page table [layers][heads][pages_per_head]

@@ -18,6 +18,8 @@ absl::Status validate_paged_geometry(const PagedGeometry& g) {
                                                    " tokens per page is not a positive multiple of ", kTileKeys));
   const int64_t tokens = static_cast<int64_t>(g.slots()) * g.tokens_per_frame;
   if (tokens > (int64_t{1} << 30)) return absl::InvalidArgumentError("device kv cache: window too long");
+  if (g.kivi.group > 0 && g.kivi.front_tokens() != g.sink_frames * g.tokens_per_frame)
+    return absl::InvalidArgumentError("device kv cache: the sink frames must be whole units of keys");
   return absl::OkStatus();
 }
 
@@ -55,8 +57,8 @@ absl::StatusOr<KvAppendPlan> KvPages::plan_append(int32_t layer, int64_t first_f
     }
   }
   const int64_t used_after = std::min<int64_t>(p.end_frame, g_.slots());
-  const int64_t need = (used_after * g_.tokens_per_frame + g_.page_tokens - 1) / g_.page_tokens;
-  p.new_pages_per_head = static_cast<int32_t>(std::max<int64_t>(0, need - pages_per_head(layer)));
+  const int32_t need = g_.pages_for(used_after * g_.tokens_per_frame);
+  p.new_pages_per_head = std::max(0, need - pages_per_head(layer));
   return p;
 }
 

@@ -15,23 +15,30 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cuda/kv_layout.h"
 
 namespace wm::cuda {
 
+// A page-table row (one layer and head) of the fp16 format holds
+// page_tokens tokens per page; a KIVI-2 row is laid out by `kivi`
+// (kv_layout.h: KiviRowLayout).
 struct PagedGeometry {
   int32_t layers = 0, heads = 0, head_dim = 0, tokens_per_frame = 0;
   int32_t window_frames = 0, sink_frames = 0;
-  int32_t page_tokens = 0;  // tokens of one (layer, head) per page
+  int32_t page_tokens = 0;  // fp16: tokens of one (layer, head) per page; KIVI-2: of a page of units
+  KiviRowLayout kivi;       // group 0: the fp16 format
   int32_t slots() const { return window_frames + sink_frames; }
-  int32_t max_pages_per_head() const {
-    const int64_t tokens = static_cast<int64_t>(slots()) * tokens_per_frame;
+  // page-table entries that hold the first `tokens` logical tokens
+  int32_t pages_for(int64_t tokens) const {
+    if (kivi.group > 0) return kivi.entries_for(static_cast<int32_t>((tokens + kivi.unit_tokens - 1) / kivi.unit_tokens));
     return static_cast<int32_t>((tokens + page_tokens - 1) / page_tokens);
   }
+  int32_t max_pages_per_head() const { return pages_for(static_cast<int64_t>(slots()) * tokens_per_frame); }
   // the pages a session can ever hold: what the pool reserves for it
   int64_t reservation_pages() const { return static_cast<int64_t>(layers) * heads * max_pages_per_head(); }
 };
 
-// checks a geometry for the paged fp16 layout (kv_layout.h)
+// checks a geometry for the paged layouts (kv_layout.h)
 absl::Status validate_paged_geometry(const PagedGeometry& g);
 
 // what one append of `frames` frames to a layer writes

@@ -2,6 +2,7 @@
 // translation only. KV caches made here live in the plugin's device page
 // pool; attention batches every plugin cache of a step into one call (a
 // batch-invariant session's into one of its own).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -13,8 +14,10 @@
 namespace wm {
 namespace {
 
-WmKvGeometry to_c(const KvGeometry& g) {
+WmKvGeometry to_c(const KvGeometry& g, const KvFormatOptions& o) {
   WmKvGeometry c{};
+  c.kivi_group = o.kivi_group;
+  c.kivi_residual = o.kivi_residual;
   c.layers = g.layers;
   c.heads = g.heads;
   c.head_dim = g.head_dim;
@@ -193,7 +196,7 @@ class PluginBackendImpl final : public PluginBackend {
   absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& g,
                                                          const KvFormatOptions& options) override {
     const std::string f(format);
-    const WmKvGeometry c = to_c(g);
+    const WmKvGeometry c = to_c(g, options);
     WmPluginKv* kv = nullptr;
     absl::Status s = result(api_.kv_create(b_, f.c_str(), &c, &kv), "kv_create");
     if (!s.ok()) return s;
@@ -202,7 +205,7 @@ class PluginBackendImpl final : public PluginBackend {
   int64_t kv_reservation_bytes(absl::string_view format, const KvGeometry& g,
                                const KvFormatOptions& options) const override {
     const std::string f(format);
-    const WmKvGeometry c = to_c(g);
+    const WmKvGeometry c = to_c(g, options);
     int64_t bytes = 0;
     // a format the device cannot hold reserves nothing; creating it reports why
     if (api_.kv_reservation_bytes(b_, f.c_str(), &c, &bytes) != WM_OK) return 0;
@@ -224,11 +227,13 @@ class PluginBackendImpl final : public PluginBackend {
   // session in a call of its own (the plugin plans each call by its sessions
   // alone: the split of its keys and the query tile, and so the order of the
   // additions, are then those of stepping alone), every other plugin cache
-  // in one call. Any other cache (a wrapper around one) goes to `others`.
+  // in one call per cache format (a launch reads one page layout). Any other
+  // cache (a wrapper around one) goes to `others`.
   static std::vector<std::vector<WmSessionRows>> attention_calls(std::span<const SessionSlice> sessions,
                                                                  int tokens_per_frame,
                                                                  std::vector<const SessionSlice*>* others) {
-    std::vector<std::vector<WmSessionRows>> calls(1);  // calls[0]: the batch's shared call
+    std::vector<std::vector<WmSessionRows>> shared, alone;
+    std::vector<absl::string_view> formats;  // of each shared call
     for (const SessionSlice& s : sessions) {
       auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
       if (pc == nullptr || pc->handle() == nullptr) {
@@ -237,13 +242,19 @@ class PluginBackendImpl final : public PluginBackend {
       }
       const WmSessionRows rows{pc->handle(), s.batch_frame * tokens_per_frame, s.frames * tokens_per_frame};
       if (s.invariant) {
-        calls.push_back({rows});
+        alone.push_back({rows});
+        continue;
+      }
+      const auto f = std::find(formats.begin(), formats.end(), pc->format());
+      if (f == formats.end()) {
+        formats.push_back(pc->format());
+        shared.push_back({rows});
       } else {
-        calls[0].push_back(rows);
+        shared[static_cast<size_t>(f - formats.begin())].push_back(rows);
       }
     }
-    if (calls[0].empty()) calls.erase(calls.begin());
-    return calls;
+    for (auto& c : alone) shared.push_back(std::move(c));
+    return shared;
   }
 
   bool prepare_recording(std::span<const SessionSlice> sessions, int tokens_per_frame) override {
@@ -276,23 +287,33 @@ class PluginBackendImpl final : public PluginBackend {
                          int tokens_per_frame, const float* k, const float* v) override {
     if (first_frames.size() != sessions.size())
       return absl::InvalidArgumentError("kv_append: sessions and first frames differ in count");
-    std::vector<WmKvWrite> writes;
+    std::vector<std::vector<WmKvWrite>> writes;  // one batch per cache format
+    std::vector<absl::string_view> formats;
     std::vector<SessionSlice> others;
     std::vector<int64_t> others_first;
     for (size_t i = 0; i < sessions.size(); ++i) {
       const SessionSlice& s = sessions[i];
       auto* pc = dynamic_cast<PluginKvCache*>(s.cache);
       if (pc != nullptr && pc->handle() != nullptr) {
-        writes.push_back({pc->handle(), first_frames[i], s.batch_frame, s.frames});
+        const WmKvWrite w{pc->handle(), first_frames[i], s.batch_frame, s.frames};
+        const auto f = std::find(formats.begin(), formats.end(), pc->format());
+        if (f == formats.end()) {
+          formats.push_back(pc->format());
+          writes.push_back({w});
+        } else {
+          writes[static_cast<size_t>(f - formats.begin())].push_back(w);
+        }
       } else {
         others.push_back(s);
         others_first.push_back(first_frames[i]);
       }
     }
     absl::Status st = Backend::kv_append(layer, others, others_first, tokens_per_frame, k, v);
-    if (!st.ok() || writes.empty()) return st;
-    return result(api_.kv_append_batch(b_, layer, writes.data(), static_cast<int32_t>(writes.size()), k, v),
-                  "kv_append");
+    for (const std::vector<WmKvWrite>& batch : writes) {
+      if (!st.ok()) break;
+      st = result(api_.kv_append_batch(b_, layer, batch.data(), static_cast<int32_t>(batch.size()), k, v), "kv_append");
+    }
+    return st;
   }
 
   // plugin caches of the batch in one launch (a batch-invariant session in

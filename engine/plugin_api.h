@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define WM_PLUGIN_ABI_VERSION 4u
+#define WM_PLUGIN_ABI_VERSION 5u
 #define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
 
 /* absl::StatusCode numbering */
@@ -78,9 +78,12 @@ typedef struct WmFrameShape {
   int32_t height, width, channels, patch;
 } WmFrameShape;
 
+/* a session's cache: the model's geometry, then (version 5) the format
+ * options a device format reads (quant/kv_cache.h: KvFormatOptions) */
 typedef struct WmKvGeometry {
   int32_t layers, heads, head_dim, tokens_per_frame;
   int32_t window_frames, sink_frames, frames_per_block;
+  int32_t kivi_group, kivi_residual;
 } WmKvGeometry;
 
 /* one session's rows inside a batched attention call: its queries (and the

@@ -19,6 +19,7 @@
 #   racecheck   compute-sanitizer racecheck on the same
 #   attention   wm_attention_bench (JSON lines)
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
+#   attention_kivi2  the same over KIVI-2 caches (64-query blocks; CUDA.md, "KIVI-2 pages")
 #   ncu         Nsight Compute's counters for one overlapped-kernel launch at
 #               2640 queries over 16k cached tokens
 #   ncu_split   each kernel's duration for a 64-query block over 64k cached
@@ -163,6 +164,7 @@ if [ -n "$ncu" ]; then
     .gpu/bin/wm_attention_bench --cached=65536 --queries=64 --reps=1
 fi
 stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
+stage attention_kivi2 30 .gpu/bin/wm_attention_bench --format=kivi2 --queries=64 --reps=10
 stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
 # the forward again with the stage count and ping-pong setting that timed fastest at 2640 queries,
 # where that is not the default (3 stages, ping-pong)

@@ -151,6 +151,7 @@ def collect(raw, out_path, build_info):
     results["attention"] = (json_lines(os.path.join(raw, "attention.out")) +
                             json_lines(os.path.join(raw, "attention_stages.out")) +
                             json_lines(os.path.join(raw, "attention_ws.out")))
+    results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
     results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))

@@ -567,6 +567,17 @@ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   g_cur->open_copies.push_back(Copy{dst, s, valid});
 }
 
+void st_shared_16(uint32_t dst, const void* src) {
+  if (dst % 16 != 0) fail(where() + "st.shared.v4 destination not 16-byte aligned");
+  check_shared(dst, 16, "st.shared");
+  if (g_cta->pending[dst / 16] != 0)
+    fail(where() + "st.shared to shared address " + std::to_string(dst) + " while a cp.async to it is in flight");
+  std::memcpy(g_cta->smem.data() + dst, src, 16);
+  g_cta->written[dst / 16] = 1;
+  g_cta->generic_writer[dst / 16] = linear_tid();
+  g_cur->unfenced.push_back(dst / 16);
+}
+
 void cp_async_commit() {
   g_cur->copy_groups.push_back(std::move(g_cur->open_copies));
   g_cur->open_copies.clear();

@@ -98,6 +98,8 @@ float shfl_idx(unsigned mask, float value, int src_lane);
 uint32_t shared_address(const void* p);
 uint32_t dynamic_smem_base();
 void cp_async_16(uint32_t dst, const void* src, bool valid);
+// st.shared.v4: 16 bytes at a 16-byte aligned address, visible at once to this thread (others: after a barrier)
+void st_shared_16(uint32_t dst, const void* src);
 void cp_async_commit();
 void cp_async_wait(int newest_left);
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);

@@ -1,0 +1,101 @@
+// The KIVI-2 paged cache as a format type for the attention kernel (STYLE.md
+// 5; kv_layout.h: KiviRowLayout): a key tile of the sink frames is copied
+// from its fp16 unit like Fp16PageFormat's; a tile of the window is decoded
+// from its 2-bit chunks into the same fp16 tiles (x = zero + code * scale,
+// rounded to fp16), so the kernel's products see no difference. Device code
+// only.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "cuda/kv_layout.h"
+#include "cuda/mma.cuh"
+#include "cuda/tile_load.cuh"
+
+namespace wm::cuda {
+
+namespace kivi {
+
+// a block's fp16 scale and zero as floats
+__device__ __forceinline__ void scale_zero(const uint8_t* block, float* s, float* z) {
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(block);
+  *s = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+  *z = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo))) |
+         (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+
+}  // namespace kivi
+
+struct KiviPageFormat {
+  using View = PagedKvKiviView;
+
+  // keys [first, first + kTileKeys) of one (layer, head), whose page-table
+  // row is pt_row; rows past `valid` are zero. A tile lies in one unit
+  // (kv_layout.h). Decoded tiles are stored in the swz layout of the
+  // mma.sync kernel.
+  template <int HD, int NT, bool PANEL = false, bool LEAN = false>
+  __device__ __forceinline__ static void load_tile(const View& kv, const int32_t* pt_row, int32_t first,
+                                                   int32_t valid, uint32_t sk, uint32_t sv, int tid) {
+    static_assert(!PANEL, "KIVI-2 tiles are decoded for the mma.sync kernel's layout");
+    const KiviRowLayout& q = kv.row;
+    const uint8_t* unit = kv.pool;
+    if (valid > 0) {
+      int32_t entry = 0, offset = 0;
+      q.unit_at(first / q.unit_tokens, &entry, &offset);
+      unit = kv.pool + static_cast<int64_t>(pt_row[entry]) * kv.page_bytes + offset;
+    }
+    const int32_t r0 = first % q.unit_tokens;  // the tile's first token inside its unit
+    if (first < q.front_tokens()) {  // a sink frame's unit: fp16 rows, copied as they are
+      const auto* kb = reinterpret_cast<const uint16_t*>(unit) + static_cast<int64_t>(r0) * HD;
+      const uint16_t* vb = kb + static_cast<int64_t>(q.unit_tokens) * HD;
+      const auto* safe = reinterpret_cast<const uint16_t*>(kv.pool);
+      load_rows_async<HD, kTileKeys, NT, false, LEAN>(sk, valid > 0 ? kb : safe, valid, safe, tid);
+      load_rows_async<HD, kTileKeys, NT, false, LEAN>(sv, valid > 0 ? vb : safe, valid, safe, tid);
+      return;
+    }
+    constexpr int kUnits = HD / 8;  // 16-byte pieces of a row
+    static_assert((kTileKeys * kUnits) % NT == 0, "every thread decodes the same number of pieces");
+    const int G = q.group, bb = q.block_bytes();
+    for (int step = 0; step < kTileKeys * kUnits / NT; ++step) {
+      const int i = tid + step * NT;
+      const int r = i / kUnits, c = i % kUnits;
+      uint4 ko = make_uint4(0, 0, 0, 0), vo = make_uint4(0, 0, 0, 0);
+      if (r < valid) {
+        const int u = r0 + r;  // token inside the unit
+        const uint8_t* chunk = unit + (u / G) * q.chunk_bytes();
+        const int t = u % G;  // inside its chunk
+        // keys: channels 8c..8c+7, each its own block over the chunk's tokens
+        float x[8];
+        const int byte = t >> 2, sh = (t & 3) * 2;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const uint8_t* b = chunk + (c * 8 + e) * bb;
+          float s, z;
+          kivi::scale_zero(b, &s, &z);
+          x[e] = z + static_cast<float>((b[4 + byte] >> sh) & 3) * s;
+        }
+        ko = make_uint4(kivi::pack2(x[0], x[1]), kivi::pack2(x[2], x[3]), kivi::pack2(x[4], x[5]),
+                        kivi::pack2(x[6], x[7]));
+        // values: token t's block of channels 8c.. (a group holds G >= 32 channels)
+        const uint8_t* b = chunk + HD * bb + (t * (HD / G) + (c * 8) / G) * bb;
+        float s, z;
+        kivi::scale_zero(b, &s, &z);
+        const int first_code = (c * 8) % G;  // a multiple of 8: two whole code bytes
+        const uint32_t codes = b[4 + first_code / 4] | (static_cast<uint32_t>(b[4 + first_code / 4 + 1]) << 8);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = z + static_cast<float>((codes >> (2 * e)) & 3u) * s;
+        vo = make_uint4(kivi::pack2(x[0], x[1]), kivi::pack2(x[2], x[3]), kivi::pack2(x[4], x[5]),
+                        kivi::pack2(x[6], x[7]));
+      }
+      st_shared_16(sk + swz<HD>(r, c), ko);
+      st_shared_16(sv + swz<HD>(r, c), vo);
+    }
+  }
+};
+
+}  // namespace wm::cuda
