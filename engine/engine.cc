@@ -106,12 +106,14 @@ KvGeometry Engine::kv_geometry() const { return kv_geometry_of(config()); }
 
 int64_t Engine::session_reservation(absl::string_view format, bool audit) const {
   const int64_t bytes = backend_->kv_reservation_bytes(format, kv_geometry(), options_.kv_options);
-  // the audit shadow is a full-precision cache beside the session's own
-  if (audit && bytes > 0) return bytes + backend_->kv_reservation_bytes("fp32", kv_geometry(), options_.kv_options);
+  // the audit shadow is a full-precision cache beside the session's own, in
+  // host memory on any backend; on a device it still counts against the KV
+  // budget, which so bounds the host memory that audited sessions take
+  if (audit && bytes > 0) return bytes + kv_format_max_bytes("fp32", kv_geometry(), options_.kv_options);
   return bytes;
 }
 
-bool Engine::audit_supported() const { return device_ == "cpu"; }
+bool Engine::audit_supported() const { return true; }
 
 absl::Status Engine::reserve_buffers(int frames) {
   if (frames <= buffer_frames_) return absl::OkStatus();
@@ -162,9 +164,6 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   if (!kv_format_known(options.cache_format))
     return absl::NotFoundError(absl::StrCat("unknown cache format '", options.cache_format, "'"));
   for (const auto& img : options.prompt) WM_RETURN_IF_ERROR(validate_image(img));
-  // the audit shadow reads K/V on the host: not on a device backend yet
-  if (options.audit && !audit_supported())
-    return absl::UnimplementedError("audit mode runs on the CPU backend only for now");
   const int64_t need = session_reservation(options.cache_format, options.audit);
   if (reserved_ + need > options_.kv_budget_bytes)
     return absl::ResourceExhaustedError(absl::StrCat("KV budget full: a ", options.cache_format, " session needs ", need,
@@ -176,8 +175,14 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   s.batch_invariant = options.batch_invariant || options_.batch_invariant;
   WM_ASSIGN_OR_RETURN(s.cache, backend_->make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
   // audit mode: a full-precision shadow beside the cache measures drift
-  // (quant/kv_audit.h; its bytes are part of the session's reservation)
-  if (options.audit) s.cache = make_audited_cache(std::move(s.cache));
+  // (quant/kv_audit.h; its bytes are part of the session's reservation); on
+  // a device the shadow and the probes read K/V and queries through downloads
+  if (options.audit) {
+    DeviceReader reader;
+    if (device_ != "cpu")
+      reader = [b = backend_.get()](void* host, const void* device, size_t bytes) { b->download(host, device, bytes); };
+    s.cache = make_audited_cache(std::move(s.cache), AuditOptions{}, std::move(reader));
+  }
   if (options.wrap_cache) s.cache = options.wrap_cache(std::move(s.cache));
   const SessionId id = next_id_++;
   Session* sp = &sessions_.emplace(id, std::move(s)).first->second;

@@ -167,7 +167,7 @@ class Engine {
   // the KV bytes one session of `format` reserves (0: the format does not
   // fit this model); with `audit`, its full-precision shadow's too
   int64_t session_reservation(absl::string_view format, bool audit = false) const;
-  // whether sessions can be audited on this engine's device (the CPU only, for now)
+  // whether sessions can be audited on this engine's device (every backend: the shadow is host memory)
   bool audit_supported() const;
   // EngineOptions::batch_invariant: every session is
   bool all_batch_invariant() const { return options_.batch_invariant; }

@@ -15,8 +15,18 @@ inline uint64_t mix64(uint64_t x) {
 
 }  // namespace
 
-AuditedKvCache::AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options)
-    : primary_(std::move(primary)), shadow_(make_fp32_cache(primary_->geometry())), options_(options) {}
+AuditedKvCache::AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader)
+    : primary_(std::move(primary)),
+      shadow_(make_fp32_cache(primary_->geometry())),
+      options_(options),
+      reader_(std::move(reader)) {}
+
+const float* AuditedKvCache::on_host(const float* p, size_t values, std::vector<float>* buf) const {
+  if (!reader_) return p;
+  buf->resize(values);
+  reader_(buf->data(), p, values * sizeof(float));
+  return buf->data();
+}
 
 void AuditedKvCache::attend(int layer, const float* q, const float* k_cur, const float* v_cur, int n, float* out) {
   primary_->attend(layer, q, k_cur, v_cur, n, out);
@@ -25,18 +35,25 @@ void AuditedKvCache::attend(int layer, const float* q, const float* k_cur, const
   if (u >= options_.call_fraction) return;
   const KvGeometry& g = primary_->geometry();
   const auto samples = probe_sample(n, g.heads, options_.queries_per_head, mix64(options_.seed + call));
+  const size_t values = static_cast<size_t>(n) * g.heads * g.head_dim;
+  q = on_host(q, values, &host_q_);
+  k_cur = on_host(k_cur, values, &host_k_);
+  v_cur = on_host(v_cur, values, &host_v_);
   if (probe_caches(*shadow_, *primary_, layer, q, k_cur, v_cur, n, samples, options_.topk, &drift_)) ++probed_calls_;
 }
 
 absl::Status AuditedKvCache::append(int layer, const float* k, const float* v, int64_t first_frame, int frames) {
   if (auto st = primary_->append(layer, k, v, first_frame, frames); !st.ok()) return st;
-  return shadow_->append(layer, k, v, first_frame, frames);
+  const KvGeometry& g = primary_->geometry();
+  const size_t values = static_cast<size_t>(frames) * g.tokens_per_frame * g.heads * g.head_dim;
+  return shadow_->append(layer, on_host(k, values, &host_k_), on_host(v, values, &host_v_), first_frame, frames);
 }
 
 void AuditedKvCache::observe_queries(int layer, const float* q, int n) { primary_->observe_queries(layer, q, n); }
 
-std::unique_ptr<KvCache> make_audited_cache(std::unique_ptr<KvCache> primary, const AuditOptions& options) {
-  return std::make_unique<AuditedKvCache>(std::move(primary), options);
+std::unique_ptr<KvCache> make_audited_cache(std::unique_ptr<KvCache> primary, const AuditOptions& options,
+                                            DeviceReader reader) {
+  return std::make_unique<AuditedKvCache>(std::move(primary), options, std::move(reader));
 }
 
 }  // namespace wm

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "quant/kv_cache.h"
 
@@ -25,9 +27,15 @@ struct AuditOptions {
   uint64_t seed = 1;
 };
 
+// copies device memory to the host (Backend::download). An audited cache
+// with one takes device pointers for its K/V and queries, as a device
+// backend's cache does: the shadow and the probes get host copies (the
+// shadow lives in host memory), the primary the device pointers.
+using DeviceReader = std::function<void(void* host, const void* device, size_t bytes)>;
+
 class AuditedKvCache final : public KvCache {
  public:
-  AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options);
+  AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader = {});
 
   absl::string_view format() const override { return primary_->format(); }
   const KvGeometry& geometry() const override { return primary_->geometry(); }
@@ -46,13 +54,19 @@ class AuditedKvCache final : public KvCache {
   const KvCache& primary() const { return *primary_; }
 
  private:
+  // p itself, or (with a reader) a host copy of its `values` floats in *buf
+  const float* on_host(const float* p, size_t values, std::vector<float>* buf) const;
+
   std::unique_ptr<KvCache> primary_, shadow_;
   AuditOptions options_;
+  DeviceReader reader_;
+  std::vector<float> host_q_, host_k_, host_v_;
   DriftStats drift_;
   uint64_t calls_ = 0;
   int64_t probed_calls_ = 0;
 };
 
-std::unique_ptr<KvCache> make_audited_cache(std::unique_ptr<KvCache> primary, const AuditOptions& options = {});
+std::unique_ptr<KvCache> make_audited_cache(std::unique_ptr<KvCache> primary, const AuditOptions& options = {},
+                                            DeviceReader reader = {});
 
 }  // namespace wm

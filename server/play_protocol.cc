@@ -46,8 +46,8 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
   p.jpeg_quality = start.jpeg_quality() == 0 ? limits.default_jpeg_quality : start.jpeg_quality();
   p.audit = start.audit();
   if (p.audit && !model.audit_supported)
-    return absl::UnimplementedError(absl::StrCat("audit mode (a full-precision shadow cache) runs on the CPU only; this "
-                                                 "server runs on ", model.device));
+    return absl::UnimplementedError(absl::StrCat("audit mode (a full-precision shadow cache) is not available on this "
+                                                 "server, which runs on ", model.device));
   p.batch_invariant = start.batch_invariant() || model.all_batch_invariant;
 
   const ModelConfig& c = model.config;

@@ -1840,6 +1840,56 @@ TEST(CudaEndToEnd, KiviSessionsMatchTheCpu) {
   expect_same_rollouts(short_window_config_path(), 9, /*defer_cuda_writes=*/true, "kivi2");
 }
 
+// audit mode on the device: a kivi2 and an fp16 session audited against
+// their host fp32 shadows (K/V and queries downloaded), the drift alike on
+// both devices (the same sessions, K/V apart by rounding), fp16's near none
+TEST(CudaEndToEnd, AuditedSessionsMeasureDriftOnTheDevice) {
+  WM_REQUIRE_CUDA();
+  const std::string config = short_window_config_path();
+  auto cpu = engine_on("cpu", config), cuda = engine_on("cuda", config);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_TRUE(cuda->audit_supported());
+  // the shadow is counted against the budget: an fp32 cache's bytes on top of the format's
+  EXPECT_EQ(cuda->session_reservation("kivi2", true) - cuda->session_reservation("kivi2"),
+            cpu->session_reservation("fp32"));
+  std::vector<SessionId> ci, gi;
+  for (const char* format : {"kivi2", "fp16"}) {
+    SessionOptions so;
+    so.seed = 11;
+    so.cache_format = format;
+    so.audit = true;
+    auto c = cpu->open_session(so);
+    auto g = cuda->open_session(so);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(g.ok()) << g.status();
+    ci.push_back(*c);
+    gi.push_back(*g);
+  }
+  for (int step = 0; step < 8; ++step) {
+    std::vector<StepRequest> rc, rg;
+    for (size_t k = 0; k < ci.size(); ++k) {
+      rc.push_back({ci[k], {act(step)}, {}});
+      rg.push_back({gi[k], {act(step)}, {}});
+    }
+    ASSERT_TRUE(cpu->step(rc).ok());
+    auto og = cuda->step(rg);
+    ASSERT_TRUE(og.ok()) << og.status();
+  }
+  const auto dc = cpu->drift_by_format(), dg = cuda->drift_by_format();
+  for (const char* format : {"kivi2", "fp16"}) {
+    ASSERT_TRUE(dg.count(format)) << format;
+    const DriftStats &c = dc.at(format), &g = dg.at(format);
+    std::printf("audit %s: cpu %lld probes, drift %.3f; cuda %lld probes, drift %.3f\n", format,
+                static_cast<long long>(c.queries), c.drift(), static_cast<long long>(g.queries), g.drift());
+    EXPECT_GT(g.queries, 0) << format;
+    EXPECT_EQ(g.queries, c.queries) << format << ": the same calls are probed";
+    EXPECT_NEAR(g.drift(), c.drift(), 0.1) << format;
+  }
+  EXPECT_GT(dg.at("kivi2").drift(), dg.at("fp16").drift()) << "2-bit keys move the top-1 token, fp16 hardly";
+  EXPECT_LT(dg.at("fp16").drift(), 0.05);
+}
+
 TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {
   WM_REQUIRE_CUDA();
   expect_same_rollouts(block_config_path(), 8);
