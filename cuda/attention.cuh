@@ -58,6 +58,9 @@ cudaError_t attention_sm90_prepare();
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
                                   int32_t stages, cudaStream_t stream);
+// the same kernels over KIVI-2 pages (kv_format_kivi.cuh)
+cudaError_t launch_attention_sm90_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim,
+                                       int32_t items, int32_t stages, cudaStream_t stream);
 // the warp-specialised variant (attention_ws.cuh): a producer loads, the
 // warpgroups synchronise through named barriers; head_dim 64 or 128; 64 keys
 // a step with 3 or 4 stages (5 runs 4), or 128 keys a step with 3

@@ -3,6 +3,7 @@
 #include "cuda/attention_launch.cuh"
 #include "cuda/attention_sm90.cuh"
 #include "cuda/attention_ws.cuh"
+#include "cuda/kv_format_kivi.cuh"
 
 namespace wm::cuda {
 namespace {
@@ -12,6 +13,10 @@ template <int S>
 using OverlapKernels = AttentionKernels<OverlapAttention<S>, 64, 128>;
 template <int S, int TPS = 1>
 using WsKernels = AttentionKernels<WsAttention<S, TPS>, 64, 128>;
+// KIVI-2 caches: the plain and the overlapped kernel decoding their tiles
+using KiviKernels = AttentionKernels<PlainAttention<WgMma, KiviPageFormat>, 128>;
+template <int S>
+using KiviOverlapKernels = AttentionKernels<OverlapAttention<S, KiviPageFormat>, 64, 128>;
 
 // f(WsKernels<...>) for a stage count and keys per step: 64 keys with 3 or 4
 // stages (its named barriers; 5 runs 4), 128 keys with 3 (the shared memory
@@ -23,16 +28,16 @@ auto with_ws(int32_t stages, int32_t keys, F&& f) {
   return f(WsKernels<4>{});
 }
 
-// f(OverlapKernels<S>) for the S of `stages` (3..5)
-template <class F>
+// f(Family<S>) for the S of `stages` (3..5): OverlapKernels or KiviOverlapKernels
+template <template <int> class Family = OverlapKernels, class F>
 auto with_stages(int32_t stages, F&& f) {
   switch (stages) {
     case 4:
-      return f(OverlapKernels<4>{});
+      return f(Family<4>{});
     case 5:
-      return f(OverlapKernels<5>{});
+      return f(Family<5>{});
     default:
-      return f(OverlapKernels<3>{});
+      return f(Family<3>{});
   }
 }
 
@@ -53,6 +58,9 @@ int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys) { return keys == 
 cudaError_t attention_sm90_prepare() {
   cudaError_t e = Kernels::prepare();
   for (int32_t s = 3; s <= 5 && e == cudaSuccess; ++s) e = with_stages(s, [](auto k) { return k.prepare(); });
+  if (e == cudaSuccess) e = KiviKernels::prepare();
+  for (int32_t s = 3; s <= 5 && e == cudaSuccess; ++s)
+    e = with_stages<KiviOverlapKernels>(s, [](auto k) { return k.prepare(); });
   if (e == cudaSuccess) e = WsKernels<3>::prepare();
   if (e == cudaSuccess) e = WsKernels<4>::prepare();
   if (e == cudaSuccess) e = WsKernels<3, 2>::prepare();
@@ -80,6 +88,14 @@ cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View&
     return cudaErrorInvalidValue;
   if (stages == 0) return Kernels::launch(a, kv, head_dim, items, stream);
   return with_stages(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
+}
+
+cudaError_t launch_attention_sm90_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim,
+                                       int32_t items, int32_t stages, cudaStream_t stream) {
+  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_stages_valid(stages))
+    return cudaErrorInvalidValue;
+  if (stages == 0) return KiviKernels::launch(a, kv, head_dim, items, stream);
+  return with_stages<KiviOverlapKernels>(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
 }
 
 }  // namespace wm::cuda

@@ -216,12 +216,12 @@ __global__ void __launch_bounds__(BQ * 2, (HD == 64 && BQ == 128) ? 2 : 1)
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 
-template <int STAGES = kOverlapStages>
+template <int STAGES = kOverlapStages, class Fmt = Fp16PageFormat>
 struct OverlapAttention {
-  using View = PagedKvFp16View;
+  using View = typename Fmt::View;
   template <int HD, int BQ>
   static constexpr auto kernel() {
-    return attention_overlap_kernel<Fp16PageFormat, HD, BQ, STAGES>;
+    return attention_overlap_kernel<Fmt, HD, BQ, STAGES>;
   }
   static constexpr int threads(int bq) { return bq * 2; }
   static constexpr size_t smem(int32_t hd, int32_t bq) { return overlap_smem(hd, bq, STAGES); }

@@ -1350,7 +1350,17 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     kivi.page_bytes = page_bytes_;
     kivi.row = g.kivi;
     ++kivi_attention_launches_;
-    WM_CUDA_RETURN_IF_ERROR(launch_attention_kivi(a, kivi, p.head_dim, items, stream_));
+    // the kernel the fp16 cache would run, but the warp-specialised one: its
+    // producer warps hold too few registers to decode, so the overlapped one
+    const int32_t kernel = kernel_for(p.head_dim);
+    if (kernel == kMma) {
+      WM_CUDA_RETURN_IF_ERROR(launch_attention_kivi(a, kivi, p.head_dim, items, stream_));
+    } else {
+      ++sm90_launches_;
+      if (kernel != kWgmma) ++overlap_launches_;
+      WM_CUDA_RETURN_IF_ERROR(
+          launch_attention_sm90_kivi(a, kivi, p.head_dim, items, kernel == kWgmma ? 0 : overlap_stages(), stream_));
+    }
   } else if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWs) {
     ++sm90_launches_;
     ++ws_launches_;

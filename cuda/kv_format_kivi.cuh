@@ -2,8 +2,9 @@
 // 5; kv_layout.h: KiviRowLayout): a key tile of the sink frames is copied
 // from its fp16 unit like Fp16PageFormat's; a tile of the window is decoded
 // from its 2-bit chunks into the same fp16 tiles (x = zero + code * scale,
-// rounded to fp16), so the kernel's products see no difference. Device code
-// only.
+// rounded to fp16), so the kernel's products see no difference: the
+// mma.sync kernel and the Hopper kernels (attention_sm90.cuh) alike. Device
+// code only.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -36,12 +37,12 @@ struct KiviPageFormat {
 
   // keys [first, first + kTileKeys) of one (layer, head), whose page-table
   // row is pt_row; rows past `valid` are zero. A tile lies in one unit
-  // (kv_layout.h). Decoded tiles are stored in the swz layout of the
-  // mma.sync kernel.
+  // (kv_layout.h). PANEL: the tiles in the wgmma layout (mma_layout.h; the
+  // stores are generic-proxy writes, which the kernels' fence.proxy.async
+  // after each stage's copies covers as it covers cp.async); else swz.
   template <int HD, int NT, bool PANEL = false, bool LEAN = false>
   __device__ __forceinline__ static void load_tile(const View& kv, const int32_t* pt_row, int32_t first,
                                                    int32_t valid, uint32_t sk, uint32_t sv, int tid) {
-    static_assert(!PANEL, "KIVI-2 tiles are decoded for the mma.sync kernel's layout");
     const KiviRowLayout& q = kv.row;
     const uint8_t* unit = kv.pool;
     if (valid > 0) {
@@ -54,8 +55,8 @@ struct KiviPageFormat {
       const auto* kb = reinterpret_cast<const uint16_t*>(unit) + static_cast<int64_t>(r0) * HD;
       const uint16_t* vb = kb + static_cast<int64_t>(q.unit_tokens) * HD;
       const auto* safe = reinterpret_cast<const uint16_t*>(kv.pool);
-      load_rows_async<HD, kTileKeys, NT, false, LEAN>(sk, valid > 0 ? kb : safe, valid, safe, tid);
-      load_rows_async<HD, kTileKeys, NT, false, LEAN>(sv, valid > 0 ? vb : safe, valid, safe, tid);
+      load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sk, valid > 0 ? kb : safe, valid, safe, tid);
+      load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sv, valid > 0 ? vb : safe, valid, safe, tid);
       return;
     }
     constexpr int kUnits = HD / 8;  // 16-byte pieces of a row
@@ -92,8 +93,14 @@ struct KiviPageFormat {
         vo = make_uint4(kivi::pack2(x[0], x[1]), kivi::pack2(x[2], x[3]), kivi::pack2(x[4], x[5]),
                         kivi::pack2(x[6], x[7]));
       }
-      st_shared_16(sk + swz<HD>(r, c), ko);
-      st_shared_16(sv + swz<HD>(r, c), vo);
+      uint32_t at;
+      if constexpr (PANEL) {
+        at = panel_swz<HD, kTileKeys>(r, c);
+      } else {
+        at = swz<HD>(r, c);
+      }
+      st_shared_16(sk + at, ko);
+      st_shared_16(sv + at, vo);
     }
   }
 };

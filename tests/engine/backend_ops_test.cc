@@ -616,35 +616,6 @@ std::vector<OpCase> all_cases() {
   cases.push_back(add_rows_case(1, 1, 7));
   cases.push_back(add_rows_case(37, 8, 1536));
   cases.push_back(add_rows_case(1100, 3, 256));
-  // KIVI-2 caches (the mma.sync kernel decodes their tiles): each group size, sessions at different
-  // lengths (empty, partial, past the window), with and without a sink, both query tiles, split or not,
-  // and a batch that mixes fp16 and KIVI-2 sessions (one call per format)
-  for (auto [hd, group, T, sinks] : std::vector<std::tuple<int, int, int, int>>{
-           {32, 32, 64, 1}, {64, 32, 64, 1}, {128, 32, 64, 0}, {128, 64, 64, 1}, {128, 128, 128, 1}})
-    for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
-             {{"attention.block_q", 64}, {"attention.split", 1}},
-             {{"attention.block_q", 128}, {"attention.split", 3}},
-             {{"attention.split", -1}}}) {
-      AttnSpec a;
-      a.head_dim = hd;
-      a.tokens_per_frame = T;
-      a.sinks = sinks;
-      a.format = "kivi2";
-      a.options.kivi_group = group;
-      a.options.kivi_residual = group;
-      a.cached = {0, 3, 9};
-      a.tuning = tu;
-      a.label = "kivi2g" + std::to_string(group) + "_s" + std::to_string(sinks);
-      cases.push_back(attention_case(a));
-    }
-  {
-    AttnSpec a;
-    a.tokens_per_frame = 64;
-    a.formats = {"kivi2", "fp16", "kivi2"};
-    a.cached = {9, 3, 2};
-    a.label = "mixed_kivi2_fp16";
-    cases.push_back(attention_case(a));
-  }
   // attention: sessions at different cache lengths (empty, partial, past the window), head_dim 32/64/128,
   // odd tokens per frame, both block sizes, no split / forced splits / auto
   const std::vector<std::vector<std::pair<std::string, int64_t>>> tunings = {
@@ -688,6 +659,52 @@ std::vector<OpCase> all_cases() {
       }
     }
   };
+  // KIVI-2 caches (the kernels decode their tiles): each group size, sessions at different lengths
+  // (empty, partial, past the window), with and without a sink, both query tiles, split or not, on
+  // the mma.sync kernel and the Hopper ones (plain at head_dim 128, overlapped, ping-pong flipped;
+  // the warp-specialised choice runs the overlapped one for KIVI-2); and a batch that mixes fp16 and
+  // KIVI-2 sessions (one call per format)
+  auto kivi_kernels = [&](AttnSpec a) {
+    const auto base = a.tuning;
+    for (int64_t kernel : {1, 2, 3, 4}) {
+      if (kernel >= 2 && a.head_dim == 32) continue;
+      if (kernel == 2 && a.head_dim != 128) continue;
+      a.tuning = base;
+      a.tuning.emplace_back("attention.kernel", kernel);
+      cases.push_back(attention_case(a));
+    }
+    if (a.head_dim == 32) return;
+    a.tuning = base;
+    a.tuning.emplace_back("attention.kernel", 3);
+    a.tuning.emplace_back("attention.pingpong", 1 - kPingpongDefault);
+    cases.push_back(attention_case(a));
+  };
+  for (auto [hd, group, T, sinks] : std::vector<std::tuple<int, int, int, int>>{
+           {32, 32, 64, 1}, {64, 32, 64, 1}, {128, 32, 64, 0}, {128, 64, 64, 1}, {128, 128, 128, 1}})
+    for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
+             {{"attention.block_q", 64}, {"attention.split", 1}},
+             {{"attention.block_q", 128}, {"attention.split", 3}},
+             {{"attention.split", -1}}}) {
+      AttnSpec a;
+      a.head_dim = hd;
+      a.tokens_per_frame = T;
+      a.sinks = sinks;
+      a.format = "kivi2";
+      a.options.kivi_group = group;
+      a.options.kivi_residual = group;
+      a.cached = {0, 3, 9};
+      a.tuning = tu;
+      a.label = "kivi2g" + std::to_string(group) + "_s" + std::to_string(sinks);
+      kivi_kernels(a);
+    }
+  {
+    AttnSpec a;
+    a.tokens_per_frame = 64;
+    a.formats = {"kivi2", "fp16", "kivi2"};
+    a.cached = {9, 3, 2};
+    a.label = "mixed_kivi2_fp16";
+    kivi_kernels(a);
+  }
   for (int hd : {32, 64, 128}) {
     // the smallest cases first: one session, only its own block (one partial key tile), then one
     // full cache tile and the block
