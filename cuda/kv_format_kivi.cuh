@@ -30,7 +30,23 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
          (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
 }
 
+// 8 floats as 8 fp16 (round to nearest even), first in the lowest bits
+__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
+  return make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+}
+
 }  // namespace kivi
+
+// byte offset of 16-byte piece c of row r in a key or value tile: the wgmma
+// panel layout (PANEL) or the mma.sync kernel's swizzle
+template <int HD, bool PANEL>
+__device__ __forceinline__ uint32_t tile_offset(int r, int c) {
+  if constexpr (PANEL) {
+    return panel_swz<HD, kTileKeys>(r, c);
+  } else {
+    return swz<HD>(r, c);
+  }
+}
 
 struct KiviPageFormat {
   using View = PagedKvKiviView;
@@ -60,47 +76,60 @@ struct KiviPageFormat {
       return;
     }
     constexpr int kUnits = HD / 8;  // 16-byte pieces of a row
-    static_assert((kTileKeys * kUnits) % NT == 0, "every thread decodes the same number of pieces");
     const int G = q.group, bb = q.block_bytes();
-    for (int step = 0; step < kTileKeys * kUnits / NT; ++step) {
-      const int i = tid + step * NT;
-      const int r = i / kUnits, c = i % kUnits;
-      uint4 ko = make_uint4(0, 0, 0, 0), vo = make_uint4(0, 0, 0, 0);
+    // keys: a thread decodes channels 8c..8c+7 of kRows consecutive keys,
+    // which share one code byte of each channel's block (a chunk is a
+    // multiple of 4 keys, and so is the tile's start in its unit): 16 loads
+    // for 16 kRows bytes. 2 rows: 4 held the overlapped kernel at head_dim
+    // 64, block_q 128 past its 128 registers (spills)
+    constexpr int kRows = 2;
+    for (int i = tid; i < (kTileKeys / kRows) * kUnits; i += NT) {
+      const int r = i / kUnits * kRows, c = i % kUnits;
+      uint32_t w[kRows][4] = {};  // row r + j's 8 fp16 values, two to a word, as they are decoded
       if (r < valid) {
         const int u = r0 + r;  // token inside the unit
         const uint8_t* chunk = unit + (u / G) * q.chunk_bytes();
-        const int t = u % G;  // inside its chunk
-        // keys: channels 8c..8c+7, each its own block over the chunk's tokens
-        float x[8];
-        const int byte = t >> 2, sh = (t & 3) * 2;
+        const int byte = (u % G) >> 2, sh = (u & 3) * 2;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint8_t* b = chunk + (c * 8 + e) * bb;
-          float s, z;
-          kivi::scale_zero(b, &s, &z);
-          x[e] = z + static_cast<float>((b[4 + byte] >> sh) & 3) * s;
+        for (int e = 0; e < 8; e += 2) {  // a channel pair: one word of each row
+          const uint8_t* b0 = chunk + (c * 8 + e) * bb;
+          const uint8_t* b1 = b0 + bb;
+          float s0, z0, s1, z1;
+          kivi::scale_zero(b0, &s0, &z0);
+          kivi::scale_zero(b1, &s1, &z1);
+          const uint32_t c0 = b0[4 + byte] >> sh, c1 = b1[4 + byte] >> sh;
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            w[j][e / 2] = kivi::pack2(z0 + static_cast<float>((c0 >> (2 * j)) & 3u) * s0,
+                                      z1 + static_cast<float>((c1 >> (2 * j)) & 3u) * s1);
         }
-        ko = make_uint4(kivi::pack2(x[0], x[1]), kivi::pack2(x[2], x[3]), kivi::pack2(x[4], x[5]),
-                        kivi::pack2(x[6], x[7]));
-        // values: token t's block of channels 8c.. (a group holds G >= 32 channels)
+      }
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        const uint4 ko = r + j < valid ? make_uint4(w[j][0], w[j][1], w[j][2], w[j][3]) : make_uint4(0, 0, 0, 0);
+        st_shared_16(sk + tile_offset<HD, PANEL>(r + j, c), ko);
+      }
+    }
+    // values: a thread decodes channels 8c..8c+7 of one key, which lie in
+    // one block (a group holds G >= 32 channels) as two whole code bytes
+    for (int i = tid; i < kTileKeys * kUnits; i += NT) {
+      const int r = i / kUnits, c = i % kUnits;
+      uint4 vo = make_uint4(0, 0, 0, 0);
+      if (r < valid) {
+        const int u = r0 + r;
+        const uint8_t* chunk = unit + (u / G) * q.chunk_bytes();
+        const int t = u % G;  // inside its chunk
         const uint8_t* b = chunk + HD * bb + (t * (HD / G) + (c * 8) / G) * bb;
         float s, z;
         kivi::scale_zero(b, &s, &z);
-        const int first_code = (c * 8) % G;  // a multiple of 8: two whole code bytes
+        const int first_code = (c * 8) % G;
         const uint32_t codes = b[4 + first_code / 4] | (static_cast<uint32_t>(b[4 + first_code / 4 + 1]) << 8);
+        float x[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = z + static_cast<float>((codes >> (2 * e)) & 3u) * s;
-        vo = make_uint4(kivi::pack2(x[0], x[1]), kivi::pack2(x[2], x[3]), kivi::pack2(x[4], x[5]),
-                        kivi::pack2(x[6], x[7]));
+        vo = kivi::pack8(x);
       }
-      uint32_t at;
-      if constexpr (PANEL) {
-        at = panel_swz<HD, kTileKeys>(r, c);
-      } else {
-        at = swz<HD>(r, c);
-      }
-      st_shared_16(sk + at, ko);
-      st_shared_16(sv + at, vo);
+      st_shared_16(sv + tile_offset<HD, PANEL>(r, c), vo);
     }
   }
 };
