@@ -166,6 +166,11 @@ class Backend {
                                        const KvFormatOptions& options) const {
     return kv_format_max_bytes(format, g, options);
   }
+  // OK when this backend can hold the format for g with these options, else why not
+  virtual absl::Status kv_format_status(absl::string_view format, const KvGeometry& g,
+                                        const KvFormatOptions& options) const {
+    return kv_format_check(format, g, options);
+  }
   virtual BackendMemory memory() const { return {}; }
   // the write pass of one layer for every session of a batch: session i's
   // frames of k, v ([tokens, heads, head_dim], sessions' tokens in batch

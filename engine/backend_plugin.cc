@@ -211,6 +211,13 @@ class PluginBackendImpl final : public PluginBackend {
     if (api_.kv_reservation_bytes(b_, f.c_str(), &c, &bytes) != WM_OK) return 0;
     return bytes;
   }
+  absl::Status kv_format_status(absl::string_view format, const KvGeometry& g,
+                                const KvFormatOptions& options) const override {
+    const std::string f(format);
+    const WmKvGeometry c = to_c(g, options);
+    int64_t bytes = 0;
+    return result(api_.kv_reservation_bytes(b_, f.c_str(), &c, &bytes), "kv_reservation_bytes");
+  }
   BackendMemory memory() const override {
     WmMemoryStats m{};
     BackendMemory out;

@@ -115,6 +115,10 @@ int64_t Engine::session_reservation(absl::string_view format, bool audit) const 
 
 bool Engine::audit_supported() const { return true; }
 
+absl::Status Engine::kv_format_status(absl::string_view format, const KvFormatOptions& options) const {
+  return backend_->kv_format_status(format, kv_geometry(), options);
+}
+
 absl::Status Engine::reserve_buffers(int frames) {
   if (frames <= buffer_frames_) return absl::OkStatus();
   for (float* p : {x_, v_, pixels_, dt_})

@@ -167,6 +167,8 @@ class Engine {
   // the KV bytes one session of `format` reserves (0: the format does not
   // fit this model); with `audit`, its full-precision shadow's too
   int64_t session_reservation(absl::string_view format, bool audit = false) const;
+  // OK when this engine's backend can hold the format with these options, else why not
+  absl::Status kv_format_status(absl::string_view format, const KvFormatOptions& options) const;
   // whether sessions can be audited on this engine's device (every backend: the shadow is host memory)
   bool audit_supported() const;
   // EngineOptions::batch_invariant: every session is

@@ -29,6 +29,15 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
       return absl::InvalidArgumentError(absl::StrCat("--kv_options ", kv_format_options_text(engine.kv_options()),
                                                      ": ", st.message()));
   }
+  // the same on a device, by what it can hold (the GPU's KIVI-2 needs whole
+  // chunks per frame, which a longer residual takes away)
+  if (engine.device() != "cpu")
+    for (const auto& f : engine.cache_formats()) {
+      if (!engine.kv_format_status(f, KvFormatOptions{}).ok()) continue;
+      if (auto st = engine.kv_format_status(f, engine.kv_options()); !st.ok())
+        return absl::InvalidArgumentError(absl::StrCat("--kv_options ", kv_format_options_text(engine.kv_options()),
+                                                       ": ", st.message()));
+    }
   m.kv_options = kv_format_options_text(engine.kv_options());
   // formats whose layout does not fit this model's geometry reserve nothing:
   // they are not offered

@@ -2147,6 +2147,67 @@ TEST(ServerIntegration, DeviceCudaPlaysLikeTheCpuAndReportsDeviceMemory) {
 #endif
 }
 
+// --device cuda serves kivi2 where a frame is whole chunks (here 64 tokens):
+// the format listed with its pages, an audited session's drift exported, its
+// shadow in its reservation; and --kv_options that take kivi2 away from the
+// device stop the server with the plugin's reason
+TEST(ServerIntegration, DeviceCudaServesKiviAndAuditsIt) {
+#ifndef WM_CUDA_SIMT_PLUGIN
+  GTEST_SKIP() << "the emulated CUDA plugin is not built (no CUDA headers)";
+#else
+  static const std::string model = testing::make_tiny_model("tiny_patch4", 1, 1, /*patch=*/4);
+  const std::vector<std::string> device = {"--device=cuda", "--cuda_plugin=" WM_CUDA_SIMT_PLUGIN,
+                                           "--kv_budget_bytes=67108864"};
+  auto server = ServerProcess::start(model, device);
+  ASSERT_NE(server, nullptr);
+  v1::ListModelsResponse models;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::WorldModel::NewStub(channel(*server))->ListModels(&ctx, {}, &models).ok());
+  }
+  std::map<std::string, v1::CacheFormatInfo> info;
+  for (const auto& f : models.models(0).cache_format_info()) info[f.name()] = f;
+  ASSERT_TRUE(info.count("kivi2")) << models.DebugString();
+  EXPECT_FALSE(info.count("qvg2")) << "no span format on the device yet";
+  // 2 layers x 2 heads, one 64 KiB page each in kivi2 (the sink frame's fp16 unit and the window's
+  // chunks); a window this short fits one page in fp16 too (the default model's kivi2 session takes a
+  // fifth of fp16's pages: CudaKivi.DefaultModelSessionFillsOnePagePerHead)
+  EXPECT_EQ(info["kivi2"].session_bytes(), 4 * 65536);
+  EXPECT_EQ(info["fp16"].session_bytes(), 4 * 65536);
+  PlayConfig pc = per_action(7, script_actions());
+  pc.start.set_cache_format("kivi2");
+  pc.start.set_audit(true);
+  const PlayResult r = client::play(channel(*server), pc);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << server->log();
+  ASSERT_EQ(r.frames.size(), script_actions().size());
+  EXPECT_EQ(r.started.kv_reserved_bytes(), info["kivi2"].session_bytes() + models.models(0).audit_bytes());
+  EXPECT_GT(models.models(0).audit_bytes(), 0) << "the fp32 shadow, in host memory, still counted";
+  const std::string key = "wm_token_selection_drift_ratio{format=\"kivi2\"}";
+  const std::string queries = "wm_token_selection_drift_queries{format=\"kivi2\"}";
+  std::map<std::string, double> m;
+  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0); ++i) {
+    m = scrape(*server);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(m.count(key)) << "no drift gauge for kivi2 on the device";
+  EXPECT_GT(m[queries], 0);
+  EXPECT_GE(m[key], 0.0);
+  EXPECT_LE(m[key], 1.0);
+  server->signal(SIGTERM);
+  EXPECT_EQ(server->wait_exit(10), std::optional<int>(0)) << server->log();
+
+  // a residual longer than a frame leaves tokens in KIVI's fp16 buffer: not on the device
+  std::vector<std::string> argv = {WMSERVE_BIN, "--model=" + model, "--host=127.0.0.1", "--port=0",
+                                   "--metrics_port=-1", "--kv_options=kivi_residual=128"};
+  argv.insert(argv.end(), device.begin(), device.end());
+  std::string log;
+  EXPECT_EQ(testing::run_program(argv, &log), 1) << log;
+  EXPECT_TRUE(absl::StrContains(log, "kivi2 on the GPU needs the tokens of a frame (64) to be a multiple of the "
+                                     "residual (128)"))
+      << log;
+#endif
+}
+
 // --device_graphs: each step's later denoising passes run from a recorded
 // graph; the player gets the same JPEG bytes as without
 TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {

@@ -32,11 +32,12 @@ std::string fresh_dir(const std::string& name) {
   return dir;
 }
 
-std::string make_tiny_model(const std::string& name, uint64_t seed, int frames_per_block) {
+std::string make_tiny_model(const std::string& name, uint64_t seed, int frames_per_block, int patch) {
   const std::string dir = fresh_dir(name);
   auto config = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
   EXPECT_TRUE(config.ok()) << config.status();
   config->frames_per_block = frames_per_block;
+  if (patch > 0) config->patch = patch;
   auto st = save_checkpoint(*config, random_host_weights(*config, seed), dir);
   EXPECT_TRUE(st.ok()) << st;
   return dir;

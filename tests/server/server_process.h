@@ -14,7 +14,8 @@ namespace wm::testing {
 
 // a seeded random checkpoint of configs/tiny-test.json in a fresh directory
 // (frames_per_block > 1 makes a variant that generates blocks of frames)
-std::string make_tiny_model(const std::string& name, uint64_t seed = 1, int frames_per_block = 1);
+// patch 0 keeps the config's (8: 16 tokens a frame; 4: 64)
+std::string make_tiny_model(const std::string& name, uint64_t seed = 1, int frames_per_block = 1, int patch = 0);
 // a fresh empty directory under the test's temporary directory
 std::string fresh_dir(const std::string& name);
 
