@@ -903,6 +903,61 @@ TEST(CudaKvCache, ErrorsAreValues) {
 
 int64_t counter(const char* name);  // a plugin counter (below)
 
+// the caches of `a` filled alike on both backends, and one batch of
+// frames[s] more frames for session s (the same K/V uploaded to each)
+struct AppendBatch {
+  AppendBatch(const AttnSpec& a, const std::vector<int>& frames, uint32_t seed)
+      : spec(a),
+        cpu_buf(*backends().cpu),
+        cuda_buf(*backends().cuda),
+        cpu(filled_caches(*backends().cpu, cpu_buf, a, seed)),
+        cuda(filled_caches(*backends().cuda, cuda_buf, a, seed)) {
+    EXPECT_EQ(cuda.size(), a.cached.size());
+    const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
+    int batch = 0;
+    for (size_t s = 0; s < cpu.size() && s < cuda.size(); ++s) {
+      cpu_slices.push_back({cpu[s].get(), batch, frames[s]});
+      cuda_slices.push_back({cuda[s].get(), batch, frames[s]});
+      first.push_back(a.cached[s]);
+      next.push_back(a.cached[s] + frames[s]);
+      batch += frames[s];
+    }
+    const auto kh = randn(frame_vals * batch, seed + 62), vh = randn(frame_vals * batch, seed + 63);
+    ck = cpu_buf.put(kh);
+    cv = cpu_buf.put(vh);
+    gk = cuda_buf.put(kh);
+    gv = cuda_buf.put(vh);
+  }
+  bool ok() const { return cuda.size() == spec.cached.size() && cpu.size() == cuda.size(); }
+  // the batch into layer l of each backend's caches
+  absl::Status append_cpu(int l) {
+    return backends().cpu->kv_append(l, cpu_slices, first, spec.tokens_per_frame, ck, cv);
+  }
+  absl::Status append_cuda(int l) {
+    return backends().cuda->kv_append(l, cuda_slices, first, spec.tokens_per_frame, gk, gv);
+  }
+  // every cache holds the same frames and values on both backends, bit for bit
+  void expect_same_caches() const {
+    for (size_t s = 0; s < cpu.size(); ++s)
+      for (int l = 0; l < spec.layers; ++l) {
+        EXPECT_EQ(cuda[s]->format(), cpu[s]->format());
+        EXPECT_EQ(cuda[s]->frames(l), cpu[s]->frames(l)) << "session " << s << " layer " << l;
+        std::vector<float> k0, v0, k1, v1;
+        cpu[s]->reconstruct(l, &k0, &v0);
+        cuda[s]->reconstruct(l, &k1, &v1);
+        EXPECT_EQ(k1, k0) << "session " << s << " layer " << l;
+        EXPECT_EQ(v1, v0) << "session " << s << " layer " << l;
+      }
+  }
+
+  AttnSpec spec;
+  Buffers cpu_buf, cuda_buf;
+  std::vector<std::unique_ptr<KvCache>> cpu, cuda;
+  std::vector<SessionSlice> cpu_slices, cuda_slices;
+  std::vector<int64_t> first, next;  // each session's first frame of the batch, and the frame after it
+  float *ck = nullptr, *cv = nullptr, *gk = nullptr, *gv = nullptr;
+};
+
 // K/V frames with what every quantized format must survive: NaN, infinities,
 // values past fp16's range, -0, and a channel constant over whole chunks
 std::vector<float> hostile_frames(size_t values, int head_dim, uint32_t seed) {
@@ -1021,39 +1076,18 @@ TEST(CudaKivi, MixedBatchesAppendAndAttendPerFormat) {
   a.tokens_per_frame = 64;
   a.formats = {"kivi2", "fp16", "kivi2", "fp16"};
   a.cached = {0, 3, 6, 1};
-  const std::vector<int> frames = {2, 1, 2, 2};
-  const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
-  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
-  Buffers cpu_buf(cpu_b), cuda_buf(cuda_b);
-  auto cpu = filled_caches(cpu_b, cpu_buf, a, 19);
-  auto cuda = filled_caches(cuda_b, cuda_buf, a, 19);
-  ASSERT_EQ(cuda.size(), a.cached.size());
-  std::vector<SessionSlice> cpu_slices, cuda_slices;
-  std::vector<int64_t> first;
-  int batch = 0;
-  for (size_t s = 0; s < a.cached.size(); ++s) {
-    cpu_slices.push_back({cpu[s].get(), batch, frames[s]});
-    cuda_slices.push_back({cuda[s].get(), batch, frames[s]});
-    first.push_back(a.cached[s]);
-    batch += frames[s];
-  }
-  const auto kh = randn(frame_vals * batch, 81), vh = randn(frame_vals * batch, 82);
-  float *ck = cpu_buf.put(kh), *cv = cpu_buf.put(vh), *gk = cuda_buf.put(kh), *gv = cuda_buf.put(vh);
+  AppendBatch b(a, {2, 1, 2, 2}, 19);
+  ASSERT_TRUE(b.ok());
   for (int l = 0; l < a.layers; ++l) {
-    ASSERT_TRUE(cpu_b.kv_append(l, cpu_slices, first, a.tokens_per_frame, ck, cv).ok());
-    const absl::Status st = cuda_b.kv_append(l, cuda_slices, first, a.tokens_per_frame, gk, gv);
+    ASSERT_TRUE(b.append_cpu(l).ok());
+    const absl::Status st = b.append_cuda(l);
     ASSERT_TRUE(st.ok()) << st;
   }
-  for (size_t s = 0; s < cpu.size(); ++s)
-    for (int l = 0; l < a.layers; ++l) {
-      EXPECT_EQ(cuda[s]->format(), cpu[s]->format());
-      EXPECT_EQ(cuda[s]->frames(l), cpu[s]->frames(l)) << "session " << s << " layer " << l;
-      std::vector<float> k0, v0, k1, v1;
-      cpu[s]->reconstruct(l, &k0, &v0);
-      cuda[s]->reconstruct(l, &k1, &v1);
-      EXPECT_EQ(k1, k0) << "session " << s << " layer " << l;
-      EXPECT_EQ(v1, v0) << "session " << s << " layer " << l;
-    }
+  b.expect_same_caches();
+  const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
+  Backend& cuda_b = *backends().cuda;
+  Buffers& cuda_buf = b.cuda_buf;
+  const auto& cuda = b.cuda;
   // one attention call per format, the KIVI-2 one on its own kernel
   const int64_t kivi_before = counter("attention.kivi_launches"), all_before = counter("attention.launches");
   std::vector<SessionSlice> step;
@@ -1257,45 +1291,24 @@ TEST(CudaKvCache, BatchedAppendMatchesOneCacheAtATime) {
   WM_REQUIRE_CUDA();
   AttnSpec a;
   a.cached = {0, 3, 6};
-  const std::vector<int> frames = {2, 1, 2};
-  const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
-  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
-  Buffers cpu_buf(cpu_b), cuda_buf(cuda_b);
-  auto cpu = filled_caches(cpu_b, cpu_buf, a, 9);
-  auto cuda = filled_caches(cuda_b, cuda_buf, a, 9);
-  ASSERT_EQ(cuda.size(), a.cached.size());
-  std::vector<SessionSlice> cpu_slices, cuda_slices;
-  std::vector<int64_t> first;
-  int batch = 0;
-  for (size_t s = 0; s < a.cached.size(); ++s) {
-    cpu_slices.push_back({cpu[s].get(), batch, frames[s]});
-    cuda_slices.push_back({cuda[s].get(), batch, frames[s]});
-    first.push_back(a.cached[s]);
-    batch += frames[s];
-  }
-  const auto kh = randn(frame_vals * batch, 71), vh = randn(frame_vals * batch, 72);
-  float *ck = cpu_buf.put(kh), *cv = cpu_buf.put(vh), *gk = cuda_buf.put(kh), *gv = cuda_buf.put(vh);
+  AppendBatch b(a, {2, 1, 2}, 9);
+  ASSERT_TRUE(b.ok());
   const int64_t launches = counter("kv.append_launches");
   for (int l = 0; l < a.layers; ++l) {
-    ASSERT_TRUE(cpu_b.kv_append(l, cpu_slices, first, a.tokens_per_frame, ck, cv).ok());
-    const absl::Status st = cuda_b.kv_append(l, cuda_slices, first, a.tokens_per_frame, gk, gv);
+    ASSERT_TRUE(b.append_cpu(l).ok());
+    const absl::Status st = b.append_cuda(l);
     ASSERT_TRUE(st.ok()) << st;
   }
   EXPECT_EQ(counter("kv.append_launches") - launches, a.layers) << "one launch per layer for the whole batch";
-  for (size_t s = 0; s < cpu.size(); ++s)
-    for (int l = 0; l < a.layers; ++l) {
-      EXPECT_EQ(cuda[s]->frames(l), cpu[s]->frames(l)) << "session " << s << " layer " << l;
-      std::vector<float> k0, v0, k1, v1;
-      cpu[s]->reconstruct(l, &k0, &v0);
-      cuda[s]->reconstruct(l, &k1, &v1);
-      EXPECT_EQ(k1, k0) << "session " << s << " layer " << l;
-      EXPECT_EQ(v1, v0) << "session " << s << " layer " << l;
-    }
+  b.expect_same_caches();
+  Backend& cuda_b = *backends().cuda;
+  const auto &cpu = b.cpu, &cuda = b.cuda;
+  const auto& cuda_slices = b.cuda_slices;
+  float *gk = b.gk, *gv = b.gv;
 
   // all or nothing: a session out of order, or one cache twice, fails the whole batch
   const BackendMemory before = cuda_b.memory();
-  std::vector<int64_t> next;
-  for (size_t s = 0; s < a.cached.size(); ++s) next.push_back(a.cached[s] + frames[s]);
+  const std::vector<int64_t>& next = b.next;
   std::vector<int64_t> skewed = next;
   skewed[2] += 1;
   EXPECT_EQ(cuda_b.kv_append(0, cuda_slices, skewed, a.tokens_per_frame, gk, gv).code(),
