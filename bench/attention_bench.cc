@@ -1,8 +1,9 @@
-// Attention over a long paged fp16 KV cache, one session, 12 heads x 128,
+// Attention over a long paged KV cache (fp16, or --format), one session, 12 heads x 128,
 // through Backend::attention (the path the model runs: input conversion,
 // fused kernel, split combine). One JSON line per (cached tokens, query
-// tokens): time, cache bandwidth against 4.8 TB/s HBM, FLOP rate against the
-// bf16 dense peak (790 TFLOP/s measured on the H200, 989 datasheet).
+// tokens): time, cache bandwidth against 4.8 TB/s HBM (of an fp16 cache's
+// bytes, whatever the format; cache_GBps: of the format's own), FLOP rate
+// against the bf16 dense peak (790 TFLOP/s measured on the H200, 989 datasheet).
 // The side-by-side PyTorch numbers come from ../shared/research/torch_attn.py
 // run in the same device call (tools/gpu-run.sh).
 //
@@ -184,6 +185,8 @@ int run(int argc, char** argv) {
                               {"kernel", ran},
                               {"format", format},
                               {"cache_bytes", (*cache)->bytes().total()},
+                              // the bytes the format holds (whole pages) over the time: what a 2-bit cache reads
+                              {"cache_GBps", std::round(static_cast<double>((*cache)->bytes().total()) / s / 1e8) / 10},
                               {"stages", stages},
                               {"pingpong", pingpong},
                               {"ws_keys", ws_keys},
