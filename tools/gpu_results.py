@@ -202,6 +202,16 @@ def summary(path):
         if a.get("bench") == "attention" and a.get("query_tokens") == 64:
             print("attention q=64 N=%s split=%s %s: %s us, %s GB/s (%s%% of HBM)" % (
                 a["cached_tokens"], a["split"], kernel_label(a), a["us"], a["GBps"], a["pct_hbm_4800"]))
+    # KIVI-2 against fp16 at the same cache length, query block and split, on the kernel each ran
+    fp16 = {(a["cached_tokens"], a["query_tokens"], a["split"], a["kernel"]): a for a in r.get("attention", [])
+            if a.get("bench") == "attention" and a.get("format", "fp16") == "fp16"}
+    for a in r.get("attention_kivi2", []):
+        if a.get("bench") != "attention":
+            continue
+        ref = fp16.get((a["cached_tokens"], a["query_tokens"], a["split"], a["kernel"]))
+        print("attention kivi2 q=%s N=%s split=%s %s: %s us, %s GB/s of its own bytes (%s of them)%s" % (
+            a["query_tokens"], a["cached_tokens"], a["split"], a["kernel"], a["us"], a.get("cache_GBps"),
+            a.get("cache_bytes"), " vs fp16 %s us: x%.2f" % (ref["us"], ref["us"] / a["us"]) if ref and a["us"] else ""))
     for m in r.get("comparison", {}).get("mg2", []):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
