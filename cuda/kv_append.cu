@@ -5,9 +5,21 @@
 namespace wm::cuda {
 namespace {
 
+// quant/kv_layouts.h: kv_sanitize
+__device__ __forceinline__ float sanitized(float x) {
+  if (x != x) return 0.0f;
+  return x < -65504.0f ? -65504.0f : (x > 65504.0f ? 65504.0f : x);
+}
+
+// 8 floats as 8 fp16; SANITIZE: as a quantized format stores its fp16 part
+template <bool SANITIZE = false>
 __device__ __forceinline__ uint4 to_half8(const float* src) {
-  const float4 a = reinterpret_cast<const float4*>(src)[0];
-  const float4 b = reinterpret_cast<const float4*>(src)[1];
+  float4 a = reinterpret_cast<const float4*>(src)[0];
+  float4 b = reinterpret_cast<const float4*>(src)[1];
+  if constexpr (SANITIZE) {
+    a = make_float4(sanitized(a.x), sanitized(a.y), sanitized(a.z), sanitized(a.w));
+    b = make_float4(sanitized(b.x), sanitized(b.y), sanitized(b.z), sanitized(b.w));
+  }
   uint4 o;
   o.x = f16_bits(a.x) | (static_cast<uint32_t>(f16_bits(a.y)) << 16);
   o.y = f16_bits(a.z) | (static_cast<uint32_t>(f16_bits(a.w)) << 16);
@@ -16,21 +28,36 @@ __device__ __forceinline__ uint4 to_half8(const float* src) {
   return o;
 }
 
+// element e of a write pass that gives each thread 8 channels of one
+// (write, token, head): which, in 32-bit index math (the launchers check
+// total < 2^31; 64-bit division is slow on the GPU)
+struct TokenPiece {
+  uint32_t w;  // the write
+  int32_t t, h, c;  // token in its frame, head, 8-channel piece
+  __device__ __forceinline__ TokenPiece(uint32_t e, int32_t head_dim, int32_t heads, int32_t tokens_per_frame) {
+    const uint32_t pieces = static_cast<uint32_t>(head_dim / 8);
+    const uint32_t rest = e / pieces;
+    c = static_cast<int32_t>(e - rest * pieces);
+    const uint32_t r2 = rest / static_cast<uint32_t>(heads);
+    h = static_cast<int32_t>(rest - r2 * static_cast<uint32_t>(heads));
+    w = r2 / static_cast<uint32_t>(tokens_per_frame);
+    t = static_cast<int32_t>(r2 - w * static_cast<uint32_t>(tokens_per_frame));
+  }
+  // where its 8 channels start in the batch's k, v [frames * tokens_per_frame, heads, head_dim]
+  __device__ __forceinline__ int64_t src(const KvFrameWrite& fw, int32_t head_dim, int32_t heads,
+                                         int32_t tokens_per_frame) const {
+    return ((static_cast<int64_t>(fw.src_frame) * tokens_per_frame + t) * heads + h) * head_dim + c * 8;
+  }
+};
+
 // one thread per 8 channels of one (write, token, head)
 __global__ void kv_append_kernel(const KvAppendArgs a, int64_t total) {
-  // 32-bit index math (the launcher checks total < 2^31): 64-bit division is slow on the GPU
-  const uint32_t chunks = static_cast<uint32_t>(a.head_dim / 8);
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < static_cast<uint32_t>(total);
        e += gridDim.x * blockDim.x) {
-    uint32_t rest = e / chunks;
-    const int32_t c = static_cast<int32_t>(e - rest * chunks);
-    const uint32_t r2 = rest / static_cast<uint32_t>(a.heads);
-    const int32_t h = static_cast<int32_t>(rest - r2 * static_cast<uint32_t>(a.heads));
-    const uint32_t w = r2 / static_cast<uint32_t>(a.tokens_per_frame);
-    const int32_t t = static_cast<int32_t>(r2 - w * static_cast<uint32_t>(a.tokens_per_frame));
-    const KvFrameWrite fw = a.writes[w];
-    const int64_t src =
-        ((static_cast<int64_t>(fw.src_frame) * a.tokens_per_frame + t) * a.heads + h) * a.head_dim + c * 8;
+    const TokenPiece p(e, a.head_dim, a.heads, a.tokens_per_frame);
+    const int32_t t = p.t, h = p.h, c = p.c;
+    const KvFrameWrite fw = a.writes[p.w];
+    const int64_t src = p.src(fw, a.head_dim, a.heads, a.tokens_per_frame);
     const int64_t logical = static_cast<int64_t>(fw.slot) * a.tokens_per_frame + t;
     const int32_t page =
         a.page_tables[fw.table + static_cast<int64_t>(h) * fw.pages_per_head + logical / a.page_tokens];
@@ -40,12 +67,6 @@ __global__ void kv_append_kernel(const KvAppendArgs a, int64_t total) {
     reinterpret_cast<uint4*>(a.pool + dk)[0] = to_half8(a.k + src);
     reinterpret_cast<uint4*>(a.pool + dv)[0] = to_half8(a.v + src);
   }
-}
-
-// quant/kv_layouts.h: kv_sanitize
-__device__ __forceinline__ float sanitized(float x) {
-  if (x != x) return 0.0f;
-  return x < -65504.0f ? -65504.0f : (x > 65504.0f ? 65504.0f : x);
 }
 
 // KIVI-2's input: sanitized, then fp16 as the CPU's buffer holds it
@@ -116,25 +137,17 @@ __global__ void kv_append_kivi_kernel(const KvKiviAppendArgs a, int64_t total) {
 // sink frames: one thread per 8 channels of one (write, token, head), into
 // the fp16 unit (K [U][head_dim] then V)
 __global__ void kv_append_kivi_sinks_kernel(const KvKiviAppendArgs a, int64_t total) {
-  const uint32_t units = static_cast<uint32_t>(a.row.head_dim / 8);
   const int32_t D = a.row.head_dim, U = a.row.unit_tokens;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < static_cast<uint32_t>(total);
        e += gridDim.x * blockDim.x) {
-    const uint32_t rest = e / units;
-    const int32_t c = static_cast<int32_t>(e - rest * units);
-    const uint32_t r2 = rest / static_cast<uint32_t>(a.heads);
-    const int32_t h = static_cast<int32_t>(rest - r2 * static_cast<uint32_t>(a.heads));
-    const uint32_t w = r2 / static_cast<uint32_t>(a.tokens_per_frame);
-    const int32_t t = static_cast<int32_t>(r2 - w * static_cast<uint32_t>(a.tokens_per_frame));
-    const KvFrameWrite fw = a.writes[w];
-    const int64_t src = ((static_cast<int64_t>(fw.src_frame) * a.tokens_per_frame + t) * a.heads + h) * D + c * 8;
-    const int64_t logical = static_cast<int64_t>(fw.slot) * a.tokens_per_frame + t;
-    auto* unit = reinterpret_cast<uint16_t*>(kivi_unit(a, fw, h, logical));
-    const int64_t row = (logical % U) * D + c * 8;
-    for (int i = 0; i < 8; ++i) {
-      unit[row + i] = f16_bits(sanitized(a.k[src + i]));
-      unit[static_cast<int64_t>(U) * D + row + i] = f16_bits(sanitized(a.v[src + i]));
-    }
+    const TokenPiece p(e, D, a.heads, a.tokens_per_frame);
+    const KvFrameWrite fw = a.writes[p.w];
+    const int64_t src = p.src(fw, D, a.heads, a.tokens_per_frame);
+    const int64_t logical = static_cast<int64_t>(fw.slot) * a.tokens_per_frame + p.t;
+    auto* unit = reinterpret_cast<uint16_t*>(kivi_unit(a, fw, p.h, logical));
+    const int64_t row = (logical % U) * D + p.c * 8;
+    reinterpret_cast<uint4*>(unit + row)[0] = to_half8<true>(a.k + src);
+    reinterpret_cast<uint4*>(unit + static_cast<int64_t>(U) * D + row)[0] = to_half8<true>(a.v + src);
   }
 }
 
