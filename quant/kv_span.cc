@@ -20,13 +20,6 @@
 namespace wm {
 namespace {
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t x = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 class SpanKvCache final : public KvCache {
  public:
   SpanKvCache(std::string name, const KvGeometry& g, const KvFormatOptions& o, bool quantwm)
@@ -245,7 +238,7 @@ class SpanKvCache final : public KvCache {
       std::vector<float> w(static_cast<size_t>(D)), basis(static_cast<size_t>(kPsacRank) * D);
       if (plan_.quantize_keys) {
         SpanCodecParams pk = p;
-        pk.seed = mix(mix(mix(o_.kmeans_seed, static_cast<uint64_t>(layer)), hs * 2), static_cast<uint64_t>(ls.first_frame));
+        pk.seed = span_seed(o_.kmeans_seed, layer, h, 0, ls.first_frame);
         if (qsac_) {
           if (L->stats[hs].channel_weights(o_.qsac_weight_floor, w.data())) pk.weights = w.data();
           pk.candidates = o_.qsac_candidates;
@@ -261,7 +254,7 @@ class SpanKvCache final : public KvCache {
       }
       if (plan_.quantize_values) {
         SpanCodecParams pv = p;
-        pv.seed = mix(mix(mix(o_.kmeans_seed, static_cast<uint64_t>(layer)), hs * 2 + 1), static_cast<uint64_t>(ls.first_frame));
+        pv.seed = span_seed(o_.kmeans_seed, layer, h, 1, ls.first_frame);
         span_encode(xv.data(), N, D, D, pv, &s.v[hs]);
       } else {
         for (const PendingFrame* f : fr) s.vf[hs].insert(s.vf[hs].end(), f->v.begin() + static_cast<std::ptrdiff_t>(hs * T * D),

@@ -110,7 +110,19 @@ void decode_impl(const SpanHeadCodes& c, int n, int d, int coeff_bits, const flo
   }
 }
 
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 }  // namespace
+
+uint64_t span_seed(uint64_t kmeans_seed, int layer, int head, int side, int64_t first_frame) {
+  return mix(mix(mix(kmeans_seed, static_cast<uint64_t>(layer)), static_cast<uint64_t>(head) * 2 + static_cast<uint64_t>(side)),
+             static_cast<uint64_t>(first_frame));
+}
 
 int span_block_bytes(int head_dim, int block) { return head_dim / block * (1 + block / 4); }
 

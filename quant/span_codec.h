@@ -30,6 +30,10 @@ struct SpanHeadCodes {
   std::vector<uint8_t> coeffs;      // [tokens] PsacCoeffsI8/I4<kPsacRank>; empty without PSAC
 };
 
+// the k-means seed of one (span, head, side) of a layer: every cache that
+// codes the span formats (the CPU's, the CUDA backend's) seeds with this
+uint64_t span_seed(uint64_t kmeans_seed, int layer, int head, int side, int64_t first_frame);
+
 // bytes of one token's residual blocks and of one PSAC record
 int span_block_bytes(int head_dim, int block);
 int span_coeff_bytes(int coeff_bits);
