@@ -10,9 +10,11 @@
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
-//                   [--ws_keys=0,64,128] [--format=fp16|kivi2]
+//                   [--ws_keys=0,64,128] [--format=fp16|kivi2|qvg2|quantwm2]
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
-// the GPU only where a frame is whole chunks, so 64-token queries)
+// the GPU only where a frame is whole chunks, so 64-token queries; qvg2,
+// quantwm2: decoding per-token codes, the cache filled a block per append,
+// coded on the host as the write pass codes it)
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
@@ -139,8 +141,11 @@ int run(int argc, char** argv) {
             std::fprintf(stderr, "cache: %s\n", cache.status().ToString().c_str());
             return 1;
           }
-          for (int fr = 0; fr < frames; fr += chunk_frames) {
-            const absl::Status s = (*cache)->append(0, chunk_k, chunk_v, fr, std::min(chunk_frames, frames - fr));
+          // a span cache on the GPU takes a block per append (its centroids fill a slot's table)
+          const bool span = format == "qvg2" || format == "quantwm2";
+          const int step = span ? fpb : chunk_frames;
+          for (int fr = 0; fr < frames; fr += step) {
+            const absl::Status s = (*cache)->append(0, chunk_k, chunk_v, fr, std::min(step, frames - fr));
             if (!s.ok()) {
               std::fprintf(stderr, "append: %s\n", s.ToString().c_str());
               return 1;
@@ -151,7 +156,7 @@ int run(int argc, char** argv) {
           for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
           dev.sync();
           std::string ran = dev.plugin == nullptr ? "cpu" : dev.plugin->attention_kernel(hd);
-          if (format == "kivi2" && ran == "ws") ran = "overlap";  // KIVI-2 has no warp-specialised kernel
+          if (format != "fp16" && ran == "ws") ran = "overlap";  // the quantized formats have no warp-specialised kernel
           const bool staged = ran == "overlap" || ran == "ws";
           const char* bq = tq == 64 ? "block_q_64" : "block_q_128";  // the planner's tile for these shapes
           const int64_t stages =

@@ -44,6 +44,11 @@ cudaError_t launch_attention(const AttentionArgs& a, const PagedKvFp16View& kv, 
 // window's chunks into its fp16 tiles
 cudaError_t launch_attention_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim, int32_t items,
                                   cudaStream_t stream);
+// and over QVG-2 / QuantWM-2 pages (kv_format_span.cuh, attention_span.cu):
+// decodes the window's per-token codes into its fp16 tiles
+cudaError_t attention_span_prepare();
+cudaError_t launch_attention_span(const AttentionArgs& a, const PagedKvSpanView& kv, int32_t head_dim, int32_t items,
+                                  cudaStream_t stream);
 
 
 // The Hopper kernels (attention_sm90.cu, built for sm_90a only, so they run
@@ -60,6 +65,10 @@ cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View&
                                   int32_t stages, cudaStream_t stream);
 // the same kernels over KIVI-2 pages (kv_format_kivi.cuh)
 cudaError_t launch_attention_sm90_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim,
+                                       int32_t items, int32_t stages, cudaStream_t stream);
+// and over span pages (kv_format_span.cuh, attention_sm90_span.cu)
+cudaError_t attention_sm90_span_prepare();
+cudaError_t launch_attention_sm90_span(const AttentionArgs& a, const PagedKvSpanView& kv, int32_t head_dim,
                                        int32_t items, int32_t stages, cudaStream_t stream);
 // the warp-specialised variant (attention_ws.cuh): a producer loads, the
 // warpgroups synchronise through named barriers; head_dim 64 or 128; 64 keys

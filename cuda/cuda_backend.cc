@@ -25,6 +25,7 @@
 #include "cuda/noise.cuh"
 #include "cuda/patchify.cuh"
 #include "cuda/rms_norm_rope.cuh"
+#include "quant/kv_span.h"
 
 namespace wm::cuda {
 namespace {
@@ -144,9 +145,10 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   if (!g.ok()) return g.status();
   gemm_ = std::move(*g);
   WM_CUDA_RETURN_IF_ERROR(attention_prepare());
+  WM_CUDA_RETURN_IF_ERROR(attention_span_prepare());
   // the wgmma kernels are sm_90a code: they load on compute capability 9.0 only
   if (info_.sm_major == 9 && info_.sm_minor == 0) {
-    sm90_ready_ = attention_sm90_prepare() == cudaSuccess;
+    sm90_ready_ = attention_sm90_prepare() == cudaSuccess && attention_sm90_span_prepare() == cudaSuccess;
     if (!sm90_ready_) cudaGetLastError();
     // a kernel whose registers or shared memory do not fit an SM would fail every launch
     ws_ready_ = sm90_ready_;
@@ -326,6 +328,8 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "kv.append_launches") return append_launches_;
   if (name == "attention.kivi_launches") return kivi_attention_launches_;
+  if (name == "attention.span_launches") return span_attention_launches_;
+  if (name == "kv.span_frames_coded") return span_appends_;
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
   if (name == "graph.launches") return graph_launches_;
@@ -832,6 +836,51 @@ absl::Status CudaBackend::euler_step(float* x, const float* v, const float* dt_p
 
 // ---- KV caches ------------------------------------------------------------
 
+namespace {
+
+KvGeometry host_geometry(const WmKvGeometry& g) {
+  KvGeometry h;
+  h.layers = g.layers;
+  h.heads = g.heads;
+  h.head_dim = g.head_dim;
+  h.tokens_per_frame = g.tokens_per_frame;
+  h.window_frames = g.window_frames;
+  h.sink_frames = g.sink_frames;
+  h.frames_per_block = g.frames_per_block;
+  return h;
+}
+
+KvFormatOptions host_options(const WmKvGeometry& g) {
+  KvFormatOptions o;
+  o.kivi_group = g.kivi_group;
+  o.kivi_residual = g.kivi_residual;
+  o.span_frames = g.span_frames;
+  o.centroids = g.centroids;
+  o.tokens_per_centroid = g.tokens_per_centroid;
+  o.block = g.block;
+  o.kmeans_iters = g.kmeans_iters;
+  o.kmeans_seed = g.kmeans_seed;
+  o.quantize_sinks = g.quantize_sinks != 0;
+  o.qsac = g.qsac != 0;
+  o.psac = g.psac != 0;
+  o.psac_rank = g.psac_rank;
+  o.psac_bits = g.psac_bits;
+  o.psac_refresh_frames = g.psac_refresh_frames;
+  o.qsac_candidates = g.qsac_candidates;
+  o.qsac_weight_floor = g.qsac_weight_floor;
+  o.quantize_keys = g.quantize_keys != 0;
+  o.quantize_values = g.quantize_values != 0;
+  return o;
+}
+
+// quant/kv_layouts.h: kv_sanitize (NaN to 0, clamped to fp16's range)
+float sanitize(float x) {
+  if (std::isnan(x)) return 0.0f;
+  return std::min(65504.0f, std::max(-65504.0f, x));
+}
+
+}  // namespace
+
 absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view format, const WmKvGeometry& g) const {
   PagedGeometry p;
   p.layers = g.layers;
@@ -867,9 +916,36 @@ absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view form
                                                    ") to be a multiple of ", p.kivi.unit_tokens,
                                                    "; the CPU backend serves this geometry"));
     p.page_tokens = p.kivi.q_per_page * p.kivi.unit_tokens;
+  } else if (format == "qvg2" || format == "quantwm2") {
+    // the CPU's span formats (quant/kv_span.cc) where each append is a span
+    // and the sinks stay fp16: per-token codes in the frame slots, each
+    // slot with its span's centroids (kv_layout.h: SpanRowLayout)
+    const bool quantwm = format == "quantwm2";
+    const KvGeometry hg = host_geometry(g);
+    const KvFormatOptions o = host_options(g);
+    if (absl::Status s = device_span_support(hg, o, quantwm); !s.ok()) return s;
+    const SpanPlan plan = span_plan(hg, o, quantwm);
+    const int32_t front = g.sink_frames * g.tokens_per_frame;
+    if (front % kTileKeys != 0)
+      return absl::UnimplementedError(absl::StrCat(format, " on the GPU needs the sink frames' tokens (", front,
+                                                   ") to be a multiple of ", kTileKeys,
+                                                   "; the CPU backend serves this geometry"));
+    // an append codes at most a block: its centroids fill each slot's table
+    const int32_t max_k = plan.centroids_for(static_cast<int64_t>(std::max(1, g.frames_per_block)) * g.tokens_per_frame);
+    // a table per span the window can hold at once: whole blocks, one of them
+    // partly evicted, and a prompt's shorter last chunk (the engine's appends)
+    const int32_t fpb = std::max(1, g.frames_per_block);
+    const int32_t n_tables = std::min(g.window_frames, (g.window_frames + fpb - 1) / fpb + 2);
+    p.span = span_row_layout(page_bytes_, g.head_dim, plan.block, plan.psac ? span_coeff_bytes(plan.coeff_bits) : 0,
+                             max_k, g.tokens_per_frame, g.sink_frames, g.window_frames, n_tables);
+    if (p.span.block == 0)
+      return absl::InvalidArgumentError(absl::StrCat(format, ": a page of ", page_bytes_, " bytes cannot hold a slot's ",
+                                                     max_k, " centroids (", 4 * max_k * g.head_dim,
+                                                     " bytes); use larger pages or fewer centroids"));
+    p.page_tokens = kTileKeys;
   } else {
-    return absl::UnimplementedError(absl::StrCat("cache format '", format,
-                                                 "' has no CUDA kernels yet; the CUDA backend serves 'fp16' and 'kivi2'"));
+    return absl::UnimplementedError(absl::StrCat(
+        "cache format '", format, "' has no CUDA kernels yet; the CUDA backend serves 'fp16', 'kivi2', 'qvg2' and 'quantwm2'"));
   }
   absl::Status s = validate_paged_geometry(p);
   if (!s.ok()) return s;
@@ -888,7 +964,9 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::stri
   if (!pg.ok()) return pg.status();
   auto owner = pool_.open(pg->reservation_pages());
   if (!owner.ok()) return owner.status();
-  return std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
+  auto kv = std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
+  if (pg->span.block > 0) kv->span = std::make_unique<SpanHostCoder>(host_geometry(g), host_options(g), format == "quantwm2");
+  return kv;
 }
 
 void CudaBackend::kv_destroy(std::unique_ptr<DeviceKvCache> kv) {
@@ -912,8 +990,7 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
     if (w.kv == nullptr) return absl::InvalidArgumentError("kv append: null cache");
     if (w.batch_frame < 0) return absl::InvalidArgumentError("kv append: negative batch frame");
     const PagedGeometry &a = writes[0].kv->pages.geometry(), &b = w.kv->pages.geometry();
-    if (a.heads != b.heads || a.head_dim != b.head_dim || a.tokens_per_frame != b.tokens_per_frame ||
-        a.page_tokens != b.page_tokens || a.kivi.group != b.kivi.group || a.kivi.front_units != b.kivi.front_units)
+    if (!a.same_layout(b))
       return absl::InvalidArgumentError("kv append: the caches of one batch differ in geometry or format");
     for (size_t j = 0; j < i; ++j)
       if (writes[j].kv == w.kv) return absl::InvalidArgumentError("kv append: a cache appears twice in one batch");
@@ -951,6 +1028,7 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
   }
   // the pages count only once the device write is under way: a failure hands them back
   const absl::Status launched = [&]() -> absl::Status {
+    if (g.span.block > 0) return kv_append_span(layer, writes, plans, new_pages, k, v);
     if (!any_write) return absl::OkStatus();
     // one upload: the frame writes (a KIVI-2 batch's: its sink frames, then
     // its window frames), then each written cache's page table after the
@@ -1031,6 +1109,156 @@ absl::Status CudaBackend::kv_append(int32_t layer, std::span<const KvWriteReques
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteRequest> writes,
+                                         const std::vector<KvAppendPlan>& plans,
+                                         const std::vector<std::vector<int32_t>>& new_pages, const float* k,
+                                         const float* v) {
+  if (recording_)
+    return absl::FailedPreconditionError("kv append: span caches are coded on the host, which a graph cannot record");
+  const PagedGeometry& g = writes[0].kv->pages.geometry();
+  const SpanRowLayout& L = g.span;
+  const int32_t T = g.tokens_per_frame, H = g.heads, D = g.head_dim, S = g.sink_frames;
+  const size_t frame_values = static_cast<size_t>(T) * H * D;
+  const int32_t rb = L.rec_bytes, cb = L.coeff_bytes, tb = span_token_bytes(L);
+  std::vector<KvSpanWrite> out;
+  std::vector<int32_t> tables;
+  std::vector<std::tuple<SpanHostCoder*, int32_t, bool>> bases;  // (coder, window slot, has a basis)
+  std::vector<uint8_t>& image = span_image_;
+  image.clear();
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const KvWriteRequest& w = writes[i];
+    const KvAppendPlan& p = plans[i];
+    DeviceKvCache& kv = *w.kv;
+    if (w.frames <= 0) continue;
+    if (w.frames > std::max(1, kv.geometry.frames_per_block))
+      return absl::InvalidArgumentError(absl::StrCat("kv append: ", kv.format, " on the GPU takes at most a block (",
+                                                     kv.geometry.frames_per_block, " frames) per append, not ",
+                                                     w.frames));
+    absl::Status st = need(k, "kv append keys");
+    if (st.ok()) st = need(v, "kv append values");
+    if (!st.ok()) return st;
+    // the frames, as the CPU cache gets them, coded as it codes them
+    const size_t values = frame_values * static_cast<size_t>(w.frames);
+    span_host_k_.resize(values);
+    span_host_v_.resize(values);
+    const size_t at = static_cast<size_t>(w.batch_frame) * frame_values;
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_k_.data(), k + at, values * 4, cudaMemcpyDeviceToHost, stream_));
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_v_.data(), v + at, values * 4, cudaMemcpyDeviceToHost, stream_));
+    WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    st = kv.span->append(layer, span_host_k_.data(), span_host_v_.data(), w.first_frame, w.frames);
+    if (!st.ok()) return st;
+    if (kv.span->live_spans(layer) > L.n_tables)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kv append: ", kv.format, " on the GPU holds ", L.n_tables, " spans per layer at once (blocks of ",
+          kv.geometry.frames_per_block, " frames); appends this short would need more: the session is broken"));
+    if (p.slot.empty()) continue;
+    const int32_t pph = kv.pages.pages_per_head(layer) + p.new_pages_per_head;
+    const int32_t table = static_cast<int32_t>(tables.size());
+    for (int32_t h = 0; h < H; ++h) {
+      const auto& old = kv.pages.pages(layer, h);
+      tables.insert(tables.end(), old.begin(), old.end());
+      for (int32_t j = 0; j < p.new_pages_per_head; ++j)
+        tables.push_back(new_pages[i][static_cast<size_t>(h) * p.new_pages_per_head + j]);
+    }
+    for (size_t f = 0; f < p.slot.size(); ++f) {
+      const int64_t frame = w.first_frame + p.src_frame[f];
+      const bool sink = p.slot[f] < S;
+      KvSpanWrite x;
+      x.slot = p.slot[f];
+      x.table = table;
+      x.pages_per_head = pph;
+      x.sink = sink ? 1 : 0;
+      x.staging = static_cast<int64_t>(image.size());
+      if (const SpanFrameCodes* c = sink ? nullptr : kv.span->frame(layer, frame, 0); c != nullptr)
+        x.table_index = static_cast<int32_t>(c->span % L.n_tables);
+      image.resize(image.size() + static_cast<size_t>((span_image_bytes(L, H, sink) + 15) / 16 * 16), 0);
+      uint8_t* im = image.data() + x.staging;
+      const float* fk = span_host_k_.data() + static_cast<size_t>(p.src_frame[f]) * frame_values;
+      const float* fv = span_host_v_.data() + static_cast<size_t>(p.src_frame[f]) * frame_values;
+      if (sink) {  // fp16 rows, as the CPU's pending sink frames
+        for (int32_t h = 0; h < H; ++h)
+          for (int32_t t = 0; t < T; ++t) {
+            auto* row = reinterpret_cast<uint16_t*>(im + (static_cast<size_t>(h) * T + t) * 4 * D);
+            const size_t src = (static_cast<size_t>(t) * H + h) * D;
+            for (int32_t d = 0; d < D; ++d) {
+              row[d] = f32_to_f16(sanitize(fk[src + d]));
+              row[D + d] = f32_to_f16(sanitize(fv[src + d]));
+            }
+          }
+        out.push_back(x);
+        continue;
+      }
+      bool has_basis = false;
+      for (int32_t h = 0; h < H; ++h) {
+        const SpanFrameCodes* c = kv.span->frame(layer, frame, h);
+        if (c == nullptr) return absl::InternalError(absl::StrCat("kv append: frame ", frame, " was not coded"));
+        if (c->k->k > L.max_centroids || c->v->k > L.max_centroids)
+          return absl::InternalError("kv append: a span with more centroids than its table holds");
+        for (int32_t t = 0; t < T; ++t) {
+          const size_t ti = static_cast<size_t>(c->first_token + t);
+          uint8_t* rec = im + (static_cast<size_t>(h) * T + t) * tb;
+          std::memcpy(rec, c->k->blocks.data() + ti * rb, static_cast<size_t>(rb));
+          std::memcpy(rec + rb, c->v->blocks.data() + ti * rb, static_cast<size_t>(rb));
+          rec[2 * rb] = c->k->ids[ti];
+          rec[2 * rb + 1] = c->v->ids[ti];
+          if (cb > 0 && !c->k->coeffs.empty())
+            std::memcpy(rec + 2 * rb + 2, c->k->coeffs.data() + ti * cb, static_cast<size_t>(cb));
+        }
+        uint8_t* tab = im + span_tables_at(L, H) + static_cast<size_t>(h) * L.table_bytes();
+        std::memcpy(tab, c->k->centroids.data(), c->k->centroids.size() * 2);
+        std::memcpy(tab + L.v_table(), c->v->centroids.data(), c->v->centroids.size() * 2);
+        if (cb > 0 && c->basis != nullptr) std::memcpy(tab + L.basis_table(), c->basis->data(), c->basis->size() * 2);
+        has_basis = c->basis != nullptr;
+      }
+      bases.emplace_back(kv.span.get(), p.slot[f] - S, has_basis);
+      out.push_back(x);
+      ++span_appends_;
+    }
+  }
+  if (out.empty()) return absl::OkStatus();
+  // one upload: the writes, the page tables, then (16-byte aligned) the image
+  const size_t write_bytes = out.size() * sizeof(KvSpanWrite);
+  const size_t image_at = (write_bytes + tables.size() * sizeof(int32_t) + 15) / 16 * 16;
+  std::vector<uint8_t> host(image_at + image.size());
+  std::memcpy(host.data(), out.data(), write_bytes);
+  std::memcpy(host.data() + write_bytes, tables.data(), tables.size() * sizeof(int32_t));
+  std::memcpy(host.data() + image_at, image.data(), image.size());
+  absl::Status s = append_scratch_.reserve(host.size());
+  if (!s.ok()) return s;
+  s = copy_to_device(append_scratch_.get(), host.data(), host.size());
+  if (!s.ok()) return s;
+  KvSpanAppendArgs a;
+  a.pool = pool_memory_.as<uint8_t>();
+  a.page_bytes = page_bytes_;
+  a.row = L;
+  a.heads = H;
+  a.writes = reinterpret_cast<const KvSpanWrite*>(append_scratch_.get());
+  a.n_writes = static_cast<int32_t>(out.size());
+  a.page_tables = reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(append_scratch_.get()) + write_bytes);
+  a.staging = static_cast<const uint8_t*>(append_scratch_.get()) + image_at;
+  WM_CUDA_RETURN_IF_ERROR(launch_kv_append_span(a, stream_));
+  ++append_launches_;
+  for (const auto& [coder, slot, has] : bases) coder->set_slot_has_basis(layer, slot, has);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
+                                          std::span<const WmSessionRows> rows, const float* q) {
+  for (size_t i = 0; i < caches.size(); ++i) {
+    DeviceKvCache& kv = *caches[i];
+    if (kv.span == nullptr || !kv.span->observes_queries() || rows[i].rows <= 0) continue;
+    if (recording_)
+      return absl::FailedPreconditionError("attention: QuantWM-2 observes its queries on the host, which a graph cannot record");
+    const size_t row_values = static_cast<size_t>(kv.geometry.heads) * kv.geometry.head_dim;
+    span_host_q_.resize(row_values * static_cast<size_t>(rows[i].rows));
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_q_.data(), q + static_cast<size_t>(rows[i].row0) * row_values,
+                                            span_host_q_.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    kv.span->observe(layer, span_host_q_.data(), rows[i].rows);
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // value i of a KIVI-2 block: fp16 scale, fp16 zero, 2-bit codes four to a
@@ -1074,6 +1302,70 @@ absl::Status CudaBackend::kv_reconstruct(const DeviceKvCache& kv, int32_t layer,
     std::memcpy(&x, page + elem * 2, 2);
     return f16_to_f32(x);
   };
+  if (g.span.block > 0) {
+    // span rows: each window frame decoded by the CPU's reference decoder
+    // from its slot's codes and table (quant/span_codec.h)
+    const SpanRowLayout& L = g.span;
+    const int32_t S = g.sink_frames, rb = L.rec_bytes, cb = L.coeff_bytes;
+    std::vector<float> basis(static_cast<size_t>(8) * Dh);
+    for (size_t f = 0; f < order.size(); ++f)
+      for (int32_t h = 0; h < H; ++h) {
+        const uint8_t* row = pages.data() + static_cast<size_t>(h) * pph * P;
+        const int32_t slot = order[f];
+        float* kd = k->data() + (f * T * H + h) * Dh;
+        float* vd = v->data() + (f * T * H + h) * Dh;
+        const int64_t stride = static_cast<int64_t>(H) * Dh;
+        if (slot < S) {
+          for (int32_t t = 0; t < T; ++t) {
+            const int32_t logical = slot * T + t;
+            int32_t entry = 0, offset = 0;
+            L.front.at(logical / kTileKeys, &entry, &offset);
+            const uint8_t* unit = row + static_cast<int64_t>(entry) * P + offset;
+            for (int32_t d = 0; d < Dh; ++d) {
+              kd[t * stride + d] = f16_at(unit, static_cast<int64_t>(logical % kTileKeys) * Dh + d);
+              vd[t * stride + d] = f16_at(unit, static_cast<int64_t>(kTileKeys + logical % kTileKeys) * Dh + d);
+            }
+          }
+          continue;
+        }
+        int32_t entry = 0, offset = 0;
+        L.map.at(0, &entry, &offset);
+        int32_t table_index = 0;
+        std::memcpy(&table_index, row + static_cast<int64_t>(entry) * P + offset + 4 * (slot - S), 4);
+        if (table_index < 0 || table_index >= L.n_tables) return absl::InternalError("kv reconstruct: a bad table index");
+        L.tables.at(table_index, &entry, &offset);
+        const uint8_t* table = row + static_cast<int64_t>(entry) * P + offset;
+        const bool psac = cb > 0 && kv.span != nullptr && kv.span->slot_has_basis(layer, slot - S);
+        SpanHeadCodes ck, cv;
+        for (SpanHeadCodes* c : {&ck, &cv}) {
+          c->k = L.max_centroids;
+          c->centroids.resize(static_cast<size_t>(L.max_centroids) * Dh);
+          std::memcpy(c->centroids.data(), table + (c == &ck ? 0 : L.v_table()), c->centroids.size() * 2);
+          c->ids.resize(static_cast<size_t>(T));
+          c->blocks.resize(static_cast<size_t>(T) * rb);
+        }
+        if (psac) ck.coeffs.resize(static_cast<size_t>(T) * cb);
+        for (int32_t t = 0; t < T; ++t) {
+          const int32_t wl = (slot - S) * T + t;
+          L.units.at(wl / kTileKeys, &entry, &offset);
+          const uint8_t* unit = row + static_cast<int64_t>(entry) * P + offset;
+          const int32_t r = wl % kTileKeys;
+          std::memcpy(ck.blocks.data() + static_cast<size_t>(t) * rb, unit + r * rb, static_cast<size_t>(rb));
+          std::memcpy(cv.blocks.data() + static_cast<size_t>(t) * rb, unit + L.v_recs() + r * rb, static_cast<size_t>(rb));
+          ck.ids[static_cast<size_t>(t)] = unit[L.k_ids() + r];
+          cv.ids[static_cast<size_t>(t)] = unit[L.v_ids() + r];
+          if (psac)
+            std::memcpy(ck.coeffs.data() + static_cast<size_t>(t) * cb, unit + L.k_coeffs() + r * cb,
+                        static_cast<size_t>(cb));
+        }
+        if (psac)
+          for (size_t i = 0; i < basis.size(); ++i) basis[i] = f16_at(table + L.basis_table(), static_cast<int64_t>(i));
+        const int coeff_bits = cb == 6 ? 4 : 8;
+        span_decode_ref(ck, T, Dh, L.block, coeff_bits, psac ? basis.data() : nullptr, kd, static_cast<int>(stride));
+        span_decode_ref(cv, T, Dh, L.block, coeff_bits, nullptr, vd, static_cast<int>(stride));
+      }
+    return absl::OkStatus();
+  }
   const KiviRowLayout& q = g.kivi;
   const int32_t G = q.group, bb = q.block_bytes();
   for (size_t f = 0; f < order.size(); ++f)
@@ -1252,6 +1544,11 @@ absl::Status CudaBackend::reserve_rows(DeviceBuffer& buffer, size_t& widest, int
 
 absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> caches,
                                             std::span<const WmSessionRows> rows) {
+  // span caches are coded (and QuantWM-2's queries observed) on the host,
+  // between the kernels: such a pass runs without a graph
+  for (const DeviceKvCache* c : caches)
+    if (c != nullptr && c->span != nullptr)
+      return absl::FailedPreconditionError("a pass over span caches runs without a graph (they are coded on the host)");
   absl::Status s = prepare_attention(caches, rows);
   if (!s.ok()) return s;
   // the batch's rows end at the last call's last row (a step may attend in
@@ -1287,7 +1584,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   if (layer < 0 || layer >= g.layers) return absl::InvalidArgumentError(absl::StrCat("attention: layer ", layer));
   for (const DeviceKvCache* c : caches) {
     const PagedGeometry& o = c->pages.geometry();
-    if (o.kivi.group != g.kivi.group || o.kivi.front_units != g.kivi.front_units || o.page_tokens != g.page_tokens)
+    if (!o.same_layout(g))
       return absl::InvalidArgumentError("attention: the caches of one call differ in format; attend each format alone");
   }
   for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
@@ -1296,6 +1593,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     if (!s.ok()) return s;
     if (!aligned16(p)) return absl::InvalidArgumentError("attention: q, k, v, out must be 16-byte aligned");
   }
+  if (absl::Status st = observe_queries(layer, caches, rows, q); !st.ok()) return st;
   auto slot = plan_for(layer, caches, rows);
   if (!slot.ok()) return slot.status();
   last_plan_ = *slot;
@@ -1342,7 +1640,25 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   view.page_tokens = p.page_tokens;
   view.head_dim = p.head_dim;
   const auto items = static_cast<int32_t>(p.items.size());
-  if (g.kivi.group > 0) {
+  if (g.span.block > 0) {
+    // QVG-2 / QuantWM-2: the kernels decode their tiles (kv_format_span.cuh);
+    // as for KIVI-2, the overlapped kernel where fp16 would run the warp-specialised one
+    PagedKvSpanView span;
+    span.pool = pool_memory_.as<uint8_t>();
+    span.page_table = view.page_table;
+    span.page_bytes = page_bytes_;
+    span.row = g.span;
+    ++span_attention_launches_;
+    const int32_t kernel = kernel_for(p.head_dim);
+    if (kernel == kMma) {
+      WM_CUDA_RETURN_IF_ERROR(launch_attention_span(a, span, p.head_dim, items, stream_));
+    } else {
+      ++sm90_launches_;
+      if (kernel != kWgmma) ++overlap_launches_;
+      WM_CUDA_RETURN_IF_ERROR(
+          launch_attention_sm90_span(a, span, p.head_dim, items, kernel == kWgmma ? 0 : overlap_stages(), stream_));
+    }
+  } else if (g.kivi.group > 0) {
     // KIVI-2: the mma.sync kernel decodes its tiles (kv_format_kivi.cuh)
     PagedKvKiviView kivi;
     kivi.pool = pool_memory_.as<uint8_t>();

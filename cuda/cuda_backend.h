@@ -24,6 +24,7 @@
 #include "cuda/device_buffer.h"
 #include "cuda/gemm.h"
 #include "cuda/kv_pages.h"
+#include "cuda/kv_span_host.h"
 #include "cuda/page_pool.h"
 #include "cuda/staging_ring.h"
 #include "engine/plugin_api.h"
@@ -36,13 +37,15 @@ struct DeviceWeight {
   int32_t out = 0, in = 0, ld = 0;
 };
 
-// one session's cache: bookkeeping (KvPages) over pages of the backend's pool
+// one session's cache: bookkeeping (KvPages) over pages of the backend's
+// pool; a span format's also its host coder (kv_span_host.h)
 struct DeviceKvCache {
   uint64_t id = 0;           // never reused, unlike addresses (plans key on it)
   std::string format;
   WmKvGeometry geometry{};
   KvPages pages;
   PagePool::Owner owner = 0;
+  std::unique_ptr<SpanHostCoder> span;
   DeviceKvCache(uint64_t i, std::string f, const WmKvGeometry& g, const PagedGeometry& pg, PagePool::Owner o)
       : id(i), format(std::move(f)), geometry(g), pages(pg), owner(o) {}
 };
@@ -192,8 +195,16 @@ class CudaBackend {
 
   CudaBackend() = default;
   absl::Status init(const WmPluginOptions& options);
-  // the page layout of a format (fp16 or kivi2) for g, or why the device cannot hold it
+  // the page layout of a format (fp16, kivi2, qvg2 or quantwm2) for g, or why the device cannot hold it
   absl::StatusOr<PagedGeometry> paged_geometry(absl::string_view format, const WmKvGeometry& g) const;
+  // the write pass of span caches (their codes made on the host): downloads
+  // the frames, codes them, uploads the image and scatters it into the pages
+  absl::Status kv_append_span(int32_t layer, std::span<const KvWriteRequest> writes,
+                              const std::vector<KvAppendPlan>& plans, const std::vector<std::vector<int32_t>>& tables,
+                              const float* k, const float* v);
+  // QuantWM-2's query statistics: the rows of each span cache that observes them
+  absl::Status observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
+                               std::span<const WmSessionRows> rows, const float* q);
   // x [n, in] fp32 as a GEMM operand: bf16 rows of ld, the valid copy when
   // there is one, else converted now (and kept as the copy)
   absl::StatusOr<const uint16_t*> bf16_operand(const float* x, int32_t n, int32_t in, int32_t ld);
@@ -236,7 +247,10 @@ class CudaBackend {
   DeviceBuffer append_scratch_;
   DeviceBuffer noise_scratch_;  // a batch's seeds and frame indices
   int64_t append_launches_ = 0;
-  int64_t kivi_attention_launches_ = 0;
+  int64_t kivi_attention_launches_ = 0, span_attention_launches_ = 0;
+  int64_t span_appends_ = 0;                  // window frames coded on the host
+  std::vector<float> span_host_k_, span_host_v_, span_host_q_;  // downloads
+  std::vector<uint8_t> span_image_;           // the write pass's upload
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory
   static constexpr size_t kStagingBytes = size_t{8} << 20;

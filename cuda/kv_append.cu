@@ -151,7 +151,80 @@ __global__ void kv_append_kivi_sinks_kernel(const KvKiviAppendArgs a, int64_t to
   }
 }
 
+// the page-table entry's page of a span row, as a pointer to (entry, offset)
+__device__ __forceinline__ uint8_t* span_at(const KvSpanAppendArgs& a, const KvSpanWrite& sw, int32_t h,
+                                            int32_t entry, int32_t offset) {
+  const int32_t page = a.page_tables[sw.table + static_cast<int64_t>(h) * sw.pages_per_head + entry];
+  return a.pool + static_cast<int64_t>(page) * a.page_bytes + offset;
+}
+
+__device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+// one thread per (write, head, token) and per (write, head, 16 bytes of a table)
+__global__ void kv_append_span_kernel(const KvSpanAppendArgs a, int64_t total) {
+  const SpanRowLayout& L = a.row;
+  const int32_t T = L.tokens_per_frame, D = L.head_dim, tw = L.table_bytes() / 16;
+  const uint32_t per_head = static_cast<uint32_t>(T + tw), per_write = per_head * static_cast<uint32_t>(a.heads);
+  const int32_t tb = span_token_bytes(L);
+  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < static_cast<uint32_t>(total);
+       e += gridDim.x * blockDim.x) {
+    const uint32_t w = e / per_write, r1 = e - w * per_write;
+    const int32_t h = static_cast<int32_t>(r1 / per_head), i = static_cast<int32_t>(r1 % per_head);
+    const KvSpanWrite sw = a.writes[w];
+    const uint8_t* image = a.staging + sw.staging;
+    int32_t entry = 0, offset = 0;
+    if (i >= T) {  // 16 bytes of this slot's tables
+      if (sw.sink) continue;
+      const int32_t j = i - T;
+      L.tables.at(sw.table_index, &entry, &offset);
+      const uint8_t* src = image + span_tables_at(L, a.heads) + static_cast<int64_t>(h) * L.table_bytes() + j * 16;
+      *reinterpret_cast<uint4*>(span_at(a, sw, h, entry, offset + j * 16)) = *reinterpret_cast<const uint4*>(src);
+      continue;
+    }
+    const int32_t logical = sw.slot * T + i;
+    if (sw.sink) {  // fp16 rows into the front's unit: K [kTileKeys][D], then V
+      const auto* src = reinterpret_cast<const uint4*>(image + (static_cast<int64_t>(h) * T + i) * 4 * D);
+      L.front.at(logical / kTileKeys, &entry, &offset);
+      uint8_t* unit = span_at(a, sw, h, entry, offset);
+      auto* kd = reinterpret_cast<uint4*>(unit + (logical % kTileKeys) * 2 * D);
+      auto* vd = reinterpret_cast<uint4*>(unit + (kTileKeys + logical % kTileKeys) * 2 * D);
+      for (int32_t c = 0; c < D / 8; ++c) {
+        kd[c] = src[c];
+        vd[c] = src[D / 8 + c];
+      }
+      continue;
+    }
+    if (i == 0) {  // the slot's map entry: its span's table
+      L.map.at(0, &entry, &offset);
+      reinterpret_cast<int32_t*>(span_at(a, sw, h, entry, offset))[sw.slot - L.front_tokens / T] = sw.table_index;
+    }
+    const int32_t wl = logical - L.front_tokens, r = wl % kTileKeys;
+    L.units.at(wl / kTileKeys, &entry, &offset);
+    uint8_t* unit = span_at(a, sw, h, entry, offset);
+    const uint8_t* src = image + (static_cast<int64_t>(h) * T + i) * tb;
+    copy_bytes(unit + r * L.rec_bytes, src, L.rec_bytes);
+    copy_bytes(unit + L.v_recs() + r * L.rec_bytes, src + L.rec_bytes, L.rec_bytes);
+    unit[L.k_ids() + r] = src[2 * L.rec_bytes];
+    unit[L.v_ids() + r] = src[2 * L.rec_bytes + 1];
+    copy_bytes(unit + L.k_coeffs() + r * L.coeff_bytes, src + 2 * L.rec_bytes + 2, L.coeff_bytes);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_kv_append_span(const KvSpanAppendArgs& a, cudaStream_t stream) {
+  const SpanRowLayout& L = a.row;
+  if (L.block <= 0 || L.tokens_per_frame <= 0 || L.head_dim % 8 != 0 || L.table_bytes() % 16 != 0)
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.staging) & 15u) != 0) return cudaErrorMisalignedAddress;
+  const int64_t total =
+      static_cast<int64_t>(a.n_writes) * a.heads * (L.tokens_per_frame + L.table_bytes() / 16);
+  if (total <= 0) return cudaSuccess;
+  if (total >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  return launch_kernel(kv_append_span_kernel, grid_for(total), kThreads, 0, stream, a, total);
+}
 
 cudaError_t launch_kv_append_kivi(const KvKiviAppendArgs& a, cudaStream_t stream) {
   const int32_t G = a.row.group, D = a.row.head_dim;

@@ -53,4 +53,46 @@ struct KvKiviAppendArgs {
 
 cudaError_t launch_kv_append_kivi(const KvKiviAppendArgs& a, cudaStream_t stream);
 
+// The write pass into QVG-2 / QuantWM-2 rows (kv_layout.h: SpanRowLayout):
+// the host codes the frames (kv_span_host.h) into a staging image, which
+// this scatters into the pages. A sink write's image is [heads][T] rows of
+// K then V, head_dim fp16 each; a window write's is [heads][T] token
+// records (K residual, V residual, K id, V id, K PSAC record:
+// span_token_bytes()), then, from the next multiple of 16 bytes, [heads]
+// tables of its span (table_bytes each; every frame of a span carries the
+// same), which go to table `table_index`, and the slot's map entry names it.
+struct KvSpanWrite {
+  int32_t slot = 0;            // destination slot in its cache
+  int32_t table = 0;           // offset of its cache's page table [heads][pages_per_head]
+  int32_t pages_per_head = 0;
+  int32_t sink = 0;            // 1: fp16 rows of a sink frame
+  int32_t table_index = 0;     // its span's table in the ring
+  int32_t pad = 0;
+  int64_t staging = 0;         // its image's first byte in `staging` (a multiple of 16)
+};
+
+struct KvSpanAppendArgs {
+  uint8_t* pool = nullptr;
+  int64_t page_bytes = 0;
+  SpanRowLayout row;
+  int32_t heads = 0;
+  const KvSpanWrite* writes = nullptr;  // device [n_writes]
+  int32_t n_writes = 0;
+  const int32_t* page_tables = nullptr;
+  const uint8_t* staging = nullptr;     // device, 16-byte aligned
+};
+
+// bytes of one token's record in a window write's image, and where a
+// window write's tables start in it
+WM_HD int32_t span_token_bytes(const SpanRowLayout& r) { return 2 * r.rec_bytes + 2 + r.coeff_bytes; }
+WM_HD int64_t span_tables_at(const SpanRowLayout& r, int32_t heads) {
+  return (static_cast<int64_t>(heads) * r.tokens_per_frame * span_token_bytes(r) + 15) / 16 * 16;
+}
+WM_HD int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads, bool sink) {
+  if (sink) return static_cast<int64_t>(heads) * r.tokens_per_frame * 4 * r.head_dim;
+  return span_tables_at(r, heads) + static_cast<int64_t>(heads) * r.table_bytes();
+}
+
+cudaError_t launch_kv_append_span(const KvSpanAppendArgs& a, cudaStream_t stream);
+
 }  // namespace wm::cuda

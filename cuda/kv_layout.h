@@ -18,6 +18,7 @@
 // Everything here is plain data with __host__ __device__ helpers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -127,6 +128,144 @@ struct PagedKvKiviView {
   const int32_t* page_table = nullptr;  // plan snapshot
   int64_t page_bytes = 0;
   KiviRowLayout row;
+};
+
+// Rows cut into sections of equal items, each item whole inside one page:
+// a section starts in the page where the one before it ends if an item
+// still fits there, else on the next page. at(i): the page-table entry and
+// byte offset of item i.
+struct RowSection {
+  int32_t item_bytes = 0, per_page = 0;  // per_page: whole items in one page
+  int32_t first_entry = 0;               // the entry where the section starts
+  int32_t first_offset = 0;              // its offset there (0: a fresh page)
+  int32_t shared = 0;                    // items in that first, shared page (0 if first_offset is 0)
+  WM_HD void at(int32_t i, int32_t* entry, int32_t* offset) const {
+    if (i < shared) {
+      *entry = first_entry;
+      *offset = first_offset + i * item_bytes;
+      return;
+    }
+    const int32_t rest = i - shared;
+    *entry = first_entry + (first_offset > 0 ? 1 : 0) + rest / per_page;
+    *offset = (rest % per_page) * item_bytes;
+  }
+};
+
+// QVG-2 / QuantWM-2 pages (kv_format_span.cuh, quant/kv_span.cc). Logical
+// tokens are the fp16 layout's (slot * tokens_per_frame + t); a page-table
+// row (one session, layer and head) holds three sections:
+//
+//   front: the sink frames' units of kTileKeys tokens, fp16 (KIVI-2's front)
+//   units: the window's tokens from front_tokens on, kTileKeys to a unit:
+//     K residual records [kTileKeys][rec_bytes]  (head_dim / block BlockQ2Sym<block>)
+//     V residual records [kTileKeys][rec_bytes]
+//     K ids [kTileKeys], V ids [kTileKeys]        (u8 centroid of each token)
+//     K PSAC records [kTileKeys][coeff_bytes]     (QuantWM-2 only)
+//   map: int32 [window slots]: the table of each window slot's span
+//   tables: n_tables of them, one per live span (a ring: span i of a layer
+//     takes table i mod n_tables): K centroids [max_centroids][head_dim]
+//     fp16, V centroids [max_centroids][head_dim] fp16, then (QuantWM-2)
+//     the PSAC basis [8][head_dim] fp16 the span was coded with
+//
+// Per-token data sits where the fp16 cache keeps the token, so a frame
+// leaves the window with its slot; a span's centroids and basis stay in
+// its table until its last frame has left.
+struct SpanRowLayout {
+  int32_t head_dim = 0, block = 0;  // block 0: not a span cache
+  int32_t tokens_per_frame = 0;
+  int32_t front_tokens = 0;         // sink frames' tokens, a multiple of kTileKeys
+  int32_t rec_bytes = 0;            // one token's residual records on one side
+  int32_t coeff_bytes = 0;          // one key's PSAC record (0: QVG-2)
+  int32_t max_centroids = 0;        // rows of each slot's centroid tables
+  int32_t window_units = 0, window_slots = 0;
+  int32_t n_tables = 0;             // tables in the ring: at least the spans a layer can hold at once
+  RowSection front, units, map, tables;
+  int32_t entries = 0;              // page-table entries of a whole row
+
+  WM_HD int32_t front_units() const { return front_tokens / kTileKeys; }
+  WM_HD int32_t unit_bytes() const { return kTileKeys * (2 * rec_bytes + 2 + coeff_bytes); }
+  WM_HD int32_t v_recs() const { return kTileKeys * rec_bytes; }
+  WM_HD int32_t k_ids() const { return 2 * kTileKeys * rec_bytes; }
+  WM_HD int32_t v_ids() const { return k_ids() + kTileKeys; }
+  WM_HD int32_t k_coeffs() const { return v_ids() + kTileKeys; }
+  WM_HD int32_t table_bytes() const {
+    return 2 * (2 * max_centroids * head_dim + (coeff_bytes > 0 ? 8 * head_dim : 0));
+  }
+  WM_HD int32_t v_table() const { return 2 * max_centroids * head_dim; }
+  WM_HD int32_t basis_table() const { return 4 * max_centroids * head_dim; }
+  // the window slot of a logical token past the front
+  WM_HD int32_t slot_of(int32_t logical) const { return (logical - front_tokens) / tokens_per_frame; }
+  // page-table entries that hold the first `tokens` logical tokens: the
+  // front's units, and with the first window token the whole row
+  WM_HD int32_t entries_for(int64_t tokens) const {
+    if (tokens > front_tokens) return entries;
+    const int32_t u = static_cast<int32_t>((tokens + kTileKeys - 1) / kTileKeys);
+    if (u <= 0) return 0;
+    int32_t entry = 0, offset = 0;
+    front.at(u - 1, &entry, &offset);
+    return entry + 1;
+  }
+};
+
+// lays `count` items of `bytes` out from the cursor (entry, offset); false
+// if a page cannot hold one
+inline bool place_section(int64_t page_bytes, int32_t bytes, int32_t count, int32_t* entry, int32_t* offset,
+                          RowSection* s) {
+  s->item_bytes = bytes;
+  if (count <= 0) {
+    s->per_page = 1;
+    s->first_entry = *entry;
+    return true;
+  }
+  if (bytes <= 0 || bytes > page_bytes) return false;
+  s->per_page = static_cast<int32_t>(page_bytes / bytes);
+  s->first_entry = *entry;
+  s->first_offset = *offset;
+  s->shared = *offset > 0 ? static_cast<int32_t>(std::min<int64_t>(count, (page_bytes - *offset) / bytes)) : 0;
+  int32_t e = 0, o = 0;
+  s->at(count - 1, &e, &o);
+  o += bytes;
+  if (o >= page_bytes) {
+    ++e;
+    o = 0;
+  }
+  *entry = e;
+  *offset = o;
+  return true;
+}
+
+// the row layout of a span cache; block 0 if a page cannot hold an item
+inline SpanRowLayout span_row_layout(int64_t page_bytes, int32_t head_dim, int32_t block, int32_t coeff_bytes,
+                                     int32_t max_centroids, int32_t tokens_per_frame, int32_t sink_frames,
+                                     int32_t window_frames, int32_t n_tables) {
+  SpanRowLayout r;
+  r.head_dim = head_dim;
+  r.block = block;
+  r.tokens_per_frame = tokens_per_frame;
+  r.front_tokens = sink_frames * tokens_per_frame;
+  r.rec_bytes = head_dim / block * (1 + block / 4);
+  r.coeff_bytes = coeff_bytes;
+  r.max_centroids = max_centroids;
+  r.window_slots = window_frames;
+  r.n_tables = n_tables;
+  r.window_units = static_cast<int32_t>((static_cast<int64_t>(window_frames) * tokens_per_frame + kTileKeys - 1) /
+                                        kTileKeys);
+  int32_t entry = 0, offset = 0;
+  const bool ok = place_section(page_bytes, 4 * kTileKeys * head_dim, r.front_units(), &entry, &offset, &r.front) &&
+                  place_section(page_bytes, r.unit_bytes(), r.window_units, &entry, &offset, &r.units) &&
+                  place_section(page_bytes, (4 * window_frames + 15) / 16 * 16, 1, &entry, &offset, &r.map) &&
+                  place_section(page_bytes, r.table_bytes(), r.n_tables, &entry, &offset, &r.tables);
+  if (!ok) r.block = 0;
+  r.entries = offset > 0 ? entry + 1 : entry;
+  return r;
+}
+
+// the view the attention kernel gets (by value) for span caches
+struct PagedKvSpanView {
+  const uint8_t* pool = nullptr;
+  const int32_t* page_table = nullptr;  // plan snapshot
+  int64_t page_bytes = 0;
+  SpanRowLayout row;
 };
 
 // one session of a planned attention launch

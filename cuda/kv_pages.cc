@@ -20,6 +20,8 @@ absl::Status validate_paged_geometry(const PagedGeometry& g) {
   if (tokens > (int64_t{1} << 30)) return absl::InvalidArgumentError("device kv cache: window too long");
   if (g.kivi.group > 0 && g.kivi.front_tokens() != g.sink_frames * g.tokens_per_frame)
     return absl::InvalidArgumentError("device kv cache: the sink frames must be whole units of keys");
+  if (g.span.block > 0 && g.span.front_tokens % kTileKeys != 0)
+    return absl::InvalidArgumentError("device kv cache: the sink frames must be whole units of keys");
   return absl::OkStatus();
 }
 

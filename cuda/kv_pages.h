@@ -21,17 +21,28 @@ namespace wm::cuda {
 
 // A page-table row (one layer and head) of the fp16 format holds
 // page_tokens tokens per page; a KIVI-2 row is laid out by `kivi`
-// (kv_layout.h: KiviRowLayout).
+// (kv_layout.h: KiviRowLayout), a QVG-2/QuantWM-2 row by `span`
+// (SpanRowLayout).
 struct PagedGeometry {
   int32_t layers = 0, heads = 0, head_dim = 0, tokens_per_frame = 0;
   int32_t window_frames = 0, sink_frames = 0;
-  int32_t page_tokens = 0;  // fp16: tokens of one (layer, head) per page; KIVI-2: of a page of units
-  KiviRowLayout kivi;       // group 0: the fp16 format
+  int32_t page_tokens = 0;  // fp16: tokens of one (layer, head) per page; KIVI-2: of a page of units; spans: kTileKeys
+  KiviRowLayout kivi;       // group 0: not KIVI-2
+  SpanRowLayout span;       // block 0: not a span format
   int32_t slots() const { return window_frames + sink_frames; }
   // page-table entries that hold the first `tokens` logical tokens
   int32_t pages_for(int64_t tokens) const {
+    if (span.block > 0) return span.entries_for(tokens);
     if (kivi.group > 0) return kivi.entries_for(static_cast<int32_t>((tokens + kivi.unit_tokens - 1) / kivi.unit_tokens));
     return static_cast<int32_t>((tokens + page_tokens - 1) / page_tokens);
+  }
+  // whether caches of the two can share an append or attention launch
+  bool same_layout(const PagedGeometry& o) const {
+    return heads == o.heads && head_dim == o.head_dim && tokens_per_frame == o.tokens_per_frame &&
+           page_tokens == o.page_tokens && kivi.group == o.kivi.group && kivi.front_units == o.kivi.front_units &&
+           span.block == o.span.block && span.front_tokens == o.span.front_tokens &&
+           span.coeff_bytes == o.span.coeff_bytes && span.max_centroids == o.span.max_centroids &&
+           span.window_slots == o.span.window_slots && span.n_tables == o.span.n_tables;
   }
   int32_t max_pages_per_head() const { return pages_for(static_cast<int64_t>(slots()) * tokens_per_frame); }
   // the pages a session can ever hold: what the pool reserves for it

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define WM_PLUGIN_ABI_VERSION 5u
+#define WM_PLUGIN_ABI_VERSION 6u
 #define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
 
 /* absl::StatusCode numbering */
@@ -78,12 +78,18 @@ typedef struct WmFrameShape {
   int32_t height, width, channels, patch;
 } WmFrameShape;
 
-/* a session's cache: the model's geometry, then (version 5) the format
- * options a device format reads (quant/kv_cache.h: KvFormatOptions) */
+/* a session's cache: the model's geometry, then the format options a
+ * device format reads (quant/kv_cache.h: KvFormatOptions): KIVI-2's
+ * (version 5), the span formats' (version 6; booleans are 0 or 1) */
 typedef struct WmKvGeometry {
   int32_t layers, heads, head_dim, tokens_per_frame;
   int32_t window_frames, sink_frames, frames_per_block;
   int32_t kivi_group, kivi_residual;
+  int32_t span_frames, centroids, tokens_per_centroid, block, kmeans_iters;
+  int32_t quantize_sinks, qsac, psac, psac_rank, psac_bits, psac_refresh_frames, qsac_candidates;
+  int32_t quantize_keys, quantize_values;
+  float qsac_weight_floor;
+  uint64_t kmeans_seed;
 } WmKvGeometry;
 
 /* one session's rows inside a batched attention call: its queries (and the

@@ -33,6 +33,7 @@
 #               model, how many players hold 20 frames/s with p99 < 100 ms
 #   serving_graphs  the same with --device_graphs
 #   attention_kivi2  wm_attention_bench over KIVI-2 caches (64-query blocks; CUDA.md, "KIVI-2 pages")
+#   attention_quantwm2  the same over QuantWM-2 caches (CUDA.md, "Span pages")
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
@@ -192,6 +193,7 @@ stage serving_graphs 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity_gra
 cp "$raw/capacity_graphs/wmserve.log" "$OUT/serving-graphs-wmserve.log" 2>/dev/null
 # KIVI-2 caches on the attention kernels (CUDA.md, "KIVI-2 pages"): after the issue's measurements
 stage attention_kivi2 30 .gpu/bin/wm_attention_bench --format=kivi2 --queries=64 --reps=10
+stage attention_quantwm2 30 .gpu/bin/wm_attention_bench --format=quantwm2 --queries=64 --reps=10
 # last, so that it is what a short budget drops: batch-invariant sessions beside mg2's B=8 W=6 row
 stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1
 

@@ -152,6 +152,7 @@ def collect(raw, out_path, build_info):
                             json_lines(os.path.join(raw, "attention_stages.out")) +
                             json_lines(os.path.join(raw, "attention_ws.out")))
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
+    results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
     results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
     results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
@@ -202,15 +203,15 @@ def summary(path):
         if a.get("bench") == "attention" and a.get("query_tokens") == 64:
             print("attention q=64 N=%s split=%s %s: %s us, %s GB/s (%s%% of HBM)" % (
                 a["cached_tokens"], a["split"], kernel_label(a), a["us"], a["GBps"], a["pct_hbm_4800"]))
-    # KIVI-2 against fp16 at the same cache length, query block and split, on the kernel each ran
+    # KIVI-2 and QuantWM-2 against fp16 at the same cache length, query block and split, on the kernel each ran
     fp16 = {(a["cached_tokens"], a["query_tokens"], a["split"], a["kernel"]): a for a in r.get("attention", [])
             if a.get("bench") == "attention" and a.get("format", "fp16") == "fp16"}
-    for a in r.get("attention_kivi2", []):
+    for a in r.get("attention_kivi2", []) + r.get("attention_quantwm2", []):
         if a.get("bench") != "attention":
             continue
         ref = fp16.get((a["cached_tokens"], a["query_tokens"], a["split"], a["kernel"]))
-        print("attention kivi2 q=%s N=%s split=%s %s: %s us, %s GB/s of its own bytes (%s of them)%s" % (
-            a["query_tokens"], a["cached_tokens"], a["split"], a["kernel"], a["us"], a.get("cache_GBps"),
+        print("attention %s q=%s N=%s split=%s %s: %s us, %s GB/s of its own bytes (%s of them)%s" % (
+            a.get("format"), a["query_tokens"], a["cached_tokens"], a["split"], a["kernel"], a["us"], a.get("cache_GBps"),
             a.get("cache_bytes"), " vs fp16 %s us: x%.2f" % (ref["us"], ref["us"] / a["us"]) if ref and a["us"] else ""))
     for m in r.get("comparison", {}).get("mg2", []):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "

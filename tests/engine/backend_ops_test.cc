@@ -481,6 +481,7 @@ struct AttnSpec {
   float q_scale = 1.0f;
   std::vector<std::pair<std::string, int64_t>> tuning;
   std::string label;
+  bool observe = false;  // attend before each append (QuantWM-2's statistics and bases then exist)
 };
 
 KvGeometry geometry_of(const AttnSpec& a) {
@@ -510,6 +511,11 @@ std::vector<std::unique_ptr<KvCache>> filled_caches(Backend& b, Buffers& buf, co
         const uint32_t r = seed + static_cast<uint32_t>(1000 * s + 10 * f + l);
         float* k = buf.put(randn(frame_vals * n, r));
         float* v = buf.put(randn(frame_vals * n, r + 7));
+        if (a.observe) {  // the write pass's queries, as a session's step attends before it appends
+          const SessionSlice one{c->get(), 0, n};
+          b.attention(l, std::span<const SessionSlice>(&one, 1), a.tokens_per_frame,
+                      buf.put(randn(frame_vals * n, r + 3, a.q_scale)), k, v, buf.zeros(frame_vals * n));
+        }
         const absl::Status st = (*c)->append(l, k, v, f, n);
         EXPECT_TRUE(st.ok()) << st;
       }
@@ -705,6 +711,41 @@ std::vector<OpCase> all_cases() {
     a.label = "mixed_kivi2_fp16";
     kivi_kernels(a);
   }
+  // QVG-2 / QuantWM-2 caches (the kernels decode their tiles, PSAC folded into the keys): residual
+  // blocks of 16..128 channels, int8 and int4 coefficients, frames that end mid-tile (80 tokens),
+  // sinks or none, the queries observed before each append (so that bases exist), on every kernel;
+  // and a batch mixing them with fp16 (one call per format)
+  for (auto [format, hd, block, T, sinks, bits] : std::vector<std::tuple<const char*, int, int, int, int, int>>{
+           {"qvg2", 32, 16, 64, 1, 8}, {"quantwm2", 64, 64, 64, 1, 8}, {"quantwm2", 128, 32, 80, 0, 4},
+           {"qvg2", 128, 128, 64, 1, 8}})
+    for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
+             {{"attention.block_q", 64}, {"attention.split", 1}},
+             {{"attention.block_q", 128}, {"attention.split", 3}},
+             {{"attention.split", -1}}}) {
+      AttnSpec a;
+      a.head_dim = hd;
+      a.tokens_per_frame = T;
+      a.sinks = sinks;
+      a.format = format;
+      a.options.block = block;
+      a.options.psac_bits = bits;
+      a.options.tokens_per_centroid = 32;
+      a.options.psac_refresh_frames = 2;
+      a.observe = true;
+      a.cached = {0, 3, 9};
+      a.tuning = tu;
+      a.label = std::string(format) + "b" + std::to_string(block) + "_s" + std::to_string(sinks);
+      kivi_kernels(a);
+    }
+  {
+    AttnSpec a;
+    a.tokens_per_frame = 64;
+    a.formats = {"quantwm2", "fp16", "qvg2"};
+    a.observe = true;
+    a.cached = {9, 3, 2};
+    a.label = "mixed_span_fp16";
+    kivi_kernels(a);
+  }
   for (int hd : {32, 64, 128}) {
     // the smallest cases first: one session, only its own block (one partial key tile), then one
     // full cache tile and the block
@@ -865,9 +906,26 @@ TEST(CudaKvCache, ErrorsAreValues) {
   AttnSpec a;
   KvGeometry g = geometry_of(a);
   for (const char* format : {"qvg2", "quantwm2", "fp32"}) {
+    // fp32 has no kernels; the span formats need the sink frames in whole key tiles (17 tokens are not)
     auto c = b.make_kv_cache(format, g, {});
     EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << format << ": " << c.status();
     EXPECT_EQ(b.kv_reservation_bytes(format, g, {}), 0) << format;
+  }
+  {
+    KvGeometry sp = g;
+    sp.sink_frames = 0;  // 17-token frames without sinks: the span formats hold them
+    for (const char* format : {"qvg2", "quantwm2"}) {
+      EXPECT_TRUE(b.make_kv_cache(format, sp, {}).ok()) << format;
+      KvFormatOptions o;
+      o.quantize_sinks = true;
+      EXPECT_EQ(b.make_kv_cache(format, sp, o).status().code(), absl::StatusCode::kUnimplemented) << format;
+      o = {};
+      o.span_frames = 2;  // spans of several appends: fp16 frames pending across appends
+      EXPECT_EQ(b.make_kv_cache(format, sp, o).status().code(), absl::StatusCode::kUnimplemented) << format;
+      o = {};
+      o.block = 48;
+      EXPECT_EQ(b.make_kv_cache(format, sp, o).status().code(), absl::StatusCode::kInvalidArgument) << format;
+    }
   }
   // KIVI-2 needs whole chunks per frame (17 tokens are not) and sinks in whole key tiles
   auto kivi = b.make_kv_cache("kivi2", g, {});
@@ -1098,6 +1156,152 @@ TEST(CudaKivi, MixedBatchesAppendAndAttendPerFormat) {
                    cuda_buf.put(randn(vals, 85)), out);
   EXPECT_EQ(counter("attention.kivi_launches") - kivi_before, 1);
   EXPECT_EQ(counter("attention.launches") - all_before, 2);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// QVG-2 / QuantWM-2 on the device: the host codes each append as the CPU's
+// cache does (the same ledger, statistics, bases and coder), so the stored
+// codes decode to the CPU's values bit for bit: residual blocks of 16..128
+// channels, int8 and int4 PSAC records, several bases (one per 2 frames),
+// frames that end mid-unit (80 tokens), sinks or none, a shorter append
+// among whole blocks, NaN, inf and values past fp16's range, and eviction
+TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
+  WM_REQUIRE_CUDA();
+  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
+  struct Case {
+    const char* format;
+    int hd, block, T, sinks, fpb, bits, tokens_per_centroid, window;
+  };
+  // (a window of 7 frames in blocks of 3 holds 5 spans' tables, so the tables make a ring of their own)
+  for (const Case& cs : std::vector<Case>{{"qvg2", 64, 64, 64, 1, 1, 8, 64, 4},
+                                          {"quantwm2", 64, 32, 64, 1, 2, 8, 16, 4},
+                                          {"quantwm2", 128, 64, 80, 0, 3, 4, 32, 7},
+                                          {"qvg2", 32, 16, 64, 0, 2, 8, 8, 4},
+                                          {"quantwm2", 128, 128, 64, 2, 2, 8, 64, 4}}) {
+    SCOPED_TRACE(std::string(cs.format) + " head_dim " + std::to_string(cs.hd) + " block " + std::to_string(cs.block) +
+                 " T " + std::to_string(cs.T) + " sinks " + std::to_string(cs.sinks));
+    AttnSpec a;
+    a.head_dim = cs.hd;
+    a.tokens_per_frame = cs.T;
+    a.sinks = cs.sinks;
+    a.window = cs.window;
+    a.frames_per_block = cs.fpb;
+    a.options.block = cs.block;
+    a.options.psac_bits = cs.bits;
+    a.options.tokens_per_centroid = cs.tokens_per_centroid;
+    a.options.psac_refresh_frames = 2;
+    const KvGeometry g = geometry_of(a);
+    auto cpu = cpu_b.make_kv_cache(cs.format, g, a.options);
+    auto cuda = cuda_b.make_kv_cache(cs.format, g, a.options);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    Buffers cpu_buf(cpu_b), cuda_buf(cuda_b);
+    const size_t frame_vals = static_cast<size_t>(cs.T) * a.heads * cs.hd;
+    int f = 0;
+    for (int step = 0; step < 7; ++step) {
+      const int n = step == 2 ? 1 : cs.fpb;  // a prompt's shorter chunk among whole blocks
+      for (int l = 0; l < a.layers; ++l) {
+        // the block's queries first (QuantWM-2's statistics), then its K/V
+        const uint32_t r = static_cast<uint32_t>(100 * step + l);
+        const auto q = randn(frame_vals * n, r, 2.0f);
+        const auto k = hostile_frames(frame_vals * n, cs.hd, 1000 + r);
+        const auto v = hostile_frames(frame_vals * n, cs.hd, 5000 + r);
+        const auto kq = randn(frame_vals * n, r + 1);
+        for (auto [b, buf, c] : {std::tuple{&cpu_b, &cpu_buf, cpu->get()}, std::tuple{&cuda_b, &cuda_buf, cuda->get()}}) {
+          const SessionSlice one{c, 0, n};
+          b->attention(l, std::span<const SessionSlice>(&one, 1), cs.T, buf->put(q), buf->put(kq), buf->put(kq),
+                       buf->zeros(frame_vals * n));
+        }
+        ASSERT_TRUE((*cpu)->append(l, cpu_buf.put(k), cpu_buf.put(v), f, n).ok());
+        const absl::Status st = (*cuda)->append(l, cuda_buf.put(k), cuda_buf.put(v), f, n);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      f += n;
+      for (int l = 0; l < a.layers; ++l) {
+        EXPECT_EQ((*cuda)->frames(l), (*cpu)->frames(l)) << "after frame " << f << ", layer " << l;
+        std::vector<float> ck, cv, gk, gv;
+        (*cpu)->reconstruct(l, &ck, &cv);
+        (*cuda)->reconstruct(l, &gk, &gv);
+        ASSERT_EQ(gk.size(), ck.size());
+        size_t bad_k = 0, bad_v = 0;
+        for (size_t i = 0; i < ck.size(); ++i) {
+          bad_k += std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
+          bad_v += std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
+        }
+        EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << f;
+        EXPECT_EQ(bad_v, 0u) << "values differ from the CPU's, layer " << l << " after frame " << f;
+      }
+    }
+    EXPECT_LE((*cuda)->bytes().total(), cuda_b.kv_reservation_bytes(cs.format, g, a.options));
+  }
+  EXPECT_GT(counter("kv.span_frames_coded"), 0);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// wm-default-64's session on the device: QVG-2's codes, centroids and fp16
+// sink take 57,344 bytes per (layer, head), the CPU's 1,835,008 bytes a
+// session, inside one 64 KiB page each; QuantWM-2's PSAC records and each
+// slot's basis take it past one page (docs/CUDA.md, "Span pages")
+TEST(CudaSpan, DefaultModelSessionPages) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  KvGeometry g;
+  g.layers = 8;
+  g.heads = 4;
+  g.head_dim = 64;
+  g.tokens_per_frame = 64;
+  g.window_frames = 16;
+  g.sink_frames = 1;
+  g.frames_per_block = 1;
+  const int64_t fp16 = b.kv_reservation_bytes("fp16", g, {});
+  EXPECT_EQ(b.kv_reservation_bytes("qvg2", g, {}), fp16 / 5) << "one page per (layer, head)";
+  EXPECT_EQ(b.kv_reservation_bytes("quantwm2", g, {}), fp16 / 5 * 2) << "two pages per (layer, head)";
+  Buffers buf(b);
+  const size_t frame_vals = static_cast<size_t>(g.tokens_per_frame) * g.heads * g.head_dim;
+  float* k = buf.put(randn(frame_vals, 3));
+  float* v = buf.put(randn(frame_vals, 4));
+  for (const char* format : {"qvg2", "quantwm2"}) {
+    auto c = b.make_kv_cache(format, g, {});
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int f = 0; f < 18; ++f)
+      for (int l = 0; l < g.layers; ++l) ASSERT_TRUE((*c)->append(l, k, v, f, 1).ok());
+    EXPECT_EQ((*c)->bytes().total(), b.kv_reservation_bytes(format, g, {})) << format;
+    // an append of more than a block is refused (its centroids would not fit a slot's table), harmlessly
+    const absl::Status st = (*c)->append(0, k, v, 18, 2);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ((*c)->frames(0).back(), 17);
+  }
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// a window of 6 frames in blocks of 3 keeps 4 span tables a layer (whole
+// blocks, one partly evicted, a prompt's short chunk): appends shorter than
+// the engine's leave more spans live, which the device refuses with a reason
+TEST(CudaSpan, SpansBeyondTheTablesAreRefused) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  AttnSpec a;
+  a.tokens_per_frame = 64;
+  a.sinks = 0;
+  a.window = 6;
+  a.frames_per_block = 3;
+  a.layers = 1;
+  const KvGeometry g = geometry_of(a);
+  Buffers buf(b);
+  const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
+  float* k = buf.put(randn(frame_vals * 3, 5));
+  float* v = buf.put(randn(frame_vals * 3, 6));
+  auto c = b.make_kv_cache("qvg2", g, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  // a prompt of 4 frames (3 + 1), then blocks: never more than 3 spans live
+  ASSERT_TRUE((*c)->append(0, k, v, 0, 3).ok());
+  ASSERT_TRUE((*c)->append(0, k, v, 3, 1).ok());
+  for (int f = 4; f < 16; f += 3) ASSERT_TRUE((*c)->append(0, k, v, f, 3).ok()) << f;
+  // frame by frame: the fifth live span has no table
+  absl::Status st;
+  for (int f = 16; f < 22 && st.ok(); ++f) st = (*c)->append(0, k, v, f, 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "4 spans per layer")) << st;
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
@@ -1868,6 +2072,16 @@ std::string short_window_config_path() {
 TEST(CudaEndToEnd, KiviSessionsMatchTheCpu) {
   WM_REQUIRE_CUDA();
   expect_same_rollouts(short_window_config_path(), 9, /*defer_cuda_writes=*/true, "kivi2");
+}
+
+// QVG-2 and QuantWM-2 sessions on both devices, past the window: coded on
+// the host from the device's K/V (and QuantWM-2's from its queries), which
+// differ from the CPU's by bf16 rounding, so a token near a boundary can
+// take another centroid or code
+TEST(CudaEndToEnd, SpanSessionsMatchTheCpu) {
+  WM_REQUIRE_CUDA();
+  for (const char* format : {"qvg2", "quantwm2"})
+    expect_same_rollouts(short_window_config_path(), 9, /*defer_cuda_writes=*/true, format);
 }
 
 // audit mode on the device: a kivi2 and an fp16 session audited against

@@ -2153,11 +2153,17 @@ TEST(ServerIntegration, DeviceCudaPlaysLikeTheCpuAndReportsDeviceMemory) {
 // the format listed with its pages, an audited session's drift exported, its
 // shadow in its reservation; and --kv_options that take kivi2 away from the
 // device stop the server with the plugin's reason
-TEST(ServerIntegration, DeviceCudaServesKiviAndAuditsIt) {
+// the tiny model with 4x4 patches: 64 tokens a frame
+const std::string& tiny_patch4_model() {
+  static const std::string model = testing::make_tiny_model("tiny_patch4", 1, 1, /*patch=*/4);
+  return model;
+}
+
+TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
 #ifndef WM_CUDA_SIMT_PLUGIN
   GTEST_SKIP() << "the emulated CUDA plugin is not built (no CUDA headers)";
 #else
-  static const std::string model = testing::make_tiny_model("tiny_patch4", 1, 1, /*patch=*/4);
+  const std::string model = tiny_patch4_model();
   const std::vector<std::string> device = {"--device=cuda", "--cuda_plugin=" WM_CUDA_SIMT_PLUGIN,
                                            "--kv_budget_bytes=67108864"};
   auto server = ServerProcess::start(model, device);
@@ -2169,32 +2175,36 @@ TEST(ServerIntegration, DeviceCudaServesKiviAndAuditsIt) {
   }
   std::map<std::string, v1::CacheFormatInfo> info;
   for (const auto& f : models.models(0).cache_format_info()) info[f.name()] = f;
-  ASSERT_TRUE(info.count("kivi2")) << models.DebugString();
-  EXPECT_FALSE(info.count("qvg2")) << "no span format on the device yet";
+  for (const char* f : {"kivi2", "qvg2", "quantwm2"}) ASSERT_TRUE(info.count(f)) << f << models.DebugString();
+  EXPECT_FALSE(info.count("fp32")) << "no fp32 kernels on the device";
   // 2 layers x 2 heads, one 64 KiB page each in kivi2 (the sink frame's fp16 unit and the window's
   // chunks); a window this short fits one page in fp16 too (the default model's kivi2 session takes a
-  // fifth of fp16's pages: CudaKivi.DefaultModelSessionFillsOnePagePerHead)
+  // fifth of fp16's pages: CudaKivi.DefaultModelSessionFillsOnePagePerHead), and in the span formats
   EXPECT_EQ(info["kivi2"].session_bytes(), 4 * 65536);
   EXPECT_EQ(info["fp16"].session_bytes(), 4 * 65536);
-  PlayConfig pc = per_action(7, script_actions());
-  pc.start.set_cache_format("kivi2");
-  pc.start.set_audit(true);
-  const PlayResult r = client::play(channel(*server), pc);
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << server->log();
-  ASSERT_EQ(r.frames.size(), script_actions().size());
-  EXPECT_EQ(r.started.kv_reserved_bytes(), info["kivi2"].session_bytes() + models.models(0).audit_bytes());
-  EXPECT_GT(models.models(0).audit_bytes(), 0) << "the fp32 shadow, in host memory, still counted";
-  const std::string key = "wm_token_selection_drift_ratio{format=\"kivi2\"}";
-  const std::string queries = "wm_token_selection_drift_queries{format=\"kivi2\"}";
-  std::map<std::string, double> m;
-  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0); ++i) {
-    m = scrape(*server);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(info["quantwm2"].session_bytes(), 4 * 65536);
+  for (const char* format : {"kivi2", "quantwm2"}) {
+    SCOPED_TRACE(format);
+    PlayConfig pc = per_action(7, script_actions());
+    pc.start.set_cache_format(format);
+    pc.start.set_audit(true);
+    const PlayResult r = client::play(channel(*server), pc);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << server->log();
+    ASSERT_EQ(r.frames.size(), script_actions().size());
+    EXPECT_EQ(r.started.kv_reserved_bytes(), info[format].session_bytes() + models.models(0).audit_bytes());
+    EXPECT_GT(models.models(0).audit_bytes(), 0) << "the fp32 shadow, in host memory, still counted";
+    const std::string key = absl::StrCat("wm_token_selection_drift_ratio{format=\"", format, "\"}");
+    const std::string queries = absl::StrCat("wm_token_selection_drift_queries{format=\"", format, "\"}");
+    std::map<std::string, double> m;
+    for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0); ++i) {
+      m = scrape(*server);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(m.count(key)) << "no drift gauge on the device";
+    EXPECT_GT(m[queries], 0);
+    EXPECT_GE(m[key], 0.0);
+    EXPECT_LE(m[key], 1.0);
   }
-  ASSERT_TRUE(m.count(key)) << "no drift gauge for kivi2 on the device";
-  EXPECT_GT(m[queries], 0);
-  EXPECT_GE(m[key], 0.0);
-  EXPECT_LE(m[key], 1.0);
   server->signal(SIGTERM);
   EXPECT_EQ(server->wait_exit(10), std::optional<int>(0)) << server->log();
 
@@ -2221,13 +2231,19 @@ TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {
     std::vector<std::string> args = {"--device=cuda", "--cuda_plugin=" WM_CUDA_SIMT_PLUGIN,
                                      "--kv_budget_bytes=67108864"};
     if (graphs) args.push_back("--device_graphs");
-    auto server = ServerProcess::start(tiny_model(), args);
+    // 64 tokens a frame: the device holds the quantized formats (whole key tiles of sinks)
+    auto server = ServerProcess::start(tiny_patch4_model(), args);
     ASSERT_NE(server, nullptr);
-    const PlayResult r = client::play(channel(*server), per_action(6, script_actions()));
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << server->log();
-    ASSERT_EQ(r.frames.size(), script_actions().size());
-    jpegs.emplace_back();
-    for (const auto& f : r.frames) jpegs.back().push_back(f.jpeg);
+    // fp16, and a span format, whose passes run without a graph (coded on the host)
+    for (const char* format : {"fp16", "quantwm2"}) {
+      PlayConfig pc = per_action(6, script_actions());
+      pc.start.set_cache_format(format);
+      const PlayResult r = client::play(channel(*server), pc);
+      ASSERT_TRUE(r.status.ok()) << format << ": " << r.status.error_message() << server->log();
+      ASSERT_EQ(r.frames.size(), script_actions().size());
+      jpegs.emplace_back();
+      for (const auto& f : r.frames) jpegs.back().push_back(f.jpeg);
+    }
     if (graphs) {
       // the passes ran from graphs, and the metrics say so (published about once a second)
       const std::string launched = "wm_device_graph_events_total{event=\"launched\"}";
@@ -2243,7 +2259,8 @@ TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {
     server->signal(SIGTERM);
     EXPECT_EQ(server->wait_exit(10), std::optional<int>(0)) << server->log();
   }
-  for (size_t i = 0; i < jpegs[0].size(); ++i) EXPECT_EQ(jpegs[0][i], jpegs[1][i]) << "frame " << i;
+  for (size_t f = 0; f < 2; ++f)
+    for (size_t i = 0; i < jpegs[f].size(); ++i) EXPECT_EQ(jpegs[f][i], jpegs[2 + f][i]) << "format " << f << " frame " << i;
 #endif
 }
 
