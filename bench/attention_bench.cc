@@ -11,6 +11,8 @@
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
 //                   [--ws_keys=0,64,128] [--format=fp16|kivi2|qvg2|quantwm2]
+// append_ms: one append's wall time while the cache fills (a span
+// format's is its coding on the host, docs/PERFORMANCE.md).
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
 // the GPU only where a frame is whole chunks, so 64-token queries; qvg2,
 // quantwm2: decoding per-token codes, the cache filled a block per append,
@@ -144,13 +146,18 @@ int run(int argc, char** argv) {
           // a span cache on the GPU takes a block per append (its centroids fill a slot's table)
           const bool span = format == "qvg2" || format == "quantwm2";
           const int step = span ? fpb : chunk_frames;
-          for (int fr = 0; fr < frames; fr += step) {
+          // the appends are timed too: a span cache's are the write pass's coding (on the host on the GPU)
+          const double a0 = now_s();
+          int appends = 0;
+          for (int fr = 0; fr < frames; fr += step, ++appends) {
             const absl::Status s = (*cache)->append(0, chunk_k, chunk_v, fr, std::min(step, frames - fr));
             if (!s.ok()) {
               std::fprintf(stderr, "append: %s\n", s.ToString().c_str());
               return 1;
             }
           }
+          dev.sync();
+          const double append_ms = (now_s() - a0) * 1e3 / std::max(1, appends);
           const SessionSlice slice{cache->get(), 0, fpb};
           const std::span<const SessionSlice> slices(&slice, 1);
           for (int i = 0; i < 3; ++i) b.attention(0, slices, T, q, k, v, out);
@@ -190,6 +197,9 @@ int run(int argc, char** argv) {
                               {"kernel", ran},
                               {"format", format},
                               {"cache_bytes", (*cache)->bytes().total()},
+                              // one layer's append of `append_frames` frames, wall time
+                              {"append_frames", step},
+                              {"append_ms", std::round(append_ms * 1000) / 1000},
                               // the bytes the format holds (whole pages) over the time: what a 2-bit cache reads
                               {"cache_GBps", std::round(static_cast<double>((*cache)->bytes().total()) / s / 1e8) / 10},
                               {"stages", stages},
