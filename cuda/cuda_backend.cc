@@ -1120,6 +1120,50 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   const int32_t T = g.tokens_per_frame, H = g.heads, D = g.head_dim, S = g.sink_frames;
   const size_t frame_values = static_cast<size_t>(T) * H * D;
   const int32_t rb = L.rec_bytes, cb = L.coeff_bytes, tb = span_token_bytes(L);
+  // every write checked before any coder moves, then one download of all
+  // their frames, then the sessions coded side by side (each coder is its
+  // session's own; a lone session codes its heads side by side instead)
+  std::vector<size_t> at(writes.size(), 0);
+  size_t total = 0;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const KvWriteRequest& w = writes[i];
+    if (w.frames <= 0) continue;
+    if (w.frames > std::max(1, w.kv->geometry.frames_per_block))
+      return absl::InvalidArgumentError(absl::StrCat("kv append: ", w.kv->format, " on the GPU takes at most a block (",
+                                                     w.kv->geometry.frames_per_block, " frames) per append, not ",
+                                                     w.frames));
+    at[i] = total;
+    total += frame_values * static_cast<size_t>(w.frames);
+  }
+  if (total == 0) return absl::OkStatus();
+  absl::Status st = need(k, "kv append keys");
+  if (st.ok()) st = need(v, "kv append values");
+  if (!st.ok()) return st;
+  span_host_k_.resize(total);
+  span_host_v_.resize(total);
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const KvWriteRequest& w = writes[i];
+    if (w.frames <= 0) continue;
+    const size_t values = frame_values * static_cast<size_t>(w.frames);
+    const size_t src = static_cast<size_t>(w.batch_frame) * frame_values;
+    WM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(span_host_k_.data() + at[i], k + src, values * 4, cudaMemcpyDeviceToHost, stream_));
+    WM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(span_host_v_.data() + at[i], v + src, values * 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::vector<absl::Status> coded(writes.size());
+  const int n_writes = static_cast<int>(writes.size());
+#pragma omp parallel for schedule(dynamic) if (n_writes > 1)
+  for (int i = 0; i < n_writes; ++i) {
+    const KvWriteRequest& w = writes[static_cast<size_t>(i)];
+    if (w.frames <= 0) continue;
+    coded[static_cast<size_t>(i)] = w.kv->span->append(layer, span_host_k_.data() + at[static_cast<size_t>(i)],
+                                                       span_host_v_.data() + at[static_cast<size_t>(i)],
+                                                       w.first_frame, w.frames);
+  }
+  for (const absl::Status& c : coded)
+    if (!c.ok()) return c;
   std::vector<KvSpanWrite> out;
   std::vector<int32_t> tables;
   std::vector<std::tuple<SpanHostCoder*, int32_t, bool>> bases;  // (coder, window slot, has a basis)
@@ -1130,23 +1174,6 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
     const KvAppendPlan& p = plans[i];
     DeviceKvCache& kv = *w.kv;
     if (w.frames <= 0) continue;
-    if (w.frames > std::max(1, kv.geometry.frames_per_block))
-      return absl::InvalidArgumentError(absl::StrCat("kv append: ", kv.format, " on the GPU takes at most a block (",
-                                                     kv.geometry.frames_per_block, " frames) per append, not ",
-                                                     w.frames));
-    absl::Status st = need(k, "kv append keys");
-    if (st.ok()) st = need(v, "kv append values");
-    if (!st.ok()) return st;
-    // the frames, as the CPU cache gets them, coded as it codes them
-    const size_t values = frame_values * static_cast<size_t>(w.frames);
-    span_host_k_.resize(values);
-    span_host_v_.resize(values);
-    const size_t at = static_cast<size_t>(w.batch_frame) * frame_values;
-    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_k_.data(), k + at, values * 4, cudaMemcpyDeviceToHost, stream_));
-    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_v_.data(), v + at, values * 4, cudaMemcpyDeviceToHost, stream_));
-    WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    st = kv.span->append(layer, span_host_k_.data(), span_host_v_.data(), w.first_frame, w.frames);
-    if (!st.ok()) return st;
     if (kv.span->live_spans(layer) > L.n_tables)
       return absl::FailedPreconditionError(absl::StrCat(
           "kv append: ", kv.format, " on the GPU holds ", L.n_tables, " spans per layer at once (blocks of ",
@@ -1173,8 +1200,8 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
         x.table_index = static_cast<int32_t>(c->span % L.n_tables);
       image.resize(image.size() + static_cast<size_t>((span_image_bytes(L, H, sink) + 15) / 16 * 16), 0);
       uint8_t* im = image.data() + x.staging;
-      const float* fk = span_host_k_.data() + static_cast<size_t>(p.src_frame[f]) * frame_values;
-      const float* fv = span_host_v_.data() + static_cast<size_t>(p.src_frame[f]) * frame_values;
+      const float* fk = span_host_k_.data() + at[i] + static_cast<size_t>(p.src_frame[f]) * frame_values;
+      const float* fv = span_host_v_.data() + at[i] + static_cast<size_t>(p.src_frame[f]) * frame_values;
       if (sink) {  // fp16 rows, as the CPU's pending sink frames
         for (int32_t h = 0; h < H; ++h)
           for (int32_t t = 0; t < T; ++t) {

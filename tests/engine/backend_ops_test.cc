@@ -1274,6 +1274,29 @@ TEST(CudaSpan, DefaultModelSessionPages) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// a write pass over several span sessions (and an fp16 one): their frames
+// downloaded together and coded side by side, each cache then holds what
+// the CPU's holds after the same appends
+TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
+  WM_REQUIRE_CUDA();
+  AttnSpec a;
+  a.tokens_per_frame = 64;
+  a.formats = {"quantwm2", "qvg2", "quantwm2", "fp16", "qvg2"};
+  a.cached = {0, 3, 6, 1, 4};
+  a.observe = true;  // QuantWM-2's statistics and bases exist
+  const int64_t before = counter("kv.span_frames_coded");
+  AppendBatch b(a, {2, 1, 2, 2, 2}, 23);
+  ASSERT_TRUE(b.ok());
+  for (int l = 0; l < a.layers; ++l) {
+    ASSERT_TRUE(b.append_cpu(l).ok());
+    const absl::Status st = b.append_cuda(l);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  b.expect_same_caches();
+  EXPECT_GT(counter("kv.span_frames_coded"), before);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // a window of 6 frames in blocks of 3 keeps 4 span tables a layer (whole
 // blocks, one partly evicted, a prompt's short chunk): appends shorter than
 // the engine's leave more spans live, which the device refuses with a reason
