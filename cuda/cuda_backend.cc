@@ -1271,17 +1271,37 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
 
 absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
                                           std::span<const WmSessionRows> rows, const float* q) {
+  // the rows of every session that observes them, in one download, then
+  // each session's statistics (its own) side by side
+  std::vector<size_t> at(caches.size(), 0);
+  std::vector<int> who;
+  size_t total = 0;
   for (size_t i = 0; i < caches.size(); ++i) {
-    DeviceKvCache& kv = *caches[i];
+    const DeviceKvCache& kv = *caches[i];
     if (kv.span == nullptr || !kv.span->observes_queries() || rows[i].rows <= 0) continue;
-    if (recording_)
-      return absl::FailedPreconditionError("attention: QuantWM-2 observes its queries on the host, which a graph cannot record");
+    at[i] = total;
+    total += static_cast<size_t>(kv.geometry.heads) * kv.geometry.head_dim * static_cast<size_t>(rows[i].rows);
+    who.push_back(static_cast<int>(i));
+  }
+  if (who.empty()) return absl::OkStatus();
+  if (recording_)
+    return absl::FailedPreconditionError("attention: QuantWM-2 observes its queries on the host, which a graph cannot record");
+  span_host_q_.resize(total);
+  for (int i : who) {
+    const DeviceKvCache& kv = *caches[static_cast<size_t>(i)];
     const size_t row_values = static_cast<size_t>(kv.geometry.heads) * kv.geometry.head_dim;
-    span_host_q_.resize(row_values * static_cast<size_t>(rows[i].rows));
-    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_q_.data(), q + static_cast<size_t>(rows[i].row0) * row_values,
-                                            span_host_q_.size() * 4, cudaMemcpyDeviceToHost, stream_));
-    WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    kv.span->observe(layer, span_host_q_.data(), rows[i].rows);
+    const WmSessionRows& r = rows[static_cast<size_t>(i)];
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_q_.data() + at[static_cast<size_t>(i)],
+                                            q + static_cast<size_t>(r.row0) * row_values,
+                                            row_values * static_cast<size_t>(r.rows) * 4, cudaMemcpyDeviceToHost,
+                                            stream_));
+  }
+  WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const int n = static_cast<int>(who.size());
+#pragma omp parallel for schedule(dynamic) if (n > 1)
+  for (int j = 0; j < n; ++j) {
+    const size_t i = static_cast<size_t>(who[static_cast<size_t>(j)]);
+    caches[i]->span->observe(layer, span_host_q_.data() + at[i], rows[i].rows);
   }
   return absl::OkStatus();
 }

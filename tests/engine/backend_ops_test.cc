@@ -1274,9 +1274,10 @@ TEST(CudaSpan, DefaultModelSessionPages) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
-// a write pass over several span sessions (and an fp16 one): their frames
-// downloaded together and coded side by side, each cache then holds what
-// the CPU's holds after the same appends
+// a step over several span sessions (and an fp16 one): their queries
+// observed from one batched attention call, their frames downloaded
+// together and coded side by side; each cache then holds what the CPU's
+// holds after the same step
 TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
   WM_REQUIRE_CUDA();
   AttnSpec a;
@@ -1287,6 +1288,15 @@ TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
   const int64_t before = counter("kv.span_frames_coded");
   AppendBatch b(a, {2, 1, 2, 2, 2}, 23);
   ASSERT_TRUE(b.ok());
+  // the batch attends first, all sessions in one call: each QuantWM-2 session observes its own rows
+  const size_t vals = static_cast<size_t>(9) * a.tokens_per_frame * a.heads * a.head_dim;  // the batch's 9 frames
+  const auto q = randn(vals, 91, 2.0f), kq = randn(vals, 92);
+  for (int l = 0; l < a.layers; ++l) {
+    backends().cpu->attention(l, b.cpu_slices, a.tokens_per_frame, b.cpu_buf.put(q), b.cpu_buf.put(kq),
+                              b.cpu_buf.put(kq), b.cpu_buf.zeros(vals));
+    backends().cuda->attention(l, b.cuda_slices, a.tokens_per_frame, b.cuda_buf.put(q), b.cuda_buf.put(kq),
+                               b.cuda_buf.put(kq), b.cuda_buf.zeros(vals));
+  }
   for (int l = 0; l < a.layers; ++l) {
     ASSERT_TRUE(b.append_cpu(l).ok());
     const absl::Status st = b.append_cuda(l);
