@@ -2217,6 +2217,11 @@ TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
   EXPECT_TRUE(absl::StrContains(log, "kivi2 on the GPU needs the tokens of a frame (64) to be a multiple of the "
                                      "residual (128)"))
       << log;
+  // quantized sink frames: the span formats on the device keep them fp16
+  argv[5] = "--kv_options=quantize_sinks=true";
+  log.clear();
+  EXPECT_EQ(testing::run_program(argv, &log), 1) << log;
+  EXPECT_TRUE(absl::StrContains(log, "on the GPU keeps the sink frames fp16 (quantize_sinks=false)")) << log;
 #endif
 }
 
