@@ -145,11 +145,15 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   if (!g.ok()) return g.status();
   gemm_ = std::move(*g);
   WM_CUDA_RETURN_IF_ERROR(attention_prepare());
-  WM_CUDA_RETURN_IF_ERROR(attention_span_prepare());
+  // the span formats' kernels: without them those formats are refused, nothing else changes
+  span_ready_ = attention_span_prepare() == cudaSuccess;
+  if (!span_ready_) cudaGetLastError();
   // the wgmma kernels are sm_90a code: they load on compute capability 9.0 only
   if (info_.sm_major == 9 && info_.sm_minor == 0) {
-    sm90_ready_ = attention_sm90_prepare() == cudaSuccess && attention_sm90_span_prepare() == cudaSuccess;
+    sm90_ready_ = attention_sm90_prepare() == cudaSuccess;
     if (!sm90_ready_) cudaGetLastError();
+    span_sm90_ready_ = sm90_ready_ && attention_sm90_span_prepare() == cudaSuccess;
+    if (!span_sm90_ready_) cudaGetLastError();
     // a kernel whose registers or shared memory do not fit an SM would fail every launch
     ws_ready_ = sm90_ready_;
     for (int32_t hd : {64, 128})
@@ -921,6 +925,7 @@ absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view form
     // and the sinks stay fp16: per-token codes in the frame slots, each
     // slot with its span's centroids (kv_layout.h: SpanRowLayout)
     const bool quantwm = format == "quantwm2";
+    if (!span_ready_) return absl::UnimplementedError(absl::StrCat(format, ": the span kernels did not load on this device"));
     const KvGeometry hg = host_geometry(g);
     const KvFormatOptions o = host_options(g);
     if (absl::Status s = device_span_support(hg, o, quantwm); !s.ok()) return s;
@@ -1696,7 +1701,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     span.page_bytes = page_bytes_;
     span.row = g.span;
     ++span_attention_launches_;
-    const int32_t kernel = kernel_for(p.head_dim);
+    const int32_t kernel = span_sm90_ready_ ? kernel_for(p.head_dim) : kMma;
     if (kernel == kMma) {
       WM_CUDA_RETURN_IF_ERROR(launch_attention_span(a, span, p.head_dim, items, stream_));
     } else {

@@ -328,6 +328,7 @@ class CudaBackend {
   int32_t ws_keys(int32_t block_q) const;
   void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
+  bool span_ready_ = false, span_sm90_ready_ = false;  // the span formats' mma.sync and sm_90a kernels loaded
   bool ws_ready_ = false;    // and the occupancy calculator fits every warp-specialised instantiation
   // the kernel that attends head_dim now (0: none)
   int32_t kernel_for(int32_t head_dim) const;

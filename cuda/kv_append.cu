@@ -151,7 +151,7 @@ __global__ void kv_append_kivi_sinks_kernel(const KvKiviAppendArgs a, int64_t to
   }
 }
 
-// the page-table entry's page of a span row, as a pointer to (entry, offset)
+// the address of (page-table entry, offset) in head h's row of a write's cache
 __device__ __forceinline__ uint8_t* span_at(const KvSpanAppendArgs& a, const KvSpanWrite& sw, int32_t h,
                                             int32_t entry, int32_t offset) {
   const int32_t page = a.page_tables[sw.table + static_cast<int64_t>(h) * sw.pages_per_head + entry];
