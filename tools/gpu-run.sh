@@ -15,7 +15,8 @@
 #               wgmma kernel serves head_dim 128 only)
 #   parity      backend_ops_tests: every op, CPU vs CUDA             -> $OUT/parity.json
 #   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR  -> $OUT/parity_e2e.json
-#   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once)
+#   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once, the
+#               quantized formats' write passes and decoders too)
 #   racecheck   compute-sanitizer racecheck on the same
 #   attention   wm_attention_bench (JSON lines)
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not

@@ -1958,6 +1958,24 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
       a.label = "smoke";
       small.push_back(attention_case(a));
     }
+  // the quantized formats' write passes and tile decoders: KIVI-2, and QuantWM-2 with frames that end
+  // mid-tile, on mma.sync and on the default kernel
+  for (const int64_t kernel : {1, 0}) {
+    AttnSpec a;
+    a.tokens_per_frame = 64;
+    a.format = "kivi2";
+    a.cached = {0, 6};
+    a.tuning = {{"attention.kernel", kernel}};
+    a.label = "smoke_kivi2";
+    small.push_back(attention_case(a));
+    a.head_dim = 128;
+    a.tokens_per_frame = 80;
+    a.sinks = 0;
+    a.format = "quantwm2";
+    a.observe = true;
+    a.label = "smoke_quantwm2";
+    small.push_back(attention_case(a));
+  }
   for (const OpCase& c : small) {
     const auto cpu = c.run(*backends().cpu, 99);
     const auto cuda = c.run(*backends().cuda, 99);
