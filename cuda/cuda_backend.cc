@@ -25,6 +25,7 @@
 #include "cuda/noise.cuh"
 #include "cuda/patchify.cuh"
 #include "cuda/rms_norm_rope.cuh"
+#include "engine/plugin_kv_geometry.h"
 #include "quant/kv_span.h"
 
 namespace wm::cuda {
@@ -842,41 +843,6 @@ absl::Status CudaBackend::euler_step(float* x, const float* v, const float* dt_p
 
 namespace {
 
-KvGeometry host_geometry(const WmKvGeometry& g) {
-  KvGeometry h;
-  h.layers = g.layers;
-  h.heads = g.heads;
-  h.head_dim = g.head_dim;
-  h.tokens_per_frame = g.tokens_per_frame;
-  h.window_frames = g.window_frames;
-  h.sink_frames = g.sink_frames;
-  h.frames_per_block = g.frames_per_block;
-  return h;
-}
-
-KvFormatOptions host_options(const WmKvGeometry& g) {
-  KvFormatOptions o;
-  o.kivi_group = g.kivi_group;
-  o.kivi_residual = g.kivi_residual;
-  o.span_frames = g.span_frames;
-  o.centroids = g.centroids;
-  o.tokens_per_centroid = g.tokens_per_centroid;
-  o.block = g.block;
-  o.kmeans_iters = g.kmeans_iters;
-  o.kmeans_seed = g.kmeans_seed;
-  o.quantize_sinks = g.quantize_sinks != 0;
-  o.qsac = g.qsac != 0;
-  o.psac = g.psac != 0;
-  o.psac_rank = g.psac_rank;
-  o.psac_bits = g.psac_bits;
-  o.psac_refresh_frames = g.psac_refresh_frames;
-  o.qsac_candidates = g.qsac_candidates;
-  o.qsac_weight_floor = g.qsac_weight_floor;
-  o.quantize_keys = g.quantize_keys != 0;
-  o.quantize_values = g.quantize_values != 0;
-  return o;
-}
-
 // quant/kv_layouts.h: kv_sanitize (NaN to 0, clamped to fp16's range)
 float sanitize(float x) {
   if (std::isnan(x)) return 0.0f;
@@ -926,8 +892,8 @@ absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view form
     // slot with its span's centroids (kv_layout.h: SpanRowLayout)
     const bool quantwm = format == "quantwm2";
     if (!span_ready_) return absl::UnimplementedError(absl::StrCat(format, ": the span kernels did not load on this device"));
-    const KvGeometry hg = host_geometry(g);
-    const KvFormatOptions o = host_options(g);
+    const KvGeometry hg = kv_geometry_of(g);
+    const KvFormatOptions o = kv_format_options_of(g);
     if (absl::Status s = device_span_support(hg, o, quantwm); !s.ok()) return s;
     const SpanPlan plan = span_plan(hg, o, quantwm);
     const int32_t front = g.sink_frames * g.tokens_per_frame;
@@ -970,7 +936,8 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::stri
   auto owner = pool_.open(pg->reservation_pages());
   if (!owner.ok()) return owner.status();
   auto kv = std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
-  if (pg->span.block > 0) kv->span = std::make_unique<SpanHostCoder>(host_geometry(g), host_options(g), format == "quantwm2");
+  if (pg->span.block > 0)
+    kv->span = std::make_unique<SpanHostCoder>(kv_geometry_of(g), kv_format_options_of(g), format == "quantwm2");
   return kv;
 }
 

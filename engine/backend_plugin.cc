@@ -9,40 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/plugin_kv_geometry.h"
 #include "engine/plugin_loader.h"
 
 namespace wm {
 namespace {
 
-WmKvGeometry to_c(const KvGeometry& g, const KvFormatOptions& o) {
-  WmKvGeometry c{};
-  c.kivi_group = o.kivi_group;
-  c.kivi_residual = o.kivi_residual;
-  c.span_frames = o.span_frames;
-  c.centroids = o.centroids;
-  c.tokens_per_centroid = o.tokens_per_centroid;
-  c.block = o.block;
-  c.kmeans_iters = o.kmeans_iters;
-  c.quantize_sinks = o.quantize_sinks ? 1 : 0;
-  c.qsac = o.qsac ? 1 : 0;
-  c.psac = o.psac ? 1 : 0;
-  c.psac_rank = o.psac_rank;
-  c.psac_bits = o.psac_bits;
-  c.psac_refresh_frames = o.psac_refresh_frames;
-  c.qsac_candidates = o.qsac_candidates;
-  c.quantize_keys = o.quantize_keys ? 1 : 0;
-  c.quantize_values = o.quantize_values ? 1 : 0;
-  c.qsac_weight_floor = o.qsac_weight_floor;
-  c.kmeans_seed = o.kmeans_seed;
-  c.layers = g.layers;
-  c.heads = g.heads;
-  c.head_dim = g.head_dim;
-  c.tokens_per_frame = g.tokens_per_frame;
-  c.window_frames = g.window_frames;
-  c.sink_frames = g.sink_frames;
-  c.frames_per_block = g.frames_per_block;
-  return c;
-}
+WmKvGeometry to_c(const KvGeometry& g, const KvFormatOptions& o) { return to_plugin_kv_geometry(g, o); }
 
 absl::Status from_code(int32_t code, absl::string_view what, const char* message) {
   if (code == WM_OK) return absl::OkStatus();

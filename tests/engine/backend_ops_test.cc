@@ -1032,6 +1032,39 @@ std::vector<float> hostile_frames(size_t values, int head_dim, uint32_t seed) {
   return x;
 }
 
+// every layer of the two caches holds the same frames and the same values,
+// bit for bit (NaN included); `after`: the frames appended so far
+void expect_bitwise_same(const KvCache& cpu, const KvCache& cuda, int layers, int after) {
+  for (int l = 0; l < layers; ++l) {
+    EXPECT_EQ(cuda.frames(l), cpu.frames(l)) << "after frame " << after << ", layer " << l;
+    std::vector<float> ck, cv, gk, gv;
+    cpu.reconstruct(l, &ck, &cv);
+    cuda.reconstruct(l, &gk, &gv);
+    ASSERT_EQ(gk.size(), ck.size());
+    size_t bad_k = 0, bad_v = 0;
+    for (size_t i = 0; i < ck.size(); ++i) {
+      bad_k += std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
+      bad_v += std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << after;
+    EXPECT_EQ(bad_v, 0u) << "values differ from the CPU's, layer " << l << " after frame " << after;
+    for (float x : gk) ASSERT_TRUE(std::isfinite(x)) << "a non-finite value was stored";
+  }
+}
+
+// wm-default-64's cache geometry: 8 layers x 4 heads, head_dim 64, 64 tokens a frame, 1 sink + 16 frames
+KvGeometry default_model_geometry() {
+  KvGeometry g;
+  g.layers = 8;
+  g.heads = 4;
+  g.head_dim = 64;
+  g.tokens_per_frame = 64;
+  g.window_frames = 16;
+  g.sink_frames = 1;
+  g.frames_per_block = 1;
+  return g;
+}
+
 // KIVI-2 on the device keeps the CPU format's codes bit for bit: the same
 // frames, appended in blocks past the window (ring eviction), reconstruct to
 // the same floats through both backends, for every group size, with and
@@ -1066,21 +1099,7 @@ TEST(CudaKivi, CodesAreTheCpuFormatsBitForBit) {
         const absl::Status st = (*cuda)->append(l, cuda_buf.put(k), cuda_buf.put(v), f, 2);
         ASSERT_TRUE(st.ok()) << st;
       }
-      for (int l = 0; l < a.layers; ++l) {
-        EXPECT_EQ((*cuda)->frames(l), (*cpu)->frames(l)) << "after frame " << f + 1 << ", layer " << l;
-        std::vector<float> ck, cv, gk, gv;
-        (*cpu)->reconstruct(l, &ck, &cv);
-        (*cuda)->reconstruct(l, &gk, &gv);
-        ASSERT_EQ(gk.size(), ck.size());
-        size_t bad_k = 0, bad_v = 0;
-        for (size_t i = 0; i < ck.size(); ++i) {
-          bad_k += std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
-          bad_v += std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
-        }
-        EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << f + 1;
-        EXPECT_EQ(bad_v, 0u) << "values differ from the CPU's, layer " << l << " after frame " << f + 1;
-        for (float x : gk) ASSERT_TRUE(std::isfinite(x)) << "a non-finite value was stored";
-      }
+      expect_bitwise_same(**cpu, **cuda, a.layers, f + 2);
     }
     // whole pages (these small windows fit one page per (layer, head) in either format)
     const int64_t fp16 = cuda_b.kv_reservation_bytes("fp16", g, {});
@@ -1099,14 +1118,7 @@ TEST(CudaKivi, CodesAreTheCpuFormatsBitForBit) {
 TEST(CudaKivi, DefaultModelSessionFillsOnePagePerHead) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
-  KvGeometry g;
-  g.layers = 8;
-  g.heads = 4;
-  g.head_dim = 64;
-  g.tokens_per_frame = 64;
-  g.window_frames = 16;
-  g.sink_frames = 1;
-  g.frames_per_block = 1;
+  const KvGeometry g = default_model_geometry();
   const int64_t fp16 = b.kv_reservation_bytes("fp16", g, {});
   const int64_t kivi = b.kv_reservation_bytes("kivi2", g, {});
   ASSERT_GT(kivi, 0);
@@ -1217,20 +1229,7 @@ TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
         ASSERT_TRUE(st.ok()) << st;
       }
       f += n;
-      for (int l = 0; l < a.layers; ++l) {
-        EXPECT_EQ((*cuda)->frames(l), (*cpu)->frames(l)) << "after frame " << f << ", layer " << l;
-        std::vector<float> ck, cv, gk, gv;
-        (*cpu)->reconstruct(l, &ck, &cv);
-        (*cuda)->reconstruct(l, &gk, &gv);
-        ASSERT_EQ(gk.size(), ck.size());
-        size_t bad_k = 0, bad_v = 0;
-        for (size_t i = 0; i < ck.size(); ++i) {
-          bad_k += std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
-          bad_v += std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
-        }
-        EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << f;
-        EXPECT_EQ(bad_v, 0u) << "values differ from the CPU's, layer " << l << " after frame " << f;
-      }
+      expect_bitwise_same(**cpu, **cuda, a.layers, f);
     }
     EXPECT_LE((*cuda)->bytes().total(), cuda_b.kv_reservation_bytes(cs.format, g, a.options));
   }
@@ -1238,21 +1237,14 @@ TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
-// wm-default-64's session on the device: QVG-2's codes, centroids and fp16
-// sink take 57,344 bytes per (layer, head), the CPU's 1,835,008 bytes a
-// session, inside one 64 KiB page each; QuantWM-2's PSAC records and each
-// slot's basis take it past one page (docs/CUDA.md, "Span pages")
+// wm-default-64's session on the device: QVG-2's codes, centroids, map and
+// fp16 sink take 57,408 bytes per (layer, head) (the CPU's session holds
+// 1,835,008 bytes), inside one 64 KiB page each; QuantWM-2's PSAC records
+// and each table's basis take it past one page (docs/CUDA.md, "Span pages")
 TEST(CudaSpan, DefaultModelSessionPages) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
-  KvGeometry g;
-  g.layers = 8;
-  g.heads = 4;
-  g.head_dim = 64;
-  g.tokens_per_frame = 64;
-  g.window_frames = 16;
-  g.sink_frames = 1;
-  g.frames_per_block = 1;
+  const KvGeometry g = default_model_geometry();
   const int64_t fp16 = b.kv_reservation_bytes("fp16", g, {});
   EXPECT_EQ(b.kv_reservation_bytes("qvg2", g, {}), fp16 / 5) << "one page per (layer, head)";
   EXPECT_EQ(b.kv_reservation_bytes("quantwm2", g, {}), fp16 / 5 * 2) << "two pages per (layer, head)";

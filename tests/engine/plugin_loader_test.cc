@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <tuple>
 
 #include "engine/engine.h"
+#include "engine/plugin_kv_geometry.h"
 #include "engine/plugin_loader.h"
 #include "tests/engine/cuda_plugin_path.h"
 #include "tests/engine/source_file.h"
@@ -89,6 +91,58 @@ EngineOptions tiny(const std::string& device, const std::string& plugin) {
   o.device = device;
   o.cuda_plugin = plugin;
   return o;
+}
+
+// every field of a cache's geometry and format options crosses the ABI and
+// comes back as it was (the plugin codes the span formats with them)
+TEST(PluginKvGeometry, GeometryAndOptionsSurviveTheAbi) {
+  KvGeometry g;
+  g.layers = 30;
+  g.heads = 12;
+  g.head_dim = 128;
+  g.tokens_per_frame = 880;
+  g.window_frames = 60;
+  g.sink_frames = 2;
+  g.frames_per_block = 3;
+  KvFormatOptions o;  // every field off its default
+  o.kivi_group = 64;
+  o.kivi_residual = 128;
+  o.span_frames = 1;
+  o.centroids = 17;
+  o.tokens_per_centroid = 33;
+  o.block = 32;
+  o.kmeans_iters = 9;
+  o.kmeans_seed = 0x123456789abcdefull;
+  o.quantize_sinks = true;
+  o.qsac = false;
+  o.psac = false;
+  o.psac_rank = 7;
+  o.psac_bits = 4;
+  o.psac_refresh_frames = 5;
+  o.qsac_candidates = 2;
+  o.qsac_weight_floor = 0.25f;
+  o.quantize_keys = false;
+  o.quantize_values = false;
+  const WmKvGeometry c = to_plugin_kv_geometry(g, o);
+  const KvGeometry g2 = kv_geometry_of(c);
+  EXPECT_EQ(std::make_tuple(g2.layers, g2.heads, g2.head_dim, g2.tokens_per_frame, g2.window_frames, g2.sink_frames,
+                            g2.frames_per_block),
+            std::make_tuple(30, 12, 128, 880, 60, 2, 3));
+  const KvFormatOptions o2 = kv_format_options_of(c);
+  EXPECT_EQ(std::make_tuple(o2.kivi_group, o2.kivi_residual, o2.span_frames, o2.centroids, o2.tokens_per_centroid,
+                            o2.block, o2.kmeans_iters, o2.kmeans_seed, o2.quantize_sinks, o2.qsac, o2.psac),
+            std::make_tuple(o.kivi_group, o.kivi_residual, o.span_frames, o.centroids, o.tokens_per_centroid, o.block,
+                            o.kmeans_iters, o.kmeans_seed, o.quantize_sinks, o.qsac, o.psac));
+  EXPECT_EQ(std::make_tuple(o2.psac_rank, o2.psac_bits, o2.psac_refresh_frames, o2.qsac_candidates,
+                            o2.qsac_weight_floor, o2.quantize_keys, o2.quantize_values),
+            std::make_tuple(o.psac_rank, o.psac_bits, o.psac_refresh_frames, o.qsac_candidates, o.qsac_weight_floor,
+                            o.quantize_keys, o.quantize_values));
+  // and the defaults stay the defaults
+  const KvFormatOptions d = kv_format_options_of(to_plugin_kv_geometry(g, {}));
+  const KvFormatOptions def;
+  EXPECT_EQ(std::make_tuple(d.centroids, d.block, d.kmeans_seed, d.qsac, d.psac, d.psac_bits, d.qsac_weight_floor),
+            std::make_tuple(def.centroids, def.block, def.kmeans_seed, def.qsac, def.psac, def.psac_bits,
+                            def.qsac_weight_floor));
 }
 
 TEST(EngineDevice, AutoFallsBackToTheCpuAndSaysWhy) {
