@@ -841,16 +841,6 @@ absl::Status CudaBackend::euler_step(float* x, const float* v, const float* dt_p
 
 // ---- KV caches ------------------------------------------------------------
 
-namespace {
-
-// quant/kv_layouts.h: kv_sanitize (NaN to 0, clamped to fp16's range)
-float sanitize(float x) {
-  if (std::isnan(x)) return 0.0f;
-  return std::min(65504.0f, std::max(-65504.0f, x));
-}
-
-}  // namespace
-
 absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view format, const WmKvGeometry& g) const {
   PagedGeometry p;
   p.layers = g.layers;
@@ -1180,8 +1170,8 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
             auto* row = reinterpret_cast<uint16_t*>(im + (static_cast<size_t>(h) * T + t) * 4 * D);
             const size_t src = (static_cast<size_t>(t) * H + h) * D;
             for (int32_t d = 0; d < D; ++d) {
-              row[d] = f32_to_f16(sanitize(fk[src + d]));
-              row[D + d] = f32_to_f16(sanitize(fv[src + d]));
+              row[d] = span_fp16(fk[src + d]);
+              row[D + d] = span_fp16(fv[src + d]);
             }
           }
         out.push_back(x);

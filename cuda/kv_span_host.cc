@@ -23,6 +23,8 @@ absl::Status device_span_support(const KvGeometry& g, const KvFormatOptions& o, 
   return absl::OkStatus();
 }
 
+uint16_t span_fp16(float x) { return f32_to_f16(kv_sanitize(x)); }
+
 SpanHostCoder::SpanHostCoder(const KvGeometry& g, const KvFormatOptions& o, bool quantwm)
     : g_(g), o_(o), plan_(span_plan(g, o, quantwm)), qsac_(quantwm && o.qsac), psac_(plan_.psac) {
   for (int l = 0; l < g.layers; ++l) {
@@ -85,8 +87,8 @@ absl::Status SpanHostCoder::append(int32_t layer, const float* k, const float* v
       for (int t = 0; t < N; ++t)
         for (int d = 0; d < D; ++d) {
           const size_t src = (static_cast<size_t>(row0 + t) * H + h) * D + d, dst = static_cast<size_t>(t) * D + d;
-          xk[dst] = f16_to_f32(f32_to_f16(kv_sanitize(k[src])));
-          xv[dst] = f16_to_f32(f32_to_f16(kv_sanitize(v[src])));
+          xk[dst] = f16_to_f32(span_fp16(k[src]));
+          xv[dst] = f16_to_f32(span_fp16(v[src]));
         }
       const size_t hs = static_cast<size_t>(h);
       SpanCodecParams p;

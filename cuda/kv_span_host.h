@@ -28,6 +28,10 @@ namespace wm::cuda {
 // cache accepts, UNIMPLEMENTED for what only the CPU backend holds)
 absl::Status device_span_support(const KvGeometry& g, const KvFormatOptions& o, bool quantwm);
 
+// the fp16 bits a span cache keeps of x where it keeps fp16 (sink frames):
+// sanitized (quant/kv_layouts.h: kv_sanitize), rounded to fp16
+uint16_t span_fp16(float x);
+
 // one frame of one head after an append, as the device stores it
 struct SpanFrameCodes {
   const SpanHeadCodes* k = nullptr;  // its span's codes (keys, values)
