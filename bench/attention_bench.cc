@@ -12,7 +12,7 @@
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
 //                   [--ws_keys=0,64,128] [--format=fp16|kivi2|qvg2|quantwm2]
 // append_ms: one append's wall time while the cache fills (a span
-// format's is its coding on the host, docs/PERFORMANCE.md).
+// format's includes its k-means and coding, on the device, docs/PERFORMANCE.md).
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
 // the GPU only where a frame is whole chunks, so 64-token queries; qvg2,
 // quantwm2: decoding per-token codes, the cache filled a block per append,

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,9 +25,12 @@
 #include "cuda/layer_norm_modulate.cuh"
 #include "cuda/noise.cuh"
 #include "cuda/patchify.cuh"
+#include "cuda/query_gram.cuh"
 #include "cuda/rms_norm_rope.cuh"
+#include "cuda/span_encode.cuh"
 #include "engine/plugin_kv_geometry.h"
 #include "quant/kv_span.h"
+#include "quant/span_codec.h"
 
 namespace wm::cuda {
 namespace {
@@ -309,6 +313,9 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     use_shadow_ = value != 0;
   } else if (key == "ffn.fused") {
     fused_ffn_ = value != 0;
+  } else if (key == "span.scratch_bytes") {
+    if (value < 0) return absl::InvalidArgumentError("span.scratch_bytes: 0 (default) or a budget in bytes");
+    span_scratch_bytes_ = value == 0 ? kSpanScratchBytes : value;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown tuning key '", key, "'"));
   }
@@ -335,6 +342,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.kivi_launches") return kivi_attention_launches_;
   if (name == "attention.span_launches") return span_attention_launches_;
   if (name == "kv.span_frames_coded") return span_appends_;
+  if (name == "kv.span_encode_launches") return span_encode_launches_;
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
   if (name == "graph.launches") return graph_launches_;
@@ -1076,61 +1084,38 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
                                          const std::vector<std::vector<int32_t>>& new_pages, const float* k,
                                          const float* v) {
   if (recording_)
-    return absl::FailedPreconditionError("kv append: span caches are coded on the host, which a graph cannot record");
+    return absl::FailedPreconditionError("kv append: span caches are booked on the host, which a graph cannot record");
   const PagedGeometry& g = writes[0].kv->pages.geometry();
   const SpanRowLayout& L = g.span;
   const int32_t T = g.tokens_per_frame, H = g.heads, D = g.head_dim, S = g.sink_frames;
-  const size_t frame_values = static_cast<size_t>(T) * H * D;
-  const int32_t rb = L.rec_bytes, cb = L.coeff_bytes, tb = span_token_bytes(L);
-  // every write checked before any coder moves, then one download of all
-  // their frames, then the sessions coded side by side (each coder is its
-  // session's own; a lone session codes its heads side by side instead)
-  std::vector<size_t> at(writes.size(), 0);
-  size_t total = 0;
-  for (size_t i = 0; i < writes.size(); ++i) {
-    const KvWriteRequest& w = writes[i];
+  // every write checked before any coder's books move
+  bool any = false;
+  for (const KvWriteRequest& w : writes) {
     if (w.frames <= 0) continue;
     if (w.frames > std::max(1, w.kv->geometry.frames_per_block))
       return absl::InvalidArgumentError(absl::StrCat("kv append: ", w.kv->format, " on the GPU takes at most a block (",
                                                      w.kv->geometry.frames_per_block, " frames) per append, not ",
                                                      w.frames));
-    at[i] = total;
-    total += frame_values * static_cast<size_t>(w.frames);
+    any = true;
   }
-  if (total == 0) return absl::OkStatus();
+  if (!any) return absl::OkStatus();
   absl::Status st = need(k, "kv append keys");
   if (st.ok()) st = need(v, "kv append values");
   if (!st.ok()) return st;
-  span_host_k_.resize(total);
-  span_host_v_.resize(total);
-  for (size_t i = 0; i < writes.size(); ++i) {
-    const KvWriteRequest& w = writes[i];
-    if (w.frames <= 0) continue;
-    const size_t values = frame_values * static_cast<size_t>(w.frames);
-    const size_t src = static_cast<size_t>(w.batch_frame) * frame_values;
-    WM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(span_host_k_.data() + at[i], k + src, values * 4, cudaMemcpyDeviceToHost, stream_));
-    WM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(span_host_v_.data() + at[i], v + src, values * 4, cudaMemcpyDeviceToHost, stream_));
-  }
-  WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  std::vector<absl::Status> coded(writes.size());
-  const int n_writes = static_cast<int>(writes.size());
-#pragma omp parallel for schedule(dynamic) if (n_writes > 1)
-  for (int i = 0; i < n_writes; ++i) {
-    const KvWriteRequest& w = writes[static_cast<size_t>(i)];
-    if (w.frames <= 0) continue;
-    coded[static_cast<size_t>(i)] = w.kv->span->append(layer, span_host_k_.data() + at[static_cast<size_t>(i)],
-                                                       span_host_v_.data() + at[static_cast<size_t>(i)],
-                                                       w.first_frame, w.frames);
-  }
-  for (const absl::Status& c : coded)
-    if (!c.ok()) return c;
+  for (const KvWriteRequest& w : writes)
+    if (w.frames > 0)
+      if (absl::Status c = w.kv->span->append(layer, w.first_frame, w.frames); !c.ok()) return c;
+  // the writes, their frames' staging images, and the coder's jobs: one
+  // per (span, head, side), reading the batch's K/V where they are
   std::vector<KvSpanWrite> out;
   std::vector<int32_t> tables;
+  std::vector<SpanEncodeJob> jobs;
+  std::vector<int64_t> frame_images;
+  std::vector<float> params;
   std::vector<std::tuple<SpanHostCoder*, int32_t, bool>> bases;  // (coder, window slot, has a basis)
-  std::vector<uint8_t>& image = span_image_;
-  image.clear();
+  int64_t image_bytes = 0, scratch_bytes = 0, round_bytes = 0;
+  std::vector<int32_t> rounds{0};  // each round's first job
+  const int64_t frame_values = static_cast<int64_t>(T) * H * D;
   for (size_t i = 0; i < writes.size(); ++i) {
     const KvWriteRequest& w = writes[i];
     const KvAppendPlan& p = plans[i];
@@ -1149,82 +1134,141 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
       for (int32_t j = 0; j < p.new_pages_per_head; ++j)
         tables.push_back(new_pages[i][static_cast<size_t>(h) * p.new_pages_per_head + j]);
     }
+    // each stored frame's image (window frames) or source frame (sinks)
+    std::map<int64_t, int64_t> image_of;  // frame -> its image's offset
     for (size_t f = 0; f < p.slot.size(); ++f) {
       const int64_t frame = w.first_frame + p.src_frame[f];
-      const bool sink = p.slot[f] < S;
       KvSpanWrite x;
       x.slot = p.slot[f];
       x.table = table;
       x.pages_per_head = pph;
-      x.sink = sink ? 1 : 0;
-      x.staging = static_cast<int64_t>(image.size());
-      if (const SpanFrameCodes* c = sink ? nullptr : kv.span->frame(layer, frame, 0); c != nullptr)
-        x.table_index = static_cast<int32_t>(c->span % L.n_tables);
-      image.resize(image.size() + static_cast<size_t>((span_image_bytes(L, H, sink) + 15) / 16 * 16), 0);
-      uint8_t* im = image.data() + x.staging;
-      const float* fk = span_host_k_.data() + at[i] + static_cast<size_t>(p.src_frame[f]) * frame_values;
-      const float* fv = span_host_v_.data() + at[i] + static_cast<size_t>(p.src_frame[f]) * frame_values;
-      if (sink) {  // fp16 rows, as the CPU's pending sink frames
-        for (int32_t h = 0; h < H; ++h)
-          for (int32_t t = 0; t < T; ++t) {
-            auto* row = reinterpret_cast<uint16_t*>(im + (static_cast<size_t>(h) * T + t) * 4 * D);
-            const size_t src = (static_cast<size_t>(t) * H + h) * D;
-            for (int32_t d = 0; d < D; ++d) {
-              row[d] = span_fp16(fk[src + d]);
-              row[D + d] = span_fp16(fv[src + d]);
-            }
-          }
+      x.src_frame = w.batch_frame + p.src_frame[f];
+      if (p.slot[f] < S) {
+        x.sink = 1;
         out.push_back(x);
         continue;
       }
-      bool has_basis = false;
-      for (int32_t h = 0; h < H; ++h) {
-        const SpanFrameCodes* c = kv.span->frame(layer, frame, h);
-        if (c == nullptr) return absl::InternalError(absl::StrCat("kv append: frame ", frame, " was not coded"));
-        if (c->k->k > L.max_centroids || c->v->k > L.max_centroids)
-          return absl::InternalError("kv append: a span with more centroids than its table holds");
-        for (int32_t t = 0; t < T; ++t) {
-          const size_t ti = static_cast<size_t>(c->first_token + t);
-          uint8_t* rec = im + (static_cast<size_t>(h) * T + t) * tb;
-          std::memcpy(rec, c->k->blocks.data() + ti * rb, static_cast<size_t>(rb));
-          std::memcpy(rec + rb, c->v->blocks.data() + ti * rb, static_cast<size_t>(rb));
-          rec[2 * rb] = c->k->ids[ti];
-          rec[2 * rb + 1] = c->v->ids[ti];
-          if (cb > 0 && !c->k->coeffs.empty())
-            std::memcpy(rec + 2 * rb + 2, c->k->coeffs.data() + ti * cb, static_cast<size_t>(cb));
-        }
-        uint8_t* tab = im + span_tables_at(L, H) + static_cast<size_t>(h) * L.table_bytes();
-        std::memcpy(tab, c->k->centroids.data(), c->k->centroids.size() * 2);
-        std::memcpy(tab + L.v_table(), c->v->centroids.data(), c->v->centroids.size() * 2);
-        if (cb > 0 && c->basis != nullptr) std::memcpy(tab + L.basis_table(), c->basis->data(), c->basis->size() * 2);
-        has_basis = c->basis != nullptr;
-      }
-      bases.emplace_back(kv.span.get(), p.slot[f] - S, has_basis);
+      const SpanCoding* c = kv.span->span_of(layer, frame);
+      if (c == nullptr) return absl::InternalError(absl::StrCat("kv append: frame ", frame, " was not coded"));
+      if (c->centroids > L.max_centroids)
+        return absl::InternalError("kv append: a span with more centroids than its table holds");
+      x.table_index = static_cast<int32_t>(c->index % L.n_tables);
+      x.staging = image_bytes;
+      image_of[frame] = image_bytes;
+      image_bytes += (span_image_bytes(L, H) + 15) / 16 * 16;
+      bases.emplace_back(kv.span.get(), p.slot[f] - S, c->basis != nullptr);
       out.push_back(x);
       ++span_appends_;
     }
+    for (const SpanCoding& c : kv.span->coded(layer)) {
+      const int32_t first_image = static_cast<int32_t>(frame_images.size());
+      bool stored = false;
+      for (int32_t f = 0; f < c.frames; ++f) {
+        const auto it = image_of.find(c.first_frame + f);
+        frame_images.push_back(it == image_of.end() ? -1 : it->second);
+        stored = stored || it != image_of.end();
+      }
+      if (!stored) continue;
+      const int32_t n = c.frames * T;
+      const size_t scratch = (span_encode_scratch_bytes(n, D) + 15) / 16 * 16;
+      const float* x0 = nullptr;
+      for (int32_t h = 0; h < H; ++h)
+        for (int32_t side = 0; side < 2; ++side) {
+          SpanEncodeJob j;
+          x0 = (side == 0 ? k : v) + (w.batch_frame + (c.first_frame - w.first_frame)) * frame_values;
+          j.x = x0 + static_cast<int64_t>(h) * D;
+          j.n = n;
+          j.centroids = c.centroids;
+          j.iters = c.iters;
+          j.side = side;
+          j.head = h;
+          j.first_image = first_image;
+          j.seed = c.seeds[static_cast<size_t>(h) * 2 + side];
+          if (side == 0) {
+            j.candidates = c.candidates;
+            if (const auto& wt = c.weights[static_cast<size_t>(h)]; !wt.empty()) {
+              j.weights = static_cast<int64_t>(params.size());
+              params.insert(params.end(), wt.begin(), wt.end());
+            }
+            if (L.coeff_bytes > 0 && c.basis != nullptr) {
+              j.basis = static_cast<int64_t>(params.size());
+              for (uint16_t b : (*c.basis)[static_cast<size_t>(h)]) params.push_back(f16_to_f32(b));
+            }
+          }
+          // the coder runs in rounds whose scratch fits the budget (a round has a job at least)
+          if (round_bytes > 0 && round_bytes + static_cast<int64_t>(scratch) > span_scratch_bytes_) {
+            rounds.push_back(static_cast<int32_t>(jobs.size()));
+            round_bytes = 0;
+          }
+          j.scratch = round_bytes;
+          round_bytes += static_cast<int64_t>(scratch);
+          scratch_bytes = std::max(scratch_bytes, round_bytes);
+          jobs.push_back(j);
+        }
+    }
   }
   if (out.empty()) return absl::OkStatus();
-  // one upload: the writes, the page tables, then (16-byte aligned) the image
-  const size_t write_bytes = out.size() * sizeof(KvSpanWrite);
-  const size_t image_at = (write_bytes + tables.size() * sizeof(int32_t) + 15) / 16 * 16;
-  std::vector<uint8_t> host(image_at + image.size());
-  std::memcpy(host.data(), out.data(), write_bytes);
-  std::memcpy(host.data() + write_bytes, tables.data(), tables.size() * sizeof(int32_t));
-  std::memcpy(host.data() + image_at, image.data(), image.size());
-  absl::Status s = append_scratch_.reserve(host.size());
-  if (!s.ok()) return s;
-  s = copy_to_device(append_scratch_.get(), host.data(), host.size());
-  if (!s.ok()) return s;
+  // one upload (the writes, the page tables, the jobs, the frames' images,
+  // the weights and bases), then the images (zeroed) and the coder's scratch
+  auto at16 = [](size_t x) { return (x + 15) / 16 * 16; };
+  const size_t tables_at = out.size() * sizeof(KvSpanWrite);
+  const size_t jobs_at = at16(tables_at + tables.size() * sizeof(int32_t));
+  const size_t images_at = at16(jobs_at + jobs.size() * sizeof(SpanEncodeJob));
+  const size_t params_at = at16(images_at + frame_images.size() * sizeof(int64_t));
+  const size_t upload = at16(params_at + params.size() * sizeof(float));
+  const size_t staging_at = upload, scratch_at = at16(staging_at + static_cast<size_t>(image_bytes));
+  std::vector<uint8_t>& host = span_upload_;
+  host.assign(upload, 0);
+  std::memcpy(host.data(), out.data(), tables_at);
+  std::memcpy(host.data() + tables_at, tables.data(), tables.size() * sizeof(int32_t));
+  if (!jobs.empty()) std::memcpy(host.data() + jobs_at, jobs.data(), jobs.size() * sizeof(SpanEncodeJob));
+  if (!frame_images.empty())
+    std::memcpy(host.data() + images_at, frame_images.data(), frame_images.size() * sizeof(int64_t));
+  if (!params.empty()) std::memcpy(host.data() + params_at, params.data(), params.size() * sizeof(float));
+  st = append_scratch_.reserve(scratch_at + static_cast<size_t>(scratch_bytes));
+  if (!st.ok()) return st;
+  auto* dev = append_scratch_.as<uint8_t>();
+  st = copy_to_device(dev, host.data(), host.size());
+  if (!st.ok()) return st;
+  if (image_bytes > 0)
+    WM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dev + staging_at, 0, static_cast<size_t>(image_bytes), stream_));
+  rounds.push_back(static_cast<int32_t>(jobs.size()));
+  for (size_t r = 0; r + 1 < rounds.size(); ++r) {
+    if (rounds[r + 1] == rounds[r]) continue;
+    SpanEncodeArgs e;
+    e.jobs = reinterpret_cast<const SpanEncodeJob*>(dev + jobs_at) + rounds[r];
+    e.host_jobs = jobs.data() + rounds[r];
+    e.n_jobs = rounds[r + 1] - rounds[r];
+    e.frame_images = reinterpret_cast<const int64_t*>(dev + images_at);
+    e.params = reinterpret_cast<const float*>(dev + params_at);
+    e.image = dev + staging_at;
+    e.scratch = dev + scratch_at;
+    e.row_stride = H * D;
+    e.head_dim = D;
+    e.block = L.block;
+    e.coeff_bits = writes[0].kv->span->plan().coeff_bits;
+    e.tokens_per_frame = T;
+    e.heads = H;
+    e.token_bytes = span_token_bytes(L);
+    e.rec_bytes = L.rec_bytes;
+    e.tables_at = span_tables_at(L, H);
+    e.table_bytes = L.table_bytes();
+    e.v_table = L.v_table();
+    e.basis_table = L.basis_table();
+    WM_CUDA_RETURN_IF_ERROR(launch_span_encode(e, stream_));
+    ++span_encode_launches_;
+  }
   KvSpanAppendArgs a;
+  a.k = k;
+  a.v = v;
   a.pool = pool_memory_.as<uint8_t>();
   a.page_bytes = page_bytes_;
   a.row = L;
   a.heads = H;
-  a.writes = reinterpret_cast<const KvSpanWrite*>(append_scratch_.get());
+  a.writes = reinterpret_cast<const KvSpanWrite*>(dev);
   a.n_writes = static_cast<int32_t>(out.size());
-  a.page_tables = reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(append_scratch_.get()) + write_bytes);
-  a.staging = static_cast<const uint8_t*>(append_scratch_.get()) + image_at;
+  a.page_tables = reinterpret_cast<const int32_t*>(dev + tables_at);
+  a.staging = dev + staging_at;
   WM_CUDA_RETURN_IF_ERROR(launch_kv_append_span(a, stream_));
   ++append_launches_;
   for (const auto& [coder, slot, has] : bases) coder->set_slot_has_basis(layer, slot, has);
@@ -1233,37 +1277,56 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
 
 absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
                                           std::span<const WmSessionRows> rows, const float* q) {
-  // the rows of every session that observes them, in one download, then
-  // each session's statistics (its own) side by side
-  std::vector<size_t> at(caches.size(), 0);
-  std::vector<int> who;
-  size_t total = 0;
+  // every observing session's heads' Gram matrices in one launch and one
+  // download (query_gram.cuh), then each session's statistics (its own)
+  std::vector<QueryGramJob> jobs;
+  std::vector<std::pair<size_t, int32_t>> who;  // (cache, head) of each job
+  int32_t D = 0;
+  int64_t flag_bytes = 0;
   for (size_t i = 0; i < caches.size(); ++i) {
     const DeviceKvCache& kv = *caches[i];
     if (kv.span == nullptr || !kv.span->observes_queries() || rows[i].rows <= 0) continue;
-    at[i] = total;
-    total += static_cast<size_t>(kv.geometry.heads) * kv.geometry.head_dim * static_cast<size_t>(rows[i].rows);
-    who.push_back(static_cast<int>(i));
+    const int32_t H = kv.geometry.heads;
+    if (D != 0 && kv.geometry.head_dim != D)
+      return absl::InvalidArgumentError("attention: sessions of one call with different head_dim");
+    D = kv.geometry.head_dim;
+    for (int32_t h = 0; h < H; ++h) {
+      QueryGramJob j;
+      j.q = q + static_cast<int64_t>(rows[i].row0) * H * D + static_cast<int64_t>(h) * D;
+      j.rows = rows[i].rows;
+      j.row_stride = H * D;
+      j.out = static_cast<int64_t>(jobs.size()) * query_gram_doubles(D);
+      j.flags = flag_bytes;
+      flag_bytes += (rows[i].rows + 15) / 16 * 16;
+      jobs.push_back(j);
+      who.emplace_back(i, h);
+    }
   }
-  if (who.empty()) return absl::OkStatus();
+  if (jobs.empty()) return absl::OkStatus();
   if (recording_)
-    return absl::FailedPreconditionError("attention: QuantWM-2 observes its queries on the host, which a graph cannot record");
-  span_host_q_.resize(total);
-  for (int i : who) {
-    const DeviceKvCache& kv = *caches[static_cast<size_t>(i)];
-    const size_t row_values = static_cast<size_t>(kv.geometry.heads) * kv.geometry.head_dim;
-    const WmSessionRows& r = rows[static_cast<size_t>(i)];
-    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(span_host_q_.data() + at[static_cast<size_t>(i)],
-                                            q + static_cast<size_t>(r.row0) * row_values,
-                                            row_values * static_cast<size_t>(r.rows) * 4, cudaMemcpyDeviceToHost,
-                                            stream_));
-  }
+    return absl::FailedPreconditionError("attention: QuantWM-2 adds its query statistics on the host, which a graph cannot record");
+  const size_t job_bytes = (jobs.size() * sizeof(QueryGramJob) + 15) / 16 * 16;
+  const size_t out_doubles = jobs.size() * static_cast<size_t>(query_gram_doubles(D));
+  absl::Status st = gram_scratch_.reserve(job_bytes + out_doubles * 8 + static_cast<size_t>(flag_bytes));
+  if (!st.ok()) return st;
+  auto* dev = gram_scratch_.as<uint8_t>();
+  st = copy_to_device(dev, jobs.data(), jobs.size() * sizeof(QueryGramJob));
+  if (!st.ok()) return st;
+  QueryGramArgs a;
+  a.jobs = reinterpret_cast<const QueryGramJob*>(dev);
+  a.n_jobs = static_cast<int32_t>(jobs.size());
+  a.head_dim = D;
+  a.out = reinterpret_cast<double*>(dev + job_bytes);
+  a.flags = dev + job_bytes + out_doubles * 8;
+  WM_CUDA_RETURN_IF_ERROR(launch_query_gram(a, stream_));
+  span_host_gram_.resize(out_doubles);
+  WM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(span_host_gram_.data(), a.out, out_doubles * 8, cudaMemcpyDeviceToHost, stream_));
   WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  const int n = static_cast<int>(who.size());
-#pragma omp parallel for schedule(dynamic) if (n > 1)
-  for (int j = 0; j < n; ++j) {
-    const size_t i = static_cast<size_t>(who[static_cast<size_t>(j)]);
-    caches[i]->span->observe(layer, span_host_q_.data() + at[i], rows[i].rows);
+  const int64_t per = query_gram_doubles(D);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const double* g = span_host_gram_.data() + static_cast<int64_t>(j) * per;
+    caches[who[j].first]->span->observe_gram(layer, who[j].second, g, static_cast<int64_t>(g[per - 1]));
   }
   return absl::OkStatus();
 }

@@ -248,9 +248,16 @@ class CudaBackend {
   DeviceBuffer noise_scratch_;  // a batch's seeds and frame indices
   int64_t append_launches_ = 0;
   int64_t kivi_attention_launches_ = 0, span_attention_launches_ = 0;
-  int64_t span_appends_ = 0;                  // window frames coded on the host
-  std::vector<float> span_host_k_, span_host_v_, span_host_q_;  // downloads
-  std::vector<uint8_t> span_image_;           // the write pass's upload
+  int64_t span_appends_ = 0;                  // window frames coded
+  int64_t span_encode_launches_ = 0;
+  // the span coder's scratch per launch (rows, centroids, k-means state:
+  // some 1.4 MB per head and side of a Matrix-Game-2 block); a write pass
+  // with more runs in rounds
+  static constexpr int64_t kSpanScratchBytes = int64_t{64} << 20;
+  int64_t span_scratch_bytes_ = kSpanScratchBytes;  // tuning "span.scratch_bytes"
+  DeviceBuffer gram_scratch_;                 // QuantWM-2's query statistics: jobs, Gram matrices, row flags
+  std::vector<double> span_host_gram_;        // their download
+  std::vector<uint8_t> span_upload_;          // the write pass's upload
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory
   static constexpr size_t kStagingBytes = size_t{8} << 20;

@@ -185,14 +185,14 @@ __global__ void kv_append_span_kernel(const KvSpanAppendArgs a, int64_t total) {
     }
     const int32_t logical = sw.slot * T + i;
     if (sw.sink) {  // fp16 rows into the front's unit: K [kTileKeys][D], then V
-      const auto* src = reinterpret_cast<const uint4*>(image + (static_cast<int64_t>(h) * T + i) * 4 * D);
+      const int64_t src = (static_cast<int64_t>(sw.src_frame) * T + i) * a.heads * D + static_cast<int64_t>(h) * D;
       L.front.at(logical / kTileKeys, &entry, &offset);
       uint8_t* unit = span_at(a, sw, h, entry, offset);
       auto* kd = reinterpret_cast<uint4*>(unit + (logical % kTileKeys) * 2 * D);
       auto* vd = reinterpret_cast<uint4*>(unit + (kTileKeys + logical % kTileKeys) * 2 * D);
       for (int32_t c = 0; c < D / 8; ++c) {
-        kd[c] = src[c];
-        vd[c] = src[D / 8 + c];
+        kd[c] = to_half8<true>(a.k + src + c * 8);
+        vd[c] = to_half8<true>(a.v + src + c * 8);
       }
       continue;
     }
@@ -218,7 +218,9 @@ cudaError_t launch_kv_append_span(const KvSpanAppendArgs& a, cudaStream_t stream
   const SpanRowLayout& L = a.row;
   if (L.block <= 0 || L.tokens_per_frame <= 0 || L.head_dim % 8 != 0 || L.table_bytes() % 16 != 0)
     return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.staging) & 15u) != 0) return cudaErrorMisalignedAddress;
+  if (((reinterpret_cast<uintptr_t>(a.staging) | reinterpret_cast<uintptr_t>(a.k) |
+        reinterpret_cast<uintptr_t>(a.v)) & 15u) != 0)
+    return cudaErrorMisalignedAddress;
   const int64_t total =
       static_cast<int64_t>(a.n_writes) * a.heads * (L.tokens_per_frame + L.table_bytes() / 16);
   if (total <= 0) return cudaSuccess;

@@ -54,24 +54,27 @@ struct KvKiviAppendArgs {
 cudaError_t launch_kv_append_kivi(const KvKiviAppendArgs& a, cudaStream_t stream);
 
 // The write pass into QVG-2 / QuantWM-2 rows (kv_layout.h: SpanRowLayout):
-// the host codes the frames (kv_span_host.h) into a staging image, which
-// this scatters into the pages. A sink write's image is [heads][T] rows of
-// K then V, head_dim fp16 each; a window write's is [heads][T] token
-// records (K residual, V residual, K id, V id, K PSAC record:
-// span_token_bytes()), then, from the next multiple of 16 bytes, [heads]
-// tables of its span (table_bytes each; every frame of a span carries the
-// same), which go to table `table_index`, and the slot's map entry names it.
+// the device coder (span_encode.cuh) codes a write's window frames into a
+// staging image, which this scatters into the pages; sink frames come
+// straight from the fp32 K/V, sanitized fp16 into the front's units. A
+// window write's image is [heads][T] token records (K residual, V
+// residual, K id, V id, K PSAC record: span_token_bytes()), then, from the
+// next multiple of 16 bytes, [heads] tables of its span (table_bytes each;
+// every frame of a span carries the same), which go to table
+// `table_index`, and the slot's map entry names it.
 struct KvSpanWrite {
   int32_t slot = 0;            // destination slot in its cache
   int32_t table = 0;           // offset of its cache's page table [heads][pages_per_head]
   int32_t pages_per_head = 0;
   int32_t sink = 0;            // 1: fp16 rows of a sink frame
   int32_t table_index = 0;     // its span's table in the ring
-  int32_t pad = 0;
-  int64_t staging = 0;         // its image's first byte in `staging` (a multiple of 16)
+  int32_t src_frame = 0;       // a sink write's frame in k/v (the batch's frames)
+  int64_t staging = 0;         // a window write's image: its first byte in `staging` (a multiple of 16)
 };
 
 struct KvSpanAppendArgs {
+  const float* k = nullptr;  // device [frames * tokens_per_frame, heads, head_dim], 16-byte aligned (sink writes)
+  const float* v = nullptr;
   uint8_t* pool = nullptr;
   int64_t page_bytes = 0;
   SpanRowLayout row;
@@ -88,8 +91,7 @@ WM_HD int32_t span_token_bytes(const SpanRowLayout& r) { return 2 * r.rec_bytes 
 WM_HD int64_t span_tables_at(const SpanRowLayout& r, int32_t heads) {
   return (static_cast<int64_t>(heads) * r.tokens_per_frame * span_token_bytes(r) + 15) / 16 * 16;
 }
-WM_HD int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads, bool sink) {
-  if (sink) return static_cast<int64_t>(heads) * r.tokens_per_frame * 4 * r.head_dim;
+WM_HD int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads) {
   return span_tables_at(r, heads) + static_cast<int64_t>(heads) * r.table_bytes();
 }
 

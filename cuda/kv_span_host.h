@@ -1,10 +1,10 @@
 // The host half of a QVG-2 / QuantWM-2 cache on the device: the CPU cache's
 // bookkeeping (one SpanLedger per layer), QuantWM's query statistics and
-// its PSAC bases, and the coder itself (quant/span_codec.h), so that the
+// its PSAC bases, which decide what each append codes and with what seeds,
+// QSAC weights and bases. The coder itself runs on the device
+// (span_encode.cuh), as the CPU's (quant/span_codec.h) does, so that the
 // codes the device stores are the CPU's (quant/kv_span.cc) bit for bit.
-// The backend downloads an append's K/V and the queries it attends with,
-// this codes them, and the backend scatters the result into the pages
-// (kv_layout.h: SpanRowLayout). Pure host code.
+// Pure host code.
 //
 // What the device holds is limited to what fits its frame slots: every
 // append closes its span (span_frames 0 or 1) and the sink frames stay
@@ -19,7 +19,6 @@
 #include "quant/kv_cache.h"
 #include "quant/kv_ledger.h"
 #include "quant/query_stats.h"
-#include "quant/span_codec.h"
 
 namespace wm::cuda {
 
@@ -28,36 +27,35 @@ namespace wm::cuda {
 // cache accepts, UNIMPLEMENTED for what only the CPU backend holds)
 absl::Status device_span_support(const KvGeometry& g, const KvFormatOptions& o, bool quantwm);
 
-// the fp16 bits a span cache keeps of x where it keeps fp16 (sink frames):
-// sanitized (quant/kv_layouts.h: kv_sanitize), rounded to fp16
-uint16_t span_fp16(float x);
-
-// one frame of one head after an append, as the device stores it
-struct SpanFrameCodes {
-  const SpanHeadCodes* k = nullptr;  // its span's codes (keys, values)
-  const SpanHeadCodes* v = nullptr;
-  int32_t first_token = 0;           // the frame's first token inside the span
-  int64_t span = 0;                  // the span's index among the layer's spans (0, 1, ...)
-  const std::vector<uint16_t>* basis = nullptr;  // [8, head_dim] fp16 of its span; null: none
+// a span an append opened, and how each of its heads is coded
+struct SpanCoding {
+  int64_t index = 0;  // among the layer's spans (0, 1, ...)
+  int64_t first_frame = 0;
+  int32_t frames = 0;
+  int32_t centroids = 1;
+  int32_t iters = 0;                         // Lloyd iterations
+  std::vector<uint64_t> seeds;               // [heads][2]: the keys' and the values' k-means seeds
+  std::vector<std::vector<float>> weights;   // [heads]: the keys' QSAC channel weights [head_dim]; empty: uniform
+  int32_t candidates = 1;                    // the keys' QSAC candidates (values: 1)
+  std::shared_ptr<const std::vector<std::vector<uint16_t>>> basis;  // [heads][8 * head_dim] fp16; null: none
 };
-
 class SpanHostCoder {
  public:
   SpanHostCoder(const KvGeometry& g, const KvFormatOptions& o, bool quantwm);
 
   const SpanPlan& plan() const { return plan_; }
   bool observes_queries() const { return qsac_ || psac_; }
-  // query rows [n][heads * head_dim] attended at `layer` (host)
-  void observe(int32_t layer, const float* q, int32_t n);
+  // the Gram matrix of a head's query rows attended at `layer`
+  // (cuda/query_gram.cuh: its lower triangle, over `rows` finite rows)
+  void observe_gram(int32_t layer, int32_t head, const double* lower, int64_t rows);
 
-  // codes frames [first_frame, first_frame + frames) of a layer from host
-  // k, v [frames * tokens_per_frame][heads][head_dim], as the CPU's cache
-  // does; frames() then describes each new non-sink frame until the next
-  // append
-  absl::Status append(int32_t layer, const float* k, const float* v, int64_t first_frame, int32_t frames);
-  // the coded frame `frame` of the last append to `layer`, head `head`; null
-  // if that append did not code it (a sink frame)
-  const SpanFrameCodes* frame(int32_t layer, int64_t frame, int32_t head) const;
+  // books frames [first_frame, first_frame + frames) of a layer as the
+  // CPU's cache does; coded() then holds the spans this append opened
+  absl::Status append(int32_t layer, int64_t first_frame, int32_t frames);
+  const std::vector<SpanCoding>& coded(int32_t layer) const { return layers_[static_cast<size_t>(layer)].last; }
+  // the span of the last append to `layer` that holds `frame`; null if
+  // that append coded no span of it (a sink frame)
+  const SpanCoding* span_of(int32_t layer, int64_t frame) const;
   // spans of a layer that still hold a frame in the window
   int32_t live_spans(int32_t layer) const {
     return static_cast<int32_t>(layers_[static_cast<size_t>(layer)].ledger.spans().size());
@@ -73,20 +71,12 @@ class SpanHostCoder {
   }
 
  private:
-  struct CodedSpan {
-    int64_t index = 0;  // among the layer's spans
-    int64_t first_frame = 0;
-    int32_t frames = 0;
-    std::vector<SpanHeadCodes> k, v;  // [heads]
-    std::shared_ptr<const std::vector<std::vector<uint16_t>>> basis;  // [heads][8 * head_dim]; null: none
-    std::vector<SpanFrameCodes> views;  // [frames][heads]
-  };
   struct Layer {
     explicit Layer(const SpanPlan& p) : ledger(p) {}
     SpanLedger ledger;
     std::vector<QueryStats> stats;  // [heads]
     std::shared_ptr<const std::vector<std::vector<uint16_t>>> basis;  // the current one
-    std::vector<CodedSpan> last;    // the spans the last append coded
+    std::vector<SpanCoding> last;   // the spans the last append opened
     int64_t spans_coded = 0;
   };
 

@@ -8,25 +8,36 @@ namespace wm {
 QueryStats::QueryStats(int head_dim) : d_(head_dim), g_(Eigen::MatrixXd::Zero(head_dim, head_dim)) {}
 
 void QueryStats::add(const float* q, int stride, int n) {
-  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  std::vector<int> rows;
-  rows.reserve(static_cast<size_t>(n));
+  std::vector<double> lower(static_cast<size_t>(d_) * (d_ + 1) / 2, 0.0);
+  std::vector<double> row(static_cast<size_t>(d_));
+  int64_t used = 0;
   for (int i = 0; i < n; ++i) {
     const float* r = q + static_cast<size_t>(i) * stride;
     bool finite = true;
     for (int c = 0; c < d_; ++c) finite = finite && std::isfinite(r[c]);
-    if (finite) rows.push_back(i);
+    if (!finite) continue;
+    for (int c = 0; c < d_; ++c) row[static_cast<size_t>(c)] = r[c];
+    // row i's products into every entry, rows in order (the inner loop is
+    // over independent entries, so vectorising it keeps each one's order)
+    double* p = lower.data();
+    for (int x = 0; x < d_; ++x) {
+      const double rx = row[static_cast<size_t>(x)];
+      for (int y = 0; y <= x; ++y) p[y] += rx * row[static_cast<size_t>(y)];
+      p += x + 1;
+    }
+    ++used;
   }
-  if (rows.empty()) return;
-  // one rank-k update per call in float (a GEMM), accumulated in double
-  RowMatrix m(static_cast<Eigen::Index>(rows.size()), d_);
-  for (size_t i = 0; i < rows.size(); ++i)
-    m.row(static_cast<Eigen::Index>(i)) =
-        Eigen::Map<const Eigen::RowVectorXf>(q + static_cast<size_t>(rows[i]) * stride, d_);
-  Eigen::MatrixXf gram = Eigen::MatrixXf::Zero(d_, d_);
-  gram.selfadjointView<Eigen::Lower>().rankUpdate(m.transpose());
-  g_ += gram.selfadjointView<Eigen::Lower>().toDenseMatrix().cast<double>();
-  count_ += static_cast<int64_t>(rows.size());
+  if (used > 0) add_gram(lower.data(), used);
+}
+
+void QueryStats::add_gram(const double* lower, int64_t rows) {
+  if (rows <= 0) return;
+  for (int x = 0; x < d_; ++x)
+    for (int y = 0; y <= x; ++y) {
+      g_(x, y) += lower[static_cast<size_t>(x) * (x + 1) / 2 + y];
+      g_(y, x) = g_(x, y);
+    }
+  count_ += rows;
 }
 
 bool QueryStats::channel_weights(float floor, float* w) const {

@@ -1032,6 +1032,15 @@ std::vector<float> hostile_frames(size_t values, int head_dim, uint32_t seed) {
   return x;
 }
 
+// every 11th token of hostile_frames 9 times as far out: farther from its
+// centroid than 8x its cluster's median distance, where k-means stops
+// letting a member move its centroid (quant/kmeans.h)
+std::vector<float> with_far_tokens(std::vector<float> x, size_t token_values) {
+  for (size_t t = 3; (t + 1) * token_values <= x.size(); t += 11)
+    for (size_t i = t * token_values; i < (t + 1) * token_values; ++i) x[i] *= 9.0f;
+  return x;
+}
+
 // every layer of the two caches holds the same frames and the same values,
 // bit for bit (NaN included); `after`: the frames appended so far
 void expect_bitwise_same(const KvCache& cpu, const KvCache& cuda, int layers, int after) {
@@ -1215,9 +1224,12 @@ TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
       for (int l = 0; l < a.layers; ++l) {
         // the block's queries first (QuantWM-2's statistics), then its K/V
         const uint32_t r = static_cast<uint32_t>(100 * step + l);
-        const auto q = randn(frame_vals * n, r, 2.0f);
-        const auto k = hostile_frames(frame_vals * n, cs.hd, 1000 + r);
-        const auto v = hostile_frames(frame_vals * n, cs.hd, 5000 + r);
+        auto q = randn(frame_vals * n, r, 2.0f);
+        // a few non-finite query values: their rows stay out of QuantWM-2's statistics
+        for (size_t i = 7; step % 2 == 1 && i < q.size(); i += 997) q[i] = i % 2 ? NAN : INFINITY;
+        const size_t token_vals = static_cast<size_t>(a.heads) * cs.hd;
+        const auto k = with_far_tokens(hostile_frames(frame_vals * n, cs.hd, 1000 + r), token_vals);
+        const auto v = with_far_tokens(hostile_frames(frame_vals * n, cs.hd, 5000 + r), token_vals);
         const auto kq = randn(frame_vals * n, r + 1);
         for (auto [b, buf, c] : {std::tuple{&cpu_b, &cpu_buf, cpu->get()}, std::tuple{&cuda_b, &cuda_buf, cuda->get()}}) {
           const SessionSlice one{c, 0, n};
@@ -1267,36 +1279,45 @@ TEST(CudaSpan, DefaultModelSessionPages) {
 }
 
 // a step over several span sessions (and an fp16 one): their queries
-// observed from one batched attention call, their frames downloaded
-// together and coded side by side; each cache then holds what the CPU's
-// holds after the same step
+// observed from one batched attention call, their frames coded side by
+// side; each cache then holds what the CPU's holds after the same step.
+// Once with the coder's scratch for all of them at once, once in rounds
+// of one (span, head, side) each
 TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
   WM_REQUIRE_CUDA();
-  AttnSpec a;
-  a.tokens_per_frame = 64;
-  a.formats = {"quantwm2", "qvg2", "quantwm2", "fp16", "qvg2"};
-  a.cached = {0, 3, 6, 1, 4};
-  a.observe = true;  // QuantWM-2's statistics and bases exist
-  const int64_t before = counter("kv.span_frames_coded");
-  AppendBatch b(a, {2, 1, 2, 2, 2}, 23);
-  ASSERT_TRUE(b.ok());
-  // the batch attends first, all sessions in one call: each QuantWM-2 session observes its own rows
-  const size_t vals = static_cast<size_t>(9) * a.tokens_per_frame * a.heads * a.head_dim;  // the batch's 9 frames
-  const auto q = randn(vals, 91, 2.0f), kq = randn(vals, 92);
-  for (int l = 0; l < a.layers; ++l) {
-    backends().cpu->attention(l, b.cpu_slices, a.tokens_per_frame, b.cpu_buf.put(q), b.cpu_buf.put(kq),
-                              b.cpu_buf.put(kq), b.cpu_buf.zeros(vals));
-    backends().cuda->attention(l, b.cuda_slices, a.tokens_per_frame, b.cuda_buf.put(q), b.cuda_buf.put(kq),
-                               b.cuda_buf.put(kq), b.cuda_buf.zeros(vals));
+  for (const int64_t budget : {int64_t{0}, int64_t{1}}) {
+    SCOPED_TRACE("span.scratch_bytes " + std::to_string(budget));
+    Tuning t(*backends().cuda, {{"span.scratch_bytes", budget}});
+    AttnSpec a;
+    a.tokens_per_frame = 64;
+    a.formats = {"quantwm2", "qvg2", "quantwm2", "fp16", "qvg2"};
+    a.cached = {0, 3, 6, 1, 4};
+    a.observe = true;  // QuantWM-2's statistics and bases exist
+    const int64_t before = counter("kv.span_frames_coded");
+    AppendBatch b(a, {2, 1, 2, 2, 2}, 23);
+    ASSERT_TRUE(b.ok());
+    const int64_t launches = counter("kv.span_encode_launches");  // the cached frames' appends came before
+    // the batch attends first, all sessions in one call: each QuantWM-2 session observes its own rows
+    const size_t vals = static_cast<size_t>(9) * a.tokens_per_frame * a.heads * a.head_dim;  // the batch's 9 frames
+    const auto q = randn(vals, 91, 2.0f), kq = randn(vals, 92);
+    for (int l = 0; l < a.layers; ++l) {
+      backends().cpu->attention(l, b.cpu_slices, a.tokens_per_frame, b.cpu_buf.put(q), b.cpu_buf.put(kq),
+                                b.cpu_buf.put(kq), b.cpu_buf.zeros(vals));
+      backends().cuda->attention(l, b.cuda_slices, a.tokens_per_frame, b.cuda_buf.put(q), b.cuda_buf.put(kq),
+                                 b.cuda_buf.put(kq), b.cuda_buf.zeros(vals));
+    }
+    for (int l = 0; l < a.layers; ++l) {
+      ASSERT_TRUE(b.append_cpu(l).ok());
+      const absl::Status st = b.append_cuda(l);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    b.expect_same_caches();
+    EXPECT_GT(counter("kv.span_frames_coded"), before);
+    // a layer's appends: one per format (qvg2, quantwm2), each one coder launch, or
+    // one per (span, head, side): 4 span sessions x 2 heads x 2 sides in all
+    EXPECT_EQ(counter("kv.span_encode_launches") - launches, a.layers * (budget == 0 ? 2 : 4 * a.heads * 2));
+    ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
   }
-  for (int l = 0; l < a.layers; ++l) {
-    ASSERT_TRUE(b.append_cpu(l).ok());
-    const absl::Status st = b.append_cuda(l);
-    ASSERT_TRUE(st.ok()) << st;
-  }
-  b.expect_same_caches();
-  EXPECT_GT(counter("kv.span_frames_coded"), before);
-  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
 // a window of 6 frames in blocks of 3 keeps 4 span tables a layer (whole

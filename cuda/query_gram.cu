@@ -1,0 +1,65 @@
+#include <cfloat>
+
+#include "cuda/device_util.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/query_gram.cuh"
+
+namespace wm::cuda {
+namespace {
+
+// which rows enter (every value finite), and their count: one CTA per job
+__global__ void query_gram_rows_kernel(const QueryGramArgs a) {
+  const QueryGramJob& J = a.jobs[blockIdx.x];
+  uint8_t* flags = a.flags + J.flags;
+  for (int32_t i = threadIdx.x; i < J.rows; i += blockDim.x) {
+    const float* r = J.q + static_cast<int64_t>(i) * J.row_stride;
+    bool finite = true;
+    for (int32_t c = 0; c < a.head_dim; ++c) finite = finite && fabsf(r[c]) <= FLT_MAX;
+    flags[i] = finite ? 1 : 0;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t n = 0;
+    for (int32_t i = 0; i < J.rows; ++i) n += flags[i];
+    a.out[J.out + static_cast<int64_t>(a.head_dim) * (a.head_dim + 1) / 2] = static_cast<double>(n);  // after the triangle
+  }
+}
+
+// one thread per lower-triangle entry (x, y), y <= x: its sum over the rows in order
+__global__ void query_gram_kernel(const QueryGramArgs a) {
+  const QueryGramJob& J = a.jobs[blockIdx.y];
+  const int32_t D = a.head_dim;
+  const int64_t entries = static_cast<int64_t>(D) * (D + 1) / 2;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= entries) return;
+  // e = x (x + 1) / 2 + y
+  int32_t x = static_cast<int32_t>((sqrt(8.0 * static_cast<double>(e) + 1.0) - 1.0) / 2.0);
+  while (static_cast<int64_t>(x) * (x + 1) / 2 > e) --x;
+  while (static_cast<int64_t>(x + 1) * (x + 2) / 2 <= e) ++x;
+  const int32_t y = static_cast<int32_t>(e - static_cast<int64_t>(x) * (x + 1) / 2);
+  const uint8_t* flags = a.flags + J.flags;
+  double s = 0;
+  for (int32_t i = 0; i < J.rows; ++i) {
+    if (flags[i] == 0) continue;
+    const float* r = J.q + static_cast<int64_t>(i) * J.row_stride;
+    s += static_cast<double>(r[x]) * static_cast<double>(r[y]);
+  }
+  a.out[J.out + e] = s;
+}
+
+}  // namespace
+
+cudaError_t launch_query_gram(const QueryGramArgs& a, cudaStream_t stream) {
+  if (a.n_jobs <= 0) return cudaSuccess;
+  if (a.head_dim <= 0 || a.head_dim > 1024) return cudaErrorInvalidValue;
+  if (const cudaError_t e = launch_kernel(query_gram_rows_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kThreads, 0,
+                                          stream, a);
+      e != cudaSuccess)
+    return e;
+  const int64_t entries = static_cast<int64_t>(a.head_dim) * (a.head_dim + 1) / 2;
+  return launch_kernel(query_gram_kernel,
+                       dim3(static_cast<unsigned>((entries + kThreads - 1) / kThreads), static_cast<unsigned>(a.n_jobs)),
+                       kThreads, 0, stream, a);
+}
+
+}  // namespace wm::cuda

@@ -1,0 +1,446 @@
+// The span formats' coder on the device (span_encode.cuh). Every function
+// here mirrors one of quant/kmeans.cc, quant/span_codec.cc or
+// quant/kv_layouts.h operation for operation; a change there is a change
+// here.
+#include <cfloat>
+
+#include "cuda/device_util.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/span_encode.cuh"
+#include "quant/fp8_e4m3.h"
+
+namespace wm::cuda {
+namespace {
+
+constexpr int kRank = 8;  // quant/kv_layouts.h: kPsacRank
+
+// the scratch of one job: the clean rows, the centroids, k-means' state
+struct Scratch {
+  float* rows;      // [n][D]
+  float* cen;       // [min(256, n)][D]
+  double* dmin;     // [n]
+  float* dist;      // [n]
+  int32_t* assign;  // [n]
+  int32_t* members; // [n], by cluster, each cluster's in token order
+  int32_t* start;   // [k + 1]
+  float* limit;     // [k]
+};
+
+__host__ __device__ inline size_t scratch_layout(int32_t n, int32_t d, uint8_t* base, Scratch* s) {
+  const size_t kmax = static_cast<size_t>(n < kSpanMaxCentroids ? n : kSpanMaxCentroids);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    uint8_t* p = base != nullptr ? base + at : nullptr;
+    at += (bytes + 15) / 16 * 16;
+    return p;
+  };
+  uint8_t* rows = take(static_cast<size_t>(n) * d * 4);
+  uint8_t* cen = take(kmax * d * 4);
+  uint8_t* dmin = take(static_cast<size_t>(n) * 8);
+  uint8_t* dist = take(static_cast<size_t>(n) * 4);
+  uint8_t* assign = take(static_cast<size_t>(n) * 4);
+  uint8_t* members = take(static_cast<size_t>(n) * 4);
+  uint8_t* start = take((kmax + 1) * 4);
+  uint8_t* limit = take(kmax * 4);
+  if (s != nullptr) {
+    s->rows = reinterpret_cast<float*>(rows);
+    s->cen = reinterpret_cast<float*>(cen);
+    s->dmin = reinterpret_cast<double*>(dmin);
+    s->dist = reinterpret_cast<float*>(dist);
+    s->assign = reinterpret_cast<int32_t*>(assign);
+    s->members = reinterpret_cast<int32_t*>(members);
+    s->start = reinterpret_cast<int32_t*>(start);
+    s->limit = reinterpret_cast<float*>(limit);
+  }
+  return at;
+}
+
+// quant/kv_layouts.h: kv_sanitize
+__device__ __forceinline__ float sanitize(float x) {
+  if (x != x) return 0.0f;
+  return fminf(65504.0f, fmaxf(-65504.0f, x));
+}
+
+__device__ __forceinline__ float f16_round(float x) { return __half2float(__ushort_as_half(f16_bits(x))); }
+
+// quant/kmeans.cc
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ double uniform01(uint64_t seed, uint64_t counter) {
+  return static_cast<double>(mix64(seed ^ mix64(counter)) >> 11) * 0x1.0p-53;
+}
+
+__device__ float wdist(const float* a, const float* b, const float* w, int d) {
+  float s = 0.0f;
+  if (w == nullptr) {
+    for (int c = 0; c < d; ++c) {
+      const float t = a[c] - b[c];
+      s += t * t;
+    }
+  } else {
+    for (int c = 0; c < d; ++c) {
+      const float t = a[c] - b[c];
+      s += w[c] * t * t;
+    }
+  }
+  return s;
+}
+
+__device__ __forceinline__ float finite_or_max(float x) { return fabsf(x) <= FLT_MAX ? x : FLT_MAX; }
+
+// kmeans()'s assign_all: every token's nearest centroid, smaller index on ties
+__device__ void assign_all(const Scratch& s, int n, int d, int k, const float* w) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    int best = 0;
+    float bd = INFINITY;
+    for (int j = 0; j < k; ++j) {
+      const float dj = finite_or_max(wdist(s.rows + static_cast<size_t>(i) * d, s.cen + static_cast<size_t>(j) * d, w, d));
+      if (dj < bd) {
+        bd = dj;
+        best = j;
+      }
+    }
+    s.assign[i] = best;
+    s.dist[i] = bd;
+  }
+  __syncthreads();
+}
+
+__device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_t seed, const float* w) {
+  __shared__ int pick;
+  uint64_t counter = 0;  // thread 0's
+  auto row = [&](int i) { return s.rows + static_cast<size_t>(i) * d; };
+  auto cen = [&](int j) { return s.cen + static_cast<size_t>(j) * d; };
+  // k-means++ seeding: the sums and the draw are sequential, as the CPU's
+  if (threadIdx.x == 0) {
+    const int first = static_cast<int>(uniform01(seed, counter++) * n);
+    pick = first < n - 1 ? first : n - 1;
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < d; c += blockDim.x) cen(0)[c] = row(pick)[c];
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    s.dmin[i] = static_cast<double>(finite_or_max(wdist(row(i), cen(0), w, d)));
+  __syncthreads();
+  for (int j = 1; j < k; ++j) {
+    if (threadIdx.x == 0) {
+      double total = 0;
+      for (int i = 0; i < n; ++i) total += s.dmin[i];
+      int p = 0;
+      if (total > 0 && total <= DBL_MAX) {
+        const double target = uniform01(seed, counter++) * total;
+        double acc = 0;
+        p = n - 1;
+        for (int i = 0; i < n; ++i) {
+          acc += s.dmin[i];
+          if (acc > target) {
+            p = i;
+            break;
+          }
+        }
+      } else {  // the farthest, smallest index on ties
+        for (int i = 1; i < n; ++i)
+          if (s.dmin[i] > s.dmin[p]) p = i;
+      }
+      pick = p;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) cen(j)[c] = row(pick)[c];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const double dj = static_cast<double>(finite_or_max(wdist(row(i), cen(j), w, d)));
+      if (dj < s.dmin[i]) s.dmin[i] = dj;
+    }
+    __syncthreads();
+  }
+  assign_all(s, n, d, k, w);
+  for (int it = 0; it < iters; ++it) {
+    // members of each cluster in token order
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+      int m = 0;
+      for (int i = 0; i < n; ++i) m += s.assign[i] == j;
+      s.start[j + 1] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      s.start[0] = 0;
+      for (int j = 0; j < k; ++j) s.start[j + 1] += s.start[j];
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+      int at = s.start[j];
+      for (int i = 0; i < n; ++i)
+        if (s.assign[i] == j) s.members[at++] = i;
+    }
+    __syncthreads();
+    // each cluster's median distance (nth_element's value at size / 2): the
+    // member whose value has at most mid smaller and more than mid not larger
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int j = s.assign[i];
+      const int b = s.start[j], m = s.start[j + 1] - b, mid = m / 2;
+      const float di = s.dist[i];
+      int less = 0, leq = 0;
+      for (int t = 0; t < m; ++t) {
+        const float dt = s.dist[s.members[b + t]];
+        less += dt < di;
+        leq += dt <= di;
+      }
+      // equal values write the same limit
+      if (less <= mid && mid < leq) s.limit[j] = 64.0f * di;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < k * d; e += blockDim.x) {
+      const int j = e / d, c = e - j * d;
+      const int b = s.start[j], m = s.start[j + 1] - b;
+      if (m == 0) continue;  // an empty cluster keeps its centroid
+      double sum = 0;
+      int used = 0;
+      for (int t = 0; t < m; ++t) {
+        const int i = s.members[b + t];
+        if (s.dist[i] > s.limit[j]) continue;
+        sum += row(i)[c];
+        ++used;
+      }
+      cen(j)[c] = static_cast<float>(sum / used);
+    }
+    __syncthreads();
+    assign_all(s, n, d, k, w);
+  }
+}
+
+// kmeans.cc: nearest_centroids
+__device__ int nearest_centroids(const float* x, int d, const float* w, const float* cen, int k, int m, int* idx,
+                                 float* dist) {
+  m = m < k ? m : k;
+  int have = 0;
+  for (int j = 0; j < k; ++j) {
+    const float dj = finite_or_max(wdist(x, cen + static_cast<size_t>(j) * d, w, d));
+    int pos = have;
+    while (pos > 0 && dj < dist[pos - 1]) --pos;
+    if (pos >= m) continue;
+    const int last = have < m - 1 ? have : m - 1;
+    for (int t = last; t > pos; --t) {
+      idx[t] = idx[t - 1];
+      dist[t] = dist[t - 1];
+    }
+    idx[pos] = j;
+    dist[pos] = dj;
+    have = have + 1 < m ? have + 1 : m;
+  }
+  return have;
+}
+
+// kv_layouts.h: BlockQ2Sym and its reference quantizer, B at run time
+constexpr uint8_t kTernary = 0x80;
+
+__device__ __forceinline__ int q2sym_code(float v, float s, bool ternary) {
+  if (ternary) return v >= 0.5f * s ? 2 : (v > -0.5f * s ? 1 : 0);
+  return v >= s ? 3 : (v >= 0.0f ? 2 : (v >= -s ? 1 : 0));
+}
+__device__ __forceinline__ float q2sym_level(int code, float s, float offset) {
+  return (static_cast<float>(code) - offset) * s;
+}
+__device__ __forceinline__ void q2_set(uint8_t* codes, int i, int code) {
+  const int sh = (i & 3) * 2;
+  codes[i >> 2] = static_cast<uint8_t>((codes[i >> 2] & ~(3 << sh)) | ((code & 3) << sh));
+}
+__device__ __forceinline__ int q2_get(const uint8_t* codes, int i) { return (codes[i >> 2] >> ((i & 3) * 2)) & 3; }
+
+// blk: 1 + B/4 bytes (the scale byte, then the codes); returns the error
+__device__ float q2sym_quantize(const float* x, const float* w, int B, uint8_t* blk) {
+  float xs[kSpanMaxHeadDim];
+  float amax = 0.0f;
+  for (int i = 0; i < B; ++i) {
+    xs[i] = sanitize(x[i]);
+    amax = fmaxf(amax, fabsf(xs[i]));
+  }
+  float best_err = 0.0f;
+  for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
+  uint8_t best = 0;
+  if (amax > 0.0f) {
+    for (int mode = 0; mode < 2; ++mode) {
+      const bool ternary = mode == 1;
+      const int c0 = e4m3_encode(ternary ? amax : amax / 1.5f);
+      const int hi = c0 + 1 < kE4m3MaxCode ? c0 + 1 : kE4m3MaxCode, lo = c0 - 5 > 1 ? c0 - 5 : 1;
+      for (int c = hi; c >= lo; --c) {
+        const float s = e4m3_decode(static_cast<uint8_t>(c));
+        const float off = ternary ? 1.0f : 1.5f;
+        float err = 0.0f;
+        for (int i = 0; i < B; ++i) {
+          const float dv = xs[i] - q2sym_level(q2sym_code(xs[i], s, ternary), s, off);
+          err += (w != nullptr ? w[i] : 1.0f) * dv * dv;
+        }
+        if (err < best_err) {
+          best_err = err;
+          best = static_cast<uint8_t>(c | (ternary ? kTernary : 0));
+        }
+      }
+    }
+  }
+  blk[0] = best;
+  const float s = e4m3_decode(static_cast<uint8_t>(best & 0x7f));
+  const bool ternary = (best & kTernary) != 0;
+  uint8_t* codes = blk + 1;
+  for (int i = 0; i < B / 4; ++i) codes[i] = 0;
+  for (int i = 0; i < B; ++i) q2_set(codes, i, best == 0 ? 1 : q2sym_code(xs[i], s, ternary));
+  if (best == 0) blk[0] = kTernary;
+  return best_err;
+}
+
+__device__ void q2sym_dequantize(const uint8_t* blk, int B, float* x) {
+  const float s = e4m3_decode(static_cast<uint8_t>(blk[0] & 0x7f)), off = (blk[0] & kTernary) ? 1.0f : 1.5f;
+  for (int i = 0; i < B; ++i) x[i] = q2sym_level(q2_get(blk + 1, i), s, off);
+}
+
+// kv_layouts.h: psac_quantize_ref, int8 or int4 coefficients with an fp16 scale
+__device__ void psac_quantize(const float* alpha, int bits, uint8_t* rec) {
+  const int qmax = bits == 8 ? 127 : 7;
+  float amax = 0.0f;
+  for (int i = 0; i < kRank; ++i) amax = fmaxf(amax, fabsf(sanitize(alpha[i])));
+  const uint16_t scale = f16_bits(fminf(65504.0f, amax / static_cast<float>(qmax)));
+  rec[0] = static_cast<uint8_t>(scale & 0xff);
+  rec[1] = static_cast<uint8_t>(scale >> 8);
+  const float s = __half2float(__ushort_as_half(scale));
+  for (int i = 0; i < kRank; ++i) {
+    int q = s > 0 ? static_cast<int>(lroundf(sanitize(alpha[i]) / s)) : 0;
+    q = q < -qmax ? -qmax : (q > qmax ? qmax : q);
+    if (bits == 8) {
+      rec[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    } else {
+      const int sh = (i & 1) * 4;
+      if ((i & 1) == 0) rec[2 + i / 2] = 0;
+      rec[2 + i / 2] = static_cast<uint8_t>(rec[2 + i / 2] | ((q & 0xf) << sh));
+    }
+  }
+}
+
+__device__ __forceinline__ void put16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xff);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+// k of a job, clamped as the CPU's kmeans does
+__device__ __forceinline__ int job_centroids(const SpanEncodeJob& J) {
+  int k = J.centroids < kSpanMaxCentroids ? J.centroids : kSpanMaxCentroids;
+  k = k < J.n ? k : J.n;
+  return k > 1 ? k : 1;
+}
+
+// k-means and the tables: one CTA per job
+__global__ void span_kmeans_kernel(const SpanEncodeArgs a) {
+  const SpanEncodeJob& J = a.jobs[blockIdx.x];
+  const int n = J.n, d = a.head_dim, T = a.tokens_per_frame;
+  Scratch s;
+  scratch_layout(n, d, a.scratch + J.scratch, &s);
+  const float* w = J.weights >= 0 ? a.params + J.weights : nullptr;
+  const float* basis = J.basis >= 0 ? a.params + J.basis : nullptr;
+  // the rows as the CPU codes them: sanitized, rounded to fp16 (the cache's
+  // pending frames), sanitized again (the coder's NaN guard: a no-op here)
+  for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
+    const int i = e / d, c = e - i * d;
+    s.rows[e] = sanitize(f16_round(sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c])));
+  }
+  __syncthreads();
+  const int k = job_centroids(J);
+  kmeans(s, n, d, k, J.iters, J.seed, w);
+  // the stored fp16 centroids, which the tokens are coded against, into
+  // the table of every frame of the span
+  const int frames = (n + T - 1) / T;
+  const int64_t table = a.tables_at + static_cast<int64_t>(J.head) * a.table_bytes;
+  for (int e = threadIdx.x; e < k * d; e += blockDim.x) {
+    const uint16_t h = f16_bits(s.cen[e]);
+    s.cen[e] = __half2float(__ushort_as_half(h));
+    for (int f = 0; f < frames; ++f) {
+      const int64_t img = a.frame_images[J.first_image + f];
+      if (img >= 0) put16(a.image + img + table + (J.side == 0 ? 0 : a.v_table) + 2 * e, h);
+    }
+  }
+  if (J.side == 0 && basis != nullptr)
+    for (int e = threadIdx.x; e < kRank * d; e += blockDim.x)
+      for (int f = 0; f < frames; ++f) {
+        const int64_t img = a.frame_images[J.first_image + f];
+        if (img >= 0) put16(a.image + img + table + a.basis_table + 2 * e, f16_bits(basis[e]));
+      }
+}
+
+// each token's centroid, residual and PSAC record: CTA (x, job) codes the
+// job's tokens x, x + gridDim.x, ... blockDim.x apart
+__global__ void span_code_kernel(const SpanEncodeArgs a) {
+  const SpanEncodeJob& J = a.jobs[blockIdx.y];
+  const int n = J.n, d = a.head_dim, B = a.block, nb = d / B, T = a.tokens_per_frame;
+  const int bb = 1 + B / 4;  // bytes of one residual block
+  Scratch s;
+  scratch_layout(n, d, a.scratch + J.scratch, &s);
+  const float* w = J.weights >= 0 ? a.params + J.weights : nullptr;
+  const float* basis = J.basis >= 0 ? a.params + J.basis : nullptr;
+  const int k = job_centroids(J);
+  const int m = J.candidates < k ? J.candidates : k;
+  const int mm = m > 1 ? m : 1;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const float* xi = s.rows + static_cast<size_t>(i) * d;
+    int cand[kSpanMaxCandidates];
+    float cdist[kSpanMaxCandidates];
+    float resid[kSpanMaxHeadDim];
+    uint8_t trial[kSpanMaxHeadDim / 16 * 5], best[kSpanMaxHeadDim / 16 * 5];
+    const int have = nearest_centroids(xi, d, w, s.cen, k, mm, cand, cdist);
+    float best_err = INFINITY;
+    int best_id = cand[0];
+    for (int t = 0; t < have; ++t) {
+      const float* cj = s.cen + static_cast<size_t>(cand[t]) * d;
+      for (int c = 0; c < d; ++c) resid[c] = xi[c] - cj[c];
+      float err = 0.0f;
+      for (int b = 0; b < nb; ++b) err += q2sym_quantize(resid + b * B, w != nullptr ? w + b * B : nullptr, B, trial + b * bb);
+      if (err < best_err || t == 0) {
+        best_err = err;
+        best_id = cand[t];
+        for (int x = 0; x < nb * bb; ++x) best[x] = trial[x];
+      }
+    }
+    const int64_t img = a.frame_images[J.first_image + i / T];
+    if (img < 0) continue;
+    uint8_t* rec = a.image + img + (static_cast<int64_t>(J.head) * T + i % T) * a.token_bytes;
+    for (int x = 0; x < nb * bb; ++x) rec[J.side * a.rec_bytes + x] = best[x];
+    rec[2 * a.rec_bytes + J.side] = static_cast<uint8_t>(best_id);
+    if (J.side != 0 || basis == nullptr) continue;
+    // PSAC: what centroid + residual leave, projected on the basis
+    const float* cj = s.cen + static_cast<size_t>(best_id) * d;
+    float deq[kSpanMaxHeadDim];
+    for (int b = 0; b < nb; ++b) {
+      q2sym_dequantize(best + b * bb, B, deq);
+      for (int c = 0; c < B; ++c) resid[b * B + c] = xi[b * B + c] - cj[b * B + c] - deq[c];
+    }
+    float alpha[kRank];
+    for (int r = 0; r < kRank; ++r) {
+      double acc = 0;
+      for (int c = 0; c < d; ++c) acc += static_cast<double>(basis[static_cast<size_t>(r) * d + c]) * resid[c];
+      alpha[r] = static_cast<float>(acc);
+    }
+    psac_quantize(alpha, a.coeff_bits, rec + 2 * a.rec_bytes + 2);
+  }
+}
+
+}  // namespace
+
+size_t span_encode_scratch_bytes(int32_t n, int32_t head_dim) { return scratch_layout(n, head_dim, nullptr, nullptr); }
+
+cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
+  if (a.n_jobs <= 0) return cudaSuccess;
+  if (a.head_dim <= 0 || a.head_dim > kSpanMaxHeadDim || a.block <= 0 || a.head_dim % a.block != 0 ||
+      a.block % 4 != 0 || a.tokens_per_frame <= 0 || (a.coeff_bits != 8 && a.coeff_bits != 4) || a.host_jobs == nullptr)
+    return cudaErrorInvalidValue;
+  int32_t most = 0;  // tokens of the longest job (the host's copy of the jobs)
+  for (int32_t j = 0; j < a.n_jobs; ++j) most = a.host_jobs[j].n > most ? a.host_jobs[j].n : most;
+  if (const cudaError_t e =
+          launch_kernel(span_kmeans_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kThreads, 0, stream, a);
+      e != cudaSuccess)
+    return e;
+  const unsigned chunks = static_cast<unsigned>((most + kThreads - 1) / kThreads);
+  return launch_kernel(span_code_kernel, dim3(chunks, static_cast<unsigned>(a.n_jobs)), kThreads, 0, stream, a);
+}
+
+}  // namespace wm::cuda
