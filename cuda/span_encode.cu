@@ -1,6 +1,7 @@
-// The span formats' coder on the device (span_encode.cuh). Every function
-// here mirrors one of quant/kmeans.cc, quant/span_codec.cc or
-// quant/kv_layouts.h operation for operation; a change there is a change
+// The span formats' coder on the device (span_encode.cuh). k-means'
+// arithmetic is quant/kmeans_ops.h's, shared with the host; every other
+// function here mirrors one of quant/kmeans.cc, quant/span_codec.cc or
+// quant/kv_layouts.h operation for operation: a change there is a change
 // here.
 #include <cfloat>
 
@@ -8,6 +9,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/span_encode.cuh"
 #include "quant/fp8_e4m3.h"
+#include "quant/kmeans_ops.h"
 
 namespace wm::cuda {
 namespace {
@@ -63,35 +65,9 @@ __device__ __forceinline__ float sanitize(float x) {
 
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__ushort_as_half(f16_bits(x))); }
 
-// quant/kmeans.cc
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-__device__ __forceinline__ double uniform01(uint64_t seed, uint64_t counter) {
-  return static_cast<double>(mix64(seed ^ mix64(counter)) >> 11) * 0x1.0p-53;
-}
-
-__device__ float wdist(const float* a, const float* b, const float* w, int d) {
-  float s = 0.0f;
-  if (w == nullptr) {
-    for (int c = 0; c < d; ++c) {
-      const float t = a[c] - b[c];
-      s += t * t;
-    }
-  } else {
-    for (int c = 0; c < d; ++c) {
-      const float t = a[c] - b[c];
-      s += w[c] * t * t;
-    }
-  }
-  return s;
-}
-
-__device__ __forceinline__ float finite_or_max(float x) { return fabsf(x) <= FLT_MAX ? x : FLT_MAX; }
+using kmeans_ops::finite_or_max;
+using kmeans_ops::uniform01;
+using kmeans_ops::wdist;
 
 // kmeans()'s assign_all: every token's nearest centroid, smaller index on ties
 __device__ void assign_all(const Scratch& s, int n, int d, int k, const float* w) {

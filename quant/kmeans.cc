@@ -4,42 +4,12 @@
 #include <cmath>
 #include <limits>
 
+#include "quant/kmeans_ops.h"
+
 namespace wm {
-namespace {
-
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// uniform in [0, 1) from (seed, counter)
-inline double uniform01(uint64_t seed, uint64_t counter) {
-  return static_cast<double>(mix64(seed ^ mix64(counter)) >> 11) * 0x1.0p-53;
-}
-
-inline float wdist(const float* a, const float* b, const float* w, int d) {
-  float s = 0.0f;
-  if (w == nullptr) {
-    for (int c = 0; c < d; ++c) {
-      const float t = a[c] - b[c];
-      s += t * t;
-    }
-  } else {
-    for (int c = 0; c < d; ++c) {
-      const float t = a[c] - b[c];
-      s += w[c] * t * t;
-    }
-  }
-  return s;
-}
-
-// distances are compared in float; a non-finite one (overflow on absurd
-// inputs) sorts last instead of breaking the ordering
-inline float finite_or_max(float x) { return std::isfinite(x) ? x : std::numeric_limits<float>::max(); }
-
-}  // namespace
+using kmeans_ops::finite_or_max;
+using kmeans_ops::uniform01;
+using kmeans_ops::wdist;
 
 void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int iters, uint64_t seed,
             std::vector<float>* centroids, std::vector<int>* assign) {
