@@ -1,33 +1,69 @@
 #include "quant/query_stats.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace wm {
 
 QueryStats::QueryStats(int head_dim) : d_(head_dim), g_(Eigen::MatrixXd::Zero(head_dim, head_dim)) {}
 
 void QueryStats::add(const float* q, int stride, int n) {
-  std::vector<double> lower(static_cast<size_t>(d_) * (d_ + 1) / 2, 0.0);
-  std::vector<double> row(static_cast<size_t>(d_));
+  // the finite rows in double, each padded to whole chunks of kChunk
+  constexpr int kChunk = 16;
+  const int width = (d_ + kChunk - 1) / kChunk * kChunk;
+  std::vector<double> rows;
+  rows.reserve(static_cast<size_t>(n) * width);
   int64_t used = 0;
   for (int i = 0; i < n; ++i) {
     const float* r = q + static_cast<size_t>(i) * stride;
     bool finite = true;
     for (int c = 0; c < d_; ++c) finite = finite && std::isfinite(r[c]);
     if (!finite) continue;
-    for (int c = 0; c < d_; ++c) row[static_cast<size_t>(c)] = r[c];
-    // row i's products into every entry, rows in order (the inner loop is
-    // over independent entries, so vectorising it keeps each one's order)
-    double* p = lower.data();
-    for (int x = 0; x < d_; ++x) {
-      const double rx = row[static_cast<size_t>(x)];
-      for (int y = 0; y <= x; ++y) p[y] += rx * row[static_cast<size_t>(y)];
-      p += x + 1;
-    }
+    rows.insert(rows.end(), r, r + d_);
+    rows.resize(rows.size() + static_cast<size_t>(width - d_), 0.0);
     ++used;
   }
-  if (used > 0) add_gram(lower.data(), used);
+  if (used == 0) return;
+  // entry (x, y) = sum over the rows in order, from zero. Rows go in blocks
+  // that stay in cache, kChunk entries of one matrix row at a time, their
+  // sums in registers across the block and carried on to the next block:
+  // every entry is still one chain of adds over the rows in order
+  std::vector<double> lower(static_cast<size_t>(d_) * (d_ + 1) / 2, 0.0);
+  std::vector<double> chunk(static_cast<size_t>(d_) * width, 0.0);  // [x][y]: the sums, whole chunks
+  constexpr int64_t kRows = 32;
+  for (int64_t i0 = 0; i0 < used; i0 += kRows) {
+    const int64_t i1 = std::min(used, i0 + kRows);
+    for (int x = 0; x < d_; ++x)
+      for (int y0 = 0; y0 <= x; y0 += kChunk) {
+        double* acc = chunk.data() + static_cast<size_t>(x) * width + y0;
+#if defined(__AVX2__)
+        __m256d a[kChunk / 4];
+        for (int j = 0; j < kChunk / 4; ++j) a[j] = _mm256_loadu_pd(acc + 4 * j);
+        const double* r = rows.data() + static_cast<size_t>(i0) * width;
+        for (int64_t i = i0; i < i1; ++i, r += width) {
+          // a product of two floats is exact in double: multiply then add
+          // is the same as the fused form
+          const __m256d rx = _mm256_set1_pd(r[x]);
+          for (int j = 0; j < kChunk / 4; ++j)
+            a[j] = _mm256_add_pd(a[j], _mm256_mul_pd(rx, _mm256_loadu_pd(r + y0 + 4 * j)));
+        }
+        for (int j = 0; j < kChunk / 4; ++j) _mm256_storeu_pd(acc + 4 * j, a[j]);
+#else
+        const double* r = rows.data() + static_cast<size_t>(i0) * width;
+        for (int64_t i = i0; i < i1; ++i, r += width)
+          for (int j = 0; j < kChunk; ++j) acc[j] += r[x] * r[y0 + j];
+#endif
+      }
+  }
+  for (int x = 0; x < d_; ++x)
+    for (int y = 0; y <= x; ++y)
+      lower[static_cast<size_t>(x) * (x + 1) / 2 + y] = chunk[static_cast<size_t>(x) * width + y];
+  add_gram(lower.data(), used);
 }
 
 void QueryStats::add_gram(const double* lower, int64_t rows) {

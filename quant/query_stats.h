@@ -24,6 +24,7 @@ class QueryStats {
   // x (x + 1) / 2 + y, over `rows` rows
   void add_gram(const double* lower, int64_t rows);
   int64_t count() const { return count_; }
+  const Eigen::MatrixXd& gram() const { return g_; }  // G, symmetric
   int head_dim() const { return d_; }
 
   // w = diag(G) / count, normalised to mean 1, then floored at `floor`;

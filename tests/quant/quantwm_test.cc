@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "quant/kv_cache.h"
@@ -27,6 +28,46 @@ TEST(QueryStats, WeightsAreNormalisedAndFloored) {
   EXPECT_NEAR(w[1], 0.5f, 1e-5);
   EXPECT_NEAR(w[2], 0.01f, 1e-7);
   EXPECT_NEAR(w[3], 1.5f, 1e-5);
+}
+
+// add() sums each Gram entry over the rows in order from zero, as the
+// CUDA backend's kernel does (cuda/query_gram.cuh) and add_gram() takes:
+// a naive ordered sum gives the same statistics bit for bit (rows across
+// several of add()'s blocks, a head_dim that is no whole chunk, a
+// non-finite row skipped)
+TEST(QueryStats, AddIsTheOrderedGramSum) {
+  const int d = 40, n = 75;
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> q(static_cast<size_t>(n) * d);
+  for (float& x : q) x = nd(g);
+  q[static_cast<size_t>(9) * d + 5] = NAN;
+  std::vector<double> lower(static_cast<size_t>(d) * (d + 1) / 2, 0.0);
+  int64_t used = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i == 9) continue;
+    for (int x = 0; x < d; ++x)
+      for (int y = 0; y <= x; ++y)
+        lower[static_cast<size_t>(x) * (x + 1) / 2 + y] +=
+            static_cast<double>(q[static_cast<size_t>(i) * d + x]) * q[static_cast<size_t>(i) * d + y];
+    ++used;
+  }
+  QueryStats a(d), b(d);
+  for (int call = 0; call < 2; ++call) {
+    a.add(q.data(), d, n);
+    b.add_gram(lower.data(), used);
+  }
+  ASSERT_EQ(a.gram().size(), b.gram().size());
+  EXPECT_EQ(std::memcmp(a.gram().data(), b.gram().data(), static_cast<size_t>(a.gram().size()) * 8), 0);
+  EXPECT_EQ(a.count(), 2 * used);
+  EXPECT_EQ(b.count(), 2 * used);
+  std::vector<float> wa(d), wb(d), ua(static_cast<size_t>(8) * d), ub(ua.size());
+  ASSERT_TRUE(a.channel_weights(0.01f, wa.data()));
+  ASSERT_TRUE(b.channel_weights(0.01f, wb.data()));
+  ASSERT_TRUE(a.principal_basis(8, ua.data(), nullptr));
+  ASSERT_TRUE(b.principal_basis(8, ub.data(), nullptr));
+  EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(ua.data(), ub.data(), ua.size() * 4), 0);
 }
 
 TEST(QueryStats, PrincipalBasisSpansTheQuerySubspace) {
