@@ -1195,8 +1195,10 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
               for (uint16_t b : (*c.basis)[static_cast<size_t>(h)]) params.push_back(f16_to_f32(b));
             }
           }
-          // the coder runs in rounds whose scratch fits the budget (a round has a job at least)
-          if (round_bytes > 0 && round_bytes + static_cast<int64_t>(scratch) > span_scratch_bytes_) {
+          // the coder runs in rounds whose scratch fits the budget (a round has a job at
+          // least) and whose jobs fit a grid's second dimension
+          if (round_bytes > 0 && (round_bytes + static_cast<int64_t>(scratch) > span_scratch_bytes_ ||
+                                  static_cast<int32_t>(jobs.size()) - rounds.back() >= 65535)) {
             rounds.push_back(static_cast<int32_t>(jobs.size()));
             round_bytes = 0;
           }

@@ -51,7 +51,7 @@ __global__ void query_gram_kernel(const QueryGramArgs a) {
 
 cudaError_t launch_query_gram(const QueryGramArgs& a, cudaStream_t stream) {
   if (a.n_jobs <= 0) return cudaSuccess;
-  if (a.head_dim <= 0 || a.head_dim > 1024) return cudaErrorInvalidValue;
+  if (a.head_dim <= 0 || a.head_dim > 1024 || a.n_jobs > 65535) return cudaErrorInvalidValue;
   if (const cudaError_t e = launch_kernel(query_gram_rows_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kThreads, 0,
                                           stream, a);
       e != cudaSuccess)

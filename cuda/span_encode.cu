@@ -407,7 +407,8 @@ size_t span_encode_scratch_bytes(int32_t n, int32_t head_dim) { return scratch_l
 cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
   if (a.n_jobs <= 0) return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > kSpanMaxHeadDim || a.block <= 0 || a.head_dim % a.block != 0 ||
-      a.block % 4 != 0 || a.tokens_per_frame <= 0 || (a.coeff_bits != 8 && a.coeff_bits != 4) || a.host_jobs == nullptr)
+      a.block % 4 != 0 || a.tokens_per_frame <= 0 || (a.coeff_bits != 8 && a.coeff_bits != 4) || a.host_jobs == nullptr ||
+      a.n_jobs > 65535)
     return cudaErrorInvalidValue;
   int32_t most = 0;  // tokens of the longest job (the host's copy of the jobs)
   for (int32_t j = 0; j < a.n_jobs; ++j) most = a.host_jobs[j].n > most ? a.host_jobs[j].n : most;
