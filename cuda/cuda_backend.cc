@@ -1134,8 +1134,11 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
       for (int32_t j = 0; j < p.new_pages_per_head; ++j)
         tables.push_back(new_pages[i][static_cast<size_t>(h) * p.new_pages_per_head + j]);
     }
-    // each stored frame's image (window frames) or source frame (sinks)
+    // each stored frame's image (window frames) or source frame (sinks); a
+    // span's tables go in the image of its first stored frame only
     std::map<int64_t, int64_t> image_of;  // frame -> its image's offset
+    std::map<int64_t, std::pair<int64_t, size_t>> first_of;  // span -> (its first stored frame, that write)
+    const size_t first_write = out.size();
     for (size_t f = 0; f < p.slot.size(); ++f) {
       const int64_t frame = w.first_frame + p.src_frame[f];
       KvSpanWrite x;
@@ -1153,12 +1156,19 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
       if (c->centroids > L.max_centroids)
         return absl::InternalError("kv append: a span with more centroids than its table holds");
       x.table_index = static_cast<int32_t>(c->index % L.n_tables);
-      x.staging = image_bytes;
-      image_of[frame] = image_bytes;
-      image_bytes += (span_image_bytes(L, H) + 15) / 16 * 16;
+      x.staging = frame;  // its image is placed below, once the spans' first frames are known
+      if (auto [it, fresh] = first_of.try_emplace(c->index, frame, out.size()); !fresh && frame < it->second.first)
+        it->second = {frame, out.size()};
       bases.emplace_back(kv.span.get(), p.slot[f] - S, c->basis != nullptr);
       out.push_back(x);
       ++span_appends_;
+    }
+    for (const auto& [span, first] : first_of) out[first.second].tables = 1;
+    for (size_t o = first_write; o < out.size(); ++o) {
+      if (out[o].sink) continue;
+      image_of[out[o].staging] = image_bytes;
+      out[o].staging = image_bytes;
+      image_bytes += (span_image_bytes(L, H, out[o].tables != 0) + 15) / 16 * 16;
     }
     for (const SpanCoding& c : kv.span->coded(layer)) {
       const int32_t first_image = static_cast<int32_t>(frame_images.size());

@@ -176,7 +176,7 @@ __global__ void kv_append_span_kernel(const KvSpanAppendArgs a, int64_t total) {
     const uint8_t* image = a.staging + sw.staging;
     int32_t entry = 0, offset = 0;
     if (i >= T) {  // 16 bytes of this slot's tables
-      if (sw.sink) continue;
+      if (sw.sink || !sw.tables) continue;
       const int32_t j = i - T;
       L.tables.at(sw.table_index, &entry, &offset);
       const uint8_t* src = image + span_tables_at(L, a.heads) + static_cast<int64_t>(h) * L.table_bytes() + j * 16;

@@ -59,9 +59,9 @@ cudaError_t launch_kv_append_kivi(const KvKiviAppendArgs& a, cudaStream_t stream
 // straight from the fp32 K/V, sanitized fp16 into the front's units. A
 // window write's image is [heads][T] token records (K residual, V
 // residual, K id, V id, K PSAC record: span_token_bytes()), then, from the
-// next multiple of 16 bytes, [heads] tables of its span (table_bytes each;
-// every frame of a span carries the same), which go to table
-// `table_index`, and the slot's map entry names it.
+// next multiple of 16 bytes, in the image of the span's first frame the
+// pass stores, [heads] tables of its span (table_bytes each), which go to
+// table `table_index`; every slot's map entry names that table.
 struct KvSpanWrite {
   int32_t slot = 0;            // destination slot in its cache
   int32_t table = 0;           // offset of its cache's page table [heads][pages_per_head]
@@ -69,6 +69,7 @@ struct KvSpanWrite {
   int32_t sink = 0;            // 1: fp16 rows of a sink frame
   int32_t table_index = 0;     // its span's table in the ring
   int32_t src_frame = 0;       // a sink write's frame in k/v (the batch's frames)
+  int32_t tables = 0;          // 1: this window write's image carries its span's tables
   int64_t staging = 0;         // a window write's image: its first byte in `staging` (a multiple of 16)
 };
 
@@ -91,8 +92,8 @@ WM_HD int32_t span_token_bytes(const SpanRowLayout& r) { return 2 * r.rec_bytes 
 WM_HD int64_t span_tables_at(const SpanRowLayout& r, int32_t heads) {
   return (static_cast<int64_t>(heads) * r.tokens_per_frame * span_token_bytes(r) + 15) / 16 * 16;
 }
-WM_HD int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads) {
-  return span_tables_at(r, heads) + static_cast<int64_t>(heads) * r.table_bytes();
+WM_HD int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads, bool tables) {
+  return span_tables_at(r, heads) + (tables ? static_cast<int64_t>(heads) * r.table_bytes() : 0);
 }
 
 cudaError_t launch_kv_append_span(const KvSpanAppendArgs& a, cudaStream_t stream);

@@ -15,39 +15,51 @@ namespace wm::cuda {
 namespace {
 
 constexpr int kRank = 8;  // quant/kv_layouts.h: kPsacRank
+constexpr int kKmeansThreads = 512;  // span_kmeans_kernel's block
+constexpr int kDistGroup = 4;        // distances computed side by side per thread
 
-// the scratch of one job: the clean rows, the centroids, k-means' state
+// the scratch of one job: the clean rows twice (token-major for the
+// centroid sums and the codes, channel-major so that a warp's distances
+// read consecutive tokens; fp16 holds them exactly), the centroids,
+// k-means' state
 struct Scratch {
-  float* rows;      // [n][D]
-  float* cen;       // [min(256, n)][D]
-  double* dmin;     // [n]
-  float* dist;      // [n]
-  int32_t* assign;  // [n]
-  int32_t* members; // [n], by cluster, each cluster's in token order
-  int32_t* start;   // [k + 1]
-  float* limit;     // [k]
+  uint16_t* rows;    // [n][D] fp16
+  uint16_t* rows_t;  // [D][n] fp16
+  float* cen;        // [min(256, n)][D]
+  double* dmin;      // [n]
+  double* before;    // [n / kSeedChunk + 2]: the seeding's chunk totals, then their running sums
+  float* dist;       // [n]
+  int32_t* assign;   // [n]
+  int32_t* members;  // [n], by cluster, each cluster's in token order
+  int32_t* start;    // [k + 1]
+  float* limit;      // [k]
 };
 
 __host__ __device__ inline size_t scratch_layout(int32_t n, int32_t d, uint8_t* base, Scratch* s) {
   const size_t kmax = static_cast<size_t>(n < kSpanMaxCentroids ? n : kSpanMaxCentroids);
+  const size_t chunks = static_cast<size_t>(n + kmeans_ops::kSeedChunk - 1) / kmeans_ops::kSeedChunk;
   size_t at = 0;
   auto take = [&](size_t bytes) {
     uint8_t* p = base != nullptr ? base + at : nullptr;
     at += (bytes + 15) / 16 * 16;
     return p;
   };
-  uint8_t* rows = take(static_cast<size_t>(n) * d * 4);
+  uint8_t* rows = take(static_cast<size_t>(n) * d * 2);
+  uint8_t* rows_t = take(static_cast<size_t>(n) * d * 2);
   uint8_t* cen = take(kmax * d * 4);
   uint8_t* dmin = take(static_cast<size_t>(n) * 8);
+  uint8_t* before = take((chunks + 1) * 8);
   uint8_t* dist = take(static_cast<size_t>(n) * 4);
   uint8_t* assign = take(static_cast<size_t>(n) * 4);
   uint8_t* members = take(static_cast<size_t>(n) * 4);
   uint8_t* start = take((kmax + 1) * 4);
   uint8_t* limit = take(kmax * 4);
   if (s != nullptr) {
-    s->rows = reinterpret_cast<float*>(rows);
+    s->rows = reinterpret_cast<uint16_t*>(rows);
+    s->rows_t = reinterpret_cast<uint16_t*>(rows_t);
     s->cen = reinterpret_cast<float*>(cen);
     s->dmin = reinterpret_cast<double*>(dmin);
+    s->before = reinterpret_cast<double*>(before);
     s->dist = reinterpret_cast<float*>(dist);
     s->assign = reinterpret_cast<int32_t*>(assign);
     s->members = reinterpret_cast<int32_t*>(members);
@@ -64,26 +76,100 @@ __device__ __forceinline__ float sanitize(float x) {
 }
 
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__ushort_as_half(f16_bits(x))); }
+__device__ __forceinline__ float f16_value(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 using kmeans_ops::finite_or_max;
+using kmeans_ops::kSeedChunk;
 using kmeans_ops::uniform01;
-using kmeans_ops::wdist;
+
+// G weighted distances (kmeans_ops.h: wdist, with its overflow guard) of
+// tokens tok[g] to centroids cen[g], side by side: each summed in channel
+// order as wdist sums it (a weight of 1 where there are none: (1 t) t is
+// t t exactly), the tokens read from the channel-major rows
+template <int G>
+__device__ __forceinline__ void wdists(const Scratch& s, int n, int d, const float* w, const int (&tok)[G],
+                                       const float* const (&cen)[G], float (&out)[G]) {
+  float acc[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) acc[g] = 0.0f;
+  for (int c = 0; c < d; ++c) {
+    const uint16_t* col = s.rows_t + static_cast<size_t>(c) * n;
+    const float wc = w != nullptr ? w[c] : 1.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float t = f16_value(col[tok[g]]) - cen[g][c];
+      acc[g] += wc * t * t;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = finite_or_max(acc[g]);
+}
+
+// token i's distances to centroids j0 .. j0 + kDistGroup - 1 (those past k
+// repeat the last one)
+__device__ __forceinline__ void centroid_dists(const Scratch& s, int n, int d, const float* w, const float* cens, int k,
+                                               int i, int j0, float (&out)[kDistGroup]) {
+  int tok[kDistGroup];
+  const float* cen[kDistGroup];
+#pragma unroll
+  for (int g = 0; g < kDistGroup; ++g) {
+    tok[g] = i;
+    cen[g] = cens + static_cast<size_t>(j0 + g < k ? j0 + g : k - 1) * d;
+  }
+  wdists(s, n, d, w, tok, cen, out);
+}
 
 // kmeans()'s assign_all: every token's nearest centroid, smaller index on ties
 __device__ void assign_all(const Scratch& s, int n, int d, int k, const float* w) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     int best = 0;
     float bd = INFINITY;
-    for (int j = 0; j < k; ++j) {
-      const float dj = finite_or_max(wdist(s.rows + static_cast<size_t>(i) * d, s.cen + static_cast<size_t>(j) * d, w, d));
-      if (dj < bd) {
-        bd = dj;
-        best = j;
-      }
+    for (int j0 = 0; j0 < k; j0 += kDistGroup) {
+      float dj[kDistGroup];
+      centroid_dists(s, n, d, w, s.cen, k, i, j0, dj);
+#pragma unroll
+      for (int g = 0; g < kDistGroup; ++g)
+        if (j0 + g < k && dj[g] < bd) {
+          bd = dj[g];
+          best = j0 + g;
+        }
     }
     s.assign[i] = best;
     s.dist[i] = bd;
   }
+  __syncthreads();
+}
+
+// the distances of every token to centroid j, into dmin (first: as they
+// are; then the smaller), kDistGroup tokens per thread side by side
+__device__ void seed_distances(const Scratch& s, int n, int d, const float* w, int j, bool first) {
+  const int stride = blockDim.x * kDistGroup;
+  for (int i0 = threadIdx.x; i0 < n; i0 += stride) {
+    int tok[kDistGroup];
+    const float* cen[kDistGroup];
+#pragma unroll
+    for (int g = 0; g < kDistGroup; ++g) {
+      const int i = i0 + g * static_cast<int>(blockDim.x);
+      tok[g] = i < n ? i : i0;
+      cen[g] = s.cen + static_cast<size_t>(j) * d;
+    }
+    float dj[kDistGroup];
+    wdists(s, n, d, w, tok, cen, dj);
+#pragma unroll
+    for (int g = 0; g < kDistGroup; ++g) {
+      const int i = i0 + g * static_cast<int>(blockDim.x);
+      if (i >= n) continue;
+      const double v = static_cast<double>(dj[g]);
+      if (first || v < s.dmin[i]) s.dmin[i] = v;
+    }
+  }
+  __syncthreads();
+}
+
+// centroid j := token i's row
+__device__ void take_row(const Scratch& s, int d, int j, int i) {
+  for (int c = threadIdx.x; c < d; c += blockDim.x)
+    s.cen[static_cast<size_t>(j) * d + c] = f16_value(s.rows[static_cast<size_t>(i) * d + c]);
   __syncthreads();
 }
 
@@ -92,31 +178,43 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
   uint64_t counter = 0;  // thread 0's
   auto row = [&](int i) { return s.rows + static_cast<size_t>(i) * d; };
   auto cen = [&](int j) { return s.cen + static_cast<size_t>(j) * d; };
-  // k-means++ seeding: the sums and the draw are sequential, as the CPU's
+  const int chunks = (n + kSeedChunk - 1) / kSeedChunk;
+  // k-means++ seeding: the chunks' totals a thread each, then their running
+  // sums and the draw in one thread, in the CPU's order (kmeans_ops.h)
   if (threadIdx.x == 0) {
     const int first = static_cast<int>(uniform01(seed, counter++) * n);
     pick = first < n - 1 ? first : n - 1;
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < d; c += blockDim.x) cen(0)[c] = row(pick)[c];
-  __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    s.dmin[i] = static_cast<double>(finite_or_max(wdist(row(i), cen(0), w, d)));
-  __syncthreads();
+  take_row(s, d, 0, pick);
+  seed_distances(s, n, d, w, 0, true);
   for (int j = 1; j < k; ++j) {
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
+      double part = 0;
+      for (int i = c * kSeedChunk; i < end; ++i) part += s.dmin[i];
+      s.before[c + 1] = part;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
-      double total = 0;
-      for (int i = 0; i < n; ++i) total += s.dmin[i];
+      s.before[0] = 0;
+      for (int c = 0; c < chunks; ++c) s.before[c + 1] = s.before[c] + s.before[c + 1];
+      const double total = s.before[chunks];
       int p = 0;
       if (total > 0 && total <= DBL_MAX) {
         const double target = uniform01(seed, counter++) * total;
-        double acc = 0;
         p = n - 1;
-        for (int i = 0; i < n; ++i) {
-          acc += s.dmin[i];
-          if (acc > target) {
-            p = i;
-            break;
+        int c = 0;
+        while (c < chunks && !(s.before[c + 1] > target)) ++c;
+        if (c < chunks) {
+          const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
+          double part = 0;
+          for (int i = c * kSeedChunk; i < end; ++i) {
+            part += s.dmin[i];
+            if (s.before[c] + part > target) {
+              p = i;
+              break;
+            }
           }
         }
       } else {  // the farthest, smallest index on ties
@@ -126,13 +224,8 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
       pick = p;
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < d; c += blockDim.x) cen(j)[c] = row(pick)[c];
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const double dj = static_cast<double>(finite_or_max(wdist(row(i), cen(j), w, d)));
-      if (dj < s.dmin[i]) s.dmin[i] = dj;
-    }
-    __syncthreads();
+    take_row(s, d, j, pick);
+    seed_distances(s, n, d, w, j, false);
   }
   assign_all(s, n, d, k, w);
   for (int it = 0; it < iters; ++it) {
@@ -179,7 +272,7 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
       for (int t = 0; t < m; ++t) {
         const int i = s.members[b + t];
         if (s.dist[i] > s.limit[j]) continue;
-        sum += row(i)[c];
+        sum += f16_value(row(i)[c]);
         ++used;
       }
       cen(j)[c] = static_cast<float>(sum / used);
@@ -189,24 +282,30 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
   }
 }
 
-// kmeans.cc: nearest_centroids
-__device__ int nearest_centroids(const float* x, int d, const float* w, const float* cen, int k, int m, int* idx,
+// kmeans.cc: nearest_centroids, for token i
+__device__ int nearest_centroids(const Scratch& s, int n, int d, const float* w, int i, int k, int m, int* idx,
                                  float* dist) {
   m = m < k ? m : k;
   int have = 0;
-  for (int j = 0; j < k; ++j) {
-    const float dj = finite_or_max(wdist(x, cen + static_cast<size_t>(j) * d, w, d));
-    int pos = have;
-    while (pos > 0 && dj < dist[pos - 1]) --pos;
-    if (pos >= m) continue;
-    const int last = have < m - 1 ? have : m - 1;
-    for (int t = last; t > pos; --t) {
-      idx[t] = idx[t - 1];
-      dist[t] = dist[t - 1];
+  for (int j0 = 0; j0 < k; j0 += kDistGroup) {
+    float dg[kDistGroup];
+    centroid_dists(s, n, d, w, s.cen, k, i, j0, dg);
+#pragma unroll
+    for (int g = 0; g < kDistGroup; ++g) {
+      if (j0 + g >= k) break;
+      const float dj = dg[g];
+      int pos = have;
+      while (pos > 0 && dj < dist[pos - 1]) --pos;
+      if (pos >= m) continue;
+      const int last = have < m - 1 ? have : m - 1;
+      for (int t = last; t > pos; --t) {
+        idx[t] = idx[t - 1];
+        dist[t] = dist[t - 1];
+      }
+      idx[pos] = j0 + g;
+      dist[pos] = dj;
+      have = have + 1 < m ? have + 1 : m;
     }
-    idx[pos] = j;
-    dist[pos] = dj;
-    have = have + 1 < m ? have + 1 : m;
   }
   return have;
 }
@@ -308,7 +407,7 @@ __device__ __forceinline__ int job_centroids(const SpanEncodeJob& J) {
 }
 
 // k-means and the tables: one CTA per job
-__global__ void span_kmeans_kernel(const SpanEncodeArgs a) {
+__global__ void __launch_bounds__(kKmeansThreads) span_kmeans_kernel(const SpanEncodeArgs a) {
   const SpanEncodeJob& J = a.jobs[blockIdx.x];
   const int n = J.n, d = a.head_dim, T = a.tokens_per_frame;
   Scratch s;
@@ -317,31 +416,29 @@ __global__ void span_kmeans_kernel(const SpanEncodeArgs a) {
   const float* basis = J.basis >= 0 ? a.params + J.basis : nullptr;
   // the rows as the CPU codes them: sanitized, rounded to fp16 (the cache's
   // pending frames), sanitized again (the coder's NaN guard: a no-op here)
+  // (fp16 values: their bits hold them exactly)
   for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
     const int i = e / d, c = e - i * d;
-    s.rows[e] = sanitize(f16_round(sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c])));
+    const uint16_t h = f16_bits(sanitize(f16_round(sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c]))));
+    s.rows[e] = h;
+    s.rows_t[static_cast<size_t>(c) * n + i] = h;
   }
   __syncthreads();
   const int k = job_centroids(J);
   kmeans(s, n, d, k, J.iters, J.seed, w);
   // the stored fp16 centroids, which the tokens are coded against, into
-  // the table of every frame of the span
+  // the table in the image of the span's first stored frame
   const int frames = (n + T - 1) / T;
-  const int64_t table = a.tables_at + static_cast<int64_t>(J.head) * a.table_bytes;
+  int64_t img = -1;
+  for (int f = 0; f < frames && img < 0; ++f) img = a.frame_images[J.first_image + f];
+  uint8_t* table = img >= 0 ? a.image + img + a.tables_at + static_cast<int64_t>(J.head) * a.table_bytes : nullptr;
   for (int e = threadIdx.x; e < k * d; e += blockDim.x) {
     const uint16_t h = f16_bits(s.cen[e]);
-    s.cen[e] = __half2float(__ushort_as_half(h));
-    for (int f = 0; f < frames; ++f) {
-      const int64_t img = a.frame_images[J.first_image + f];
-      if (img >= 0) put16(a.image + img + table + (J.side == 0 ? 0 : a.v_table) + 2 * e, h);
-    }
+    s.cen[e] = f16_value(h);
+    if (table != nullptr) put16(table + (J.side == 0 ? 0 : a.v_table) + 2 * e, h);
   }
-  if (J.side == 0 && basis != nullptr)
-    for (int e = threadIdx.x; e < kRank * d; e += blockDim.x)
-      for (int f = 0; f < frames; ++f) {
-        const int64_t img = a.frame_images[J.first_image + f];
-        if (img >= 0) put16(a.image + img + table + a.basis_table + 2 * e, f16_bits(basis[e]));
-      }
+  if (J.side == 0 && basis != nullptr && table != nullptr)
+    for (int e = threadIdx.x; e < kRank * d; e += blockDim.x) put16(table + a.basis_table + 2 * e, f16_bits(basis[e]));
 }
 
 // each token's centroid, residual and PSAC record: CTA (x, job) codes the
@@ -358,17 +455,17 @@ __global__ void span_code_kernel(const SpanEncodeArgs a) {
   const int m = J.candidates < k ? J.candidates : k;
   const int mm = m > 1 ? m : 1;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const float* xi = s.rows + static_cast<size_t>(i) * d;
+    const uint16_t* xi = s.rows + static_cast<size_t>(i) * d;
     int cand[kSpanMaxCandidates];
     float cdist[kSpanMaxCandidates];
     float resid[kSpanMaxHeadDim];
     uint8_t trial[kSpanMaxHeadDim / 16 * 5], best[kSpanMaxHeadDim / 16 * 5];
-    const int have = nearest_centroids(xi, d, w, s.cen, k, mm, cand, cdist);
+    const int have = nearest_centroids(s, n, d, w, i, k, mm, cand, cdist);
     float best_err = INFINITY;
     int best_id = cand[0];
     for (int t = 0; t < have; ++t) {
       const float* cj = s.cen + static_cast<size_t>(cand[t]) * d;
-      for (int c = 0; c < d; ++c) resid[c] = xi[c] - cj[c];
+      for (int c = 0; c < d; ++c) resid[c] = f16_value(xi[c]) - cj[c];
       float err = 0.0f;
       for (int b = 0; b < nb; ++b) err += q2sym_quantize(resid + b * B, w != nullptr ? w + b * B : nullptr, B, trial + b * bb);
       if (err < best_err || t == 0) {
@@ -388,7 +485,7 @@ __global__ void span_code_kernel(const SpanEncodeArgs a) {
     float deq[kSpanMaxHeadDim];
     for (int b = 0; b < nb; ++b) {
       q2sym_dequantize(best + b * bb, B, deq);
-      for (int c = 0; c < B; ++c) resid[b * B + c] = xi[b * B + c] - cj[b * B + c] - deq[c];
+      for (int c = 0; c < B; ++c) resid[b * B + c] = f16_value(xi[b * B + c]) - cj[b * B + c] - deq[c];
     }
     float alpha[kRank];
     for (int r = 0; r < kRank; ++r) {
@@ -413,7 +510,7 @@ cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
   int32_t most = 0;  // tokens of the longest job (the host's copy of the jobs)
   for (int32_t j = 0; j < a.n_jobs; ++j) most = a.host_jobs[j].n > most ? a.host_jobs[j].n : most;
   if (const cudaError_t e =
-          launch_kernel(span_kmeans_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kThreads, 0, stream, a);
+          launch_kernel(span_kmeans_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kKmeansThreads, 0, stream, a);
       e != cudaSuccess)
     return e;
   const unsigned chunks = static_cast<unsigned>((most + kThreads - 1) / kThreads);

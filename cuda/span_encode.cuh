@@ -2,7 +2,8 @@
 // span_encode does on the host (weighted k-means++ seeding, trimmed Lloyd
 // iterations, the QSAC candidate choice, 2-bit residual blocks with fp8
 // scales, PSAC coefficients): k-means one CTA per (span, head, side), then
-// the tokens' codes side by side; the same operations in the same order, so that the codes are the CPU's bit for bit.
+// the tokens' codes side by side; the same operations in the same order,
+// so that the codes are the CPU's bit for bit.
 // Both sides are built without contracting a multiply and an add into one
 // FMA (the CPU coder with -ffp-contract=off, this unit with --fmad=false),
 // since the host compiler and nvcc would fuse different pairs.
@@ -10,8 +11,8 @@
 // What it writes is the write pass's staging image (kv_append.cuh,
 // KvSpanWrite): each token's record (residual blocks, centroid id, PSAC
 // record) into the image of the frame that holds it, and the span's table
-// (fp16 centroids; the fp16 basis for keys with PSAC) into every one of
-// those frames' images. The host still runs the bookkeeping that decides
+// (fp16 centroids; the fp16 basis for keys with PSAC) into the image of
+// its first stored frame. The host still runs the bookkeeping that decides
 // spans, seeds, QSAC weights and bases (kv_span_host.h).
 #pragma once
 

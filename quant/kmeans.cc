@@ -8,6 +8,7 @@
 
 namespace wm {
 using kmeans_ops::finite_or_max;
+using kmeans_ops::kSeedChunk;
 using kmeans_ops::uniform01;
 using kmeans_ops::wdist;
 
@@ -27,19 +28,32 @@ void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int
   std::copy(row(first), row(first) + d, cen(0));
   std::vector<double> dmin(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) dmin[static_cast<size_t>(i)] = finite_or_max(wdist(row(i), cen(0), w, d));
+  // the running totals of the chunks (kmeans_ops.h: kSeedChunk)
+  const int chunks = (n + kSeedChunk - 1) / kSeedChunk;
+  std::vector<double> before(static_cast<size_t>(chunks) + 1);
   for (int j = 1; j < k; ++j) {
-    double total = 0;
-    for (double v : dmin) total += v;
+    for (int c = 0; c < chunks; ++c) {
+      double part = 0;
+      for (int i = c * kSeedChunk; i < std::min(n, (c + 1) * kSeedChunk); ++i) part += dmin[static_cast<size_t>(i)];
+      before[static_cast<size_t>(c) + 1] = before[static_cast<size_t>(c)] + part;
+    }
+    const double total = before[static_cast<size_t>(chunks)];
     int pick = 0;
     if (total > 0 && std::isfinite(total)) {
       const double target = uniform01(seed, counter++) * total;
-      double acc = 0;
       pick = n - 1;
-      for (int i = 0; i < n; ++i) {
-        acc += dmin[static_cast<size_t>(i)];
-        if (acc > target) {
-          pick = i;
-          break;
+      // the first chunk whose running total passes the target, then the
+      // first point in it whose running sum does (its last one's is that total)
+      int c = 0;
+      while (c < chunks && !(before[static_cast<size_t>(c) + 1] > target)) ++c;
+      if (c < chunks) {
+        double part = 0;
+        for (int i = c * kSeedChunk; i < std::min(n, (c + 1) * kSeedChunk); ++i) {
+          part += dmin[static_cast<size_t>(i)];
+          if (before[static_cast<size_t>(c)] + part > target) {
+            pick = i;
+            break;
+          }
         }
       }
     } else {

@@ -45,6 +45,14 @@ WM_KMEANS_HD float wdist(const float* a, const float* b, const float* w, int d) 
   return s;
 }
 
+// k-means++ seeding sums its distances in chunks of this many points: each
+// chunk's in point order from zero, then the chunks' totals in order; the
+// draw's running sum at point i is (the totals of the chunks before i's) +
+// (i's chunk up to i). The device sums the chunks a thread each, so that
+// the sequential part of a draw is n / kSeedChunk + kSeedChunk additions,
+// not 2 n.
+inline constexpr int kSeedChunk = 32;
+
 // distances are compared in float; a non-finite one (overflow on absurd
 // inputs) sorts last instead of breaking the ordering
 WM_KMEANS_HD float finite_or_max(float x) { return fabsf(x) <= FLT_MAX ? x : FLT_MAX; }
