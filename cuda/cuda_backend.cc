@@ -251,6 +251,12 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : staging_events_)
     if (e != nullptr) cudaEventDestroy(e);
   if (staging_host_ != nullptr) cudaFreeHost(staging_host_);
+  auto release = [](GramDownload& g) {
+    if (g.landed != nullptr) cudaEventDestroy(g.landed);
+    if (g.host != nullptr) cudaFreeHost(g.host);
+  };
+  for (GramDownload& g : grams_in_flight_) release(g);
+  for (GramDownload& g : grams_idle_) release(g);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -343,6 +349,8 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.span_launches") return span_attention_launches_;
   if (name == "kv.span_frames_coded") return span_appends_;
   if (name == "kv.span_encode_launches") return span_encode_launches_;
+  if (name == "query.gram_downloads") return gram_downloads_;
+  if (name == "query.gram_waits") return gram_waits_;
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
   if (name == "graph.launches") return graph_launches_;
@@ -935,7 +943,7 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::stri
   if (!owner.ok()) return owner.status();
   auto kv = std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
   if (pg->span.block > 0)
-    kv->span = std::make_unique<SpanHostCoder>(kv_geometry_of(g), kv_format_options_of(g), format == "quantwm2");
+    kv->span = std::make_shared<SpanHostCoder>(kv_geometry_of(g), kv_format_options_of(g), format == "quantwm2");
   return kv;
 }
 
@@ -1101,6 +1109,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   if (!any) return absl::OkStatus();
   absl::Status st = need(k, "kv append keys");
   if (st.ok()) st = need(v, "kv append values");
+  if (st.ok()) st = land_grams(0);  // the bookkeeping reads the query statistics
   if (!st.ok()) return st;
   for (const KvWriteRequest& w : writes)
     if (w.frames > 0)
@@ -1331,14 +1340,77 @@ absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache
   a.out = reinterpret_cast<double*>(dev + job_bytes);
   a.flags = dev + job_bytes + out_doubles * 8;
   WM_CUDA_RETURN_IF_ERROR(launch_query_gram(a, stream_));
-  span_host_gram_.resize(out_doubles);
-  WM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(span_host_gram_.data(), a.out, out_doubles * 8, cudaMemcpyDeviceToHost, stream_));
-  WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   const int64_t per = query_gram_doubles(D);
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const double* g = span_host_gram_.data() + static_cast<int64_t>(j) * per;
-    caches[who[j].first]->span->observe_gram(layer, who[j].second, g, static_cast<int64_t>(g[per - 1]));
+  ++gram_downloads_;
+  // into a pinned buffer of its own, added once it has landed (land_grams)
+  st = land_grams(kGramsInFlight - 1);
+  if (!st.ok()) return st;
+  GramDownload g;
+  if (!grams_idle_.empty()) {
+    g = std::move(grams_idle_.back());
+    grams_idle_.pop_back();
+  }
+  if (!grams_pageable_ && g.landed == nullptr &&
+      cudaEventCreateWithFlags(&g.landed, cudaEventDisableTiming) != cudaSuccess)
+    g.landed = nullptr;
+  if (g.landed != nullptr && g.capacity < out_doubles) {
+    if (g.host != nullptr) cudaFreeHost(g.host);
+    void* p = nullptr;
+    const bool pinned = cudaHostAlloc(&p, out_doubles * 8, cudaHostAllocDefault) == cudaSuccess;
+    g.host = pinned ? static_cast<double*>(p) : nullptr;
+    g.capacity = pinned ? out_doubles : 0;
+  }
+  if (g.landed == nullptr || g.host == nullptr) {
+    // no event or no pinned memory (from now on): download and add at once
+    cudaGetLastError();  // not sticky
+    grams_pageable_ = true;
+    if (g.landed != nullptr) cudaEventDestroy(g.landed);
+    st = land_grams(0);
+    if (!st.ok()) return st;
+    span_host_gram_.resize(out_doubles);
+    WM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(span_host_gram_.data(), a.out, out_doubles * 8, cudaMemcpyDeviceToHost, stream_));
+    WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    ++gram_waits_;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const double* lower = span_host_gram_.data() + static_cast<int64_t>(j) * per;
+      caches[who[j].first]->span->observe_gram(layer, who[j].second, lower, static_cast<int64_t>(lower[per - 1]));
+    }
+    return absl::OkStatus();
+  }
+  g.layer = layer;
+  g.per = per;
+  g.who.clear();
+  for (const auto& [cache, head] : who) g.who.emplace_back(caches[cache]->span, head);
+  cudaError_t e = cudaMemcpyAsync(g.host, a.out, out_doubles * 8, cudaMemcpyDeviceToHost, stream_);
+  if (e == cudaSuccess) e = cudaEventRecord(g.landed, stream_);
+  if (e != cudaSuccess) {
+    cudaStreamSynchronize(stream_);  // the buffer goes back idle: nothing may still write it
+    g.who.clear();
+    grams_idle_.push_back(std::move(g));
+    WM_CUDA_RETURN_IF_ERROR(e);
+  }
+  grams_in_flight_.push_back(std::move(g));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::land_grams(size_t keep) {
+  while (!grams_in_flight_.empty()) {
+    GramDownload& g = grams_in_flight_.front();
+    cudaError_t e = cudaEventQuery(g.landed);
+    if (e == cudaErrorNotReady) {
+      if (grams_in_flight_.size() <= keep) break;
+      ++gram_waits_;
+      e = cudaEventSynchronize(g.landed);
+    }
+    WM_CUDA_RETURN_IF_ERROR(e);
+    for (size_t j = 0; j < g.who.size(); ++j) {
+      const double* lower = g.host + static_cast<int64_t>(j) * g.per;
+      g.who[j].first->observe_gram(g.layer, g.who[j].second, lower, static_cast<int64_t>(lower[g.per - 1]));
+    }
+    g.who.clear();
+    grams_idle_.push_back(std::move(g));
+    grams_in_flight_.pop_front();
   }
   return absl::OkStatus();
 }

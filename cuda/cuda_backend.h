@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -45,7 +46,7 @@ struct DeviceKvCache {
   WmKvGeometry geometry{};
   KvPages pages;
   PagePool::Owner owner = 0;
-  std::unique_ptr<SpanHostCoder> span;
+  std::shared_ptr<SpanHostCoder> span;  // shared with query statistics still in flight
   DeviceKvCache(uint64_t i, std::string f, const WmKvGeometry& g, const PagedGeometry& pg, PagePool::Owner o)
       : id(i), format(std::move(f)), geometry(g), pages(pg), owner(o) {}
 };
@@ -256,7 +257,28 @@ class CudaBackend {
   static constexpr int64_t kSpanScratchBytes = int64_t{64} << 20;
   int64_t span_scratch_bytes_ = kSpanScratchBytes;  // tuning "span.scratch_bytes"
   DeviceBuffer gram_scratch_;                 // QuantWM-2's query statistics: jobs, Gram matrices, row flags
-  std::vector<double> span_host_gram_;        // their download
+  std::vector<double> span_host_gram_;        // their download where pinned memory is refused
+  // the Gram matrices' downloads in flight: each call's into its own pinned
+  // buffer, added to the sessions' statistics in call order once it has
+  // landed (checked at each call; a write pass, which reads them, waits
+  // for all), so that the host does not wait on the GPU at every call; a
+  // coder lives on while a download for it is in flight
+  struct GramDownload {
+    cudaEvent_t landed = nullptr;
+    double* host = nullptr;  // pinned
+    size_t capacity = 0;     // doubles
+    int32_t layer = 0;
+    int64_t per = 0;         // doubles of one job (query_gram_doubles)
+    std::vector<std::pair<std::shared_ptr<SpanHostCoder>, int32_t>> who;  // (coder, head) of each job
+  };
+  static constexpr size_t kGramsInFlight = 8;
+  std::deque<GramDownload> grams_in_flight_;
+  std::vector<GramDownload> grams_idle_;
+  bool grams_pageable_ = false;  // pinned memory or an event was refused: each call waits for its download
+  int64_t gram_downloads_ = 0, gram_waits_ = 0;
+  // adds the landed downloads to their statistics, oldest first, waiting
+  // for the oldest while more than `keep` are in flight
+  absl::Status land_grams(size_t keep);
   std::vector<uint8_t> span_upload_;          // the write pass's upload
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory

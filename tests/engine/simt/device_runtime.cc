@@ -424,6 +424,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventQuery(cudaEvent_t) {  // kernels and copies have run by the time a launch returns
+  WM_SIMT_STICKY();
+  return cudaSuccess;
+}
+
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t begin, cudaEvent_t end) {
   WM_SIMT_STICKY();
   const auto* b = reinterpret_cast<wm::simt::Event*>(begin);
