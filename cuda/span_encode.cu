@@ -84,25 +84,42 @@ using kmeans_ops::uniform01;
 
 // G weighted distances (kmeans_ops.h: wdist, with its overflow guard) of
 // tokens tok[g] to centroids cen[g], side by side: each summed in channel
-// order as wdist sums it (a weight of 1 where there are none: (1 t) t is
-// t t exactly), the tokens read from the channel-major rows
-template <int G>
-__device__ __forceinline__ void wdists(const Scratch& s, int n, int d, const float* w, const int (&tok)[G],
-                                       const float* const (&cen)[G], float (&out)[G]) {
+// order as wdist sums it, the tokens read from the channel-major rows, the
+// centroids (16-byte aligned rows of d, a multiple of 4) 4 channels a load
+template <int G, bool Weighted>
+__device__ __forceinline__ void wdists_as(const Scratch& s, int n, int d, const float* w, const int (&tok)[G],
+                                          const float* const (&cen)[G], float (&out)[G]) {
   float acc[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) acc[g] = 0.0f;
-  for (int c = 0; c < d; ++c) {
-    const uint16_t* col = s.rows_t + static_cast<size_t>(c) * n;
-    const float wc = w != nullptr ? w[c] : 1.0f;
+  auto add = [&](float& a, int c, int i, float m) {
+    const float t = f16_value(s.rows_t[static_cast<size_t>(c) * n + i]) - m;
+    if (Weighted)
+      a += w[c] * t * t;
+    else
+      a += t * t;
+  };
+  for (int c = 0; c < d; c += 4) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const float t = f16_value(col[tok[g]]) - cen[g][c];
-      acc[g] += wc * t * t;
+      const float4 cv = *reinterpret_cast<const float4*>(cen[g] + c);
+      add(acc[g], c, tok[g], cv.x);
+      add(acc[g], c + 1, tok[g], cv.y);
+      add(acc[g], c + 2, tok[g], cv.z);
+      add(acc[g], c + 3, tok[g], cv.w);
     }
   }
 #pragma unroll
   for (int g = 0; g < G; ++g) out[g] = finite_or_max(acc[g]);
+}
+
+template <int G>
+__device__ __forceinline__ void wdists(const Scratch& s, int n, int d, const float* w, const int (&tok)[G],
+                                       const float* const (&cen)[G], float (&out)[G]) {
+  if (w != nullptr)
+    wdists_as<G, true>(s, n, d, w, tok, cen, out);
+  else
+    wdists_as<G, false>(s, n, d, w, tok, cen, out);
 }
 
 // token i's distances to centroids j0 .. j0 + kDistGroup - 1 (those past k
@@ -407,7 +424,7 @@ __device__ __forceinline__ int job_centroids(const SpanEncodeJob& J) {
 }
 
 // k-means and the tables: one CTA per job
-__global__ void __launch_bounds__(kKmeansThreads) span_kmeans_kernel(const SpanEncodeArgs a) {
+__global__ void __launch_bounds__(kKmeansThreads, 1) span_kmeans_kernel(const SpanEncodeArgs a) {
   const SpanEncodeJob& J = a.jobs[blockIdx.x];
   const int n = J.n, d = a.head_dim, T = a.tokens_per_frame;
   Scratch s;
