@@ -80,6 +80,7 @@ for z in .gpu/lib/*.xz .gpu/bin/*.xz; do
     xz -d -k "$z" 2>/dev/null ||
       python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$z" "${z%.xz}" ||
       echo "cannot inflate $z" | tee -a "$log"
+    case "$z" in .gpu/bin/*) chmod +x "${z%.xz}" 2>/dev/null || true ;; esac
   fi
 done
 
