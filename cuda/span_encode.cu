@@ -27,11 +27,12 @@ struct Scratch {
   uint16_t* rows_t;  // [D][n] fp16
   float* cen;        // [min(256, n)][D]
   double* dmin;      // [n]
-  double* before;    // [n / kSeedChunk + 2]: the seeding's chunk totals, then their running sums
+  double* before;    // [chunks + 1] (chunks: n / kSeedChunk, rounded up): the seeding's chunk totals, then their running sums
   float* dist;       // [n]
   int32_t* assign;   // [n]
   int32_t* members;  // [n], by cluster, each cluster's in token order
   int32_t* start;    // [k + 1]
+  int32_t* counts;   // [chunks][k]: each chunk's members per cluster, then its first places
   float* limit;      // [k]
 };
 
@@ -53,6 +54,7 @@ __host__ __device__ inline size_t scratch_layout(int32_t n, int32_t d, uint8_t* 
   uint8_t* assign = take(static_cast<size_t>(n) * 4);
   uint8_t* members = take(static_cast<size_t>(n) * 4);
   uint8_t* start = take((kmax + 1) * 4);
+  uint8_t* counts = take(chunks * kmax * 4);
   uint8_t* limit = take(kmax * 4);
   if (s != nullptr) {
     s->rows = reinterpret_cast<uint16_t*>(rows);
@@ -64,6 +66,7 @@ __host__ __device__ inline size_t scratch_layout(int32_t n, int32_t d, uint8_t* 
     s->assign = reinterpret_cast<int32_t*>(assign);
     s->members = reinterpret_cast<int32_t*>(members);
     s->start = reinterpret_cast<int32_t*>(start);
+    s->counts = reinterpret_cast<int32_t*>(counts);
     s->limit = reinterpret_cast<float*>(limit);
   }
   return at;
@@ -246,10 +249,24 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
   }
   assign_all(s, n, d, k, w);
   for (int it = 0; it < iters; ++it) {
-    // members of each cluster in token order
+    // members of each cluster in token order: each chunk of kSeedChunk
+    // tokens counts its own per cluster, the clusters' running sums over
+    // the chunks place each chunk's members, the chunk writes them
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      int32_t* cnt = s.counts + static_cast<size_t>(c) * k;
+      for (int j = 0; j < k; ++j) cnt[j] = 0;
+      const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
+      for (int i = c * kSeedChunk; i < end; ++i) ++cnt[s.assign[i]];
+    }
+    __syncthreads();
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
       int m = 0;
-      for (int i = 0; i < n; ++i) m += s.assign[i] == j;
+      for (int c = 0; c < chunks; ++c) {
+        int32_t& cnt = s.counts[static_cast<size_t>(c) * k + j];
+        const int here = cnt;
+        cnt = m;  // the chunk's first place in the cluster
+        m += here;
+      }
       s.start[j + 1] = m;
     }
     __syncthreads();
@@ -258,10 +275,13 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
       for (int j = 0; j < k; ++j) s.start[j + 1] += s.start[j];
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-      int at = s.start[j];
-      for (int i = 0; i < n; ++i)
-        if (s.assign[i] == j) s.members[at++] = i;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      int32_t* at = s.counts + static_cast<size_t>(c) * k;
+      const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
+      for (int i = c * kSeedChunk; i < end; ++i) {
+        const int j = s.assign[i];
+        s.members[s.start[j] + at[j]++] = i;
+      }
     }
     __syncthreads();
     // each cluster's median distance (nth_element's value at size / 2): the
