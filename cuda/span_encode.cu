@@ -139,25 +139,22 @@ __device__ __forceinline__ void centroid_dists(const Scratch& s, int n, int d, c
   wdists(s, n, d, w, tok, cen, out);
 }
 
-// kmeans()'s assign_all: every token's nearest centroid, smaller index on ties
-__device__ void assign_all(const Scratch& s, int n, int d, int k, const float* w) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    int best = 0;
-    float bd = INFINITY;
-    for (int j0 = 0; j0 < k; j0 += kDistGroup) {
-      float dj[kDistGroup];
-      centroid_dists(s, n, d, w, s.cen, k, i, j0, dj);
+// kmeans()'s assign_all for token i: its nearest centroid, smaller index on ties
+__device__ void assign_token(const Scratch& s, int n, int d, int k, const float* w, int i) {
+  int best = 0;
+  float bd = INFINITY;
+  for (int j0 = 0; j0 < k; j0 += kDistGroup) {
+    float dj[kDistGroup];
+    centroid_dists(s, n, d, w, s.cen, k, i, j0, dj);
 #pragma unroll
-      for (int g = 0; g < kDistGroup; ++g)
-        if (j0 + g < k && dj[g] < bd) {
-          bd = dj[g];
-          best = j0 + g;
-        }
-    }
-    s.assign[i] = best;
-    s.dist[i] = bd;
+    for (int g = 0; g < kDistGroup; ++g)
+      if (j0 + g < k && dj[g] < bd) {
+        bd = dj[g];
+        best = j0 + g;
+      }
   }
-  __syncthreads();
+  s.assign[i] = best;
+  s.dist[i] = bd;
 }
 
 // the distances of every token to centroid j, into dmin (first: as they
@@ -193,11 +190,10 @@ __device__ void take_row(const Scratch& s, int d, int j, int i) {
   __syncthreads();
 }
 
-__device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_t seed, const float* w) {
+// k-means++ seeding (kmeans.cc), the k centroids into s.cen
+__device__ void seed_centroids(const Scratch& s, int n, int d, int k, uint64_t seed, const float* w) {
   __shared__ int pick;
   uint64_t counter = 0;  // thread 0's
-  auto row = [&](int i) { return s.rows + static_cast<size_t>(i) * d; };
-  auto cen = [&](int j) { return s.cen + static_cast<size_t>(j) * d; };
   const int chunks = (n + kSeedChunk - 1) / kSeedChunk;
   // k-means++ seeding: the chunks' totals a thread each, then their running
   // sums and the draw in one thread, in the CPU's order (kmeans_ops.h)
@@ -247,76 +243,80 @@ __device__ void kmeans(const Scratch& s, int n, int d, int k, int iters, uint64_
     take_row(s, d, j, pick);
     seed_distances(s, n, d, w, j, false);
   }
-  assign_all(s, n, d, k, w);
-  for (int it = 0; it < iters; ++it) {
-    // members of each cluster in token order: each chunk of kSeedChunk
-    // tokens counts its own per cluster, the clusters' running sums over
-    // the chunks place each chunk's members, the chunk writes them
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-      int32_t* cnt = s.counts + static_cast<size_t>(c) * k;
-      for (int j = 0; j < k; ++j) cnt[j] = 0;
-      const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
-      for (int i = c * kSeedChunk; i < end; ++i) ++cnt[s.assign[i]];
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-      int m = 0;
-      for (int c = 0; c < chunks; ++c) {
-        int32_t& cnt = s.counts[static_cast<size_t>(c) * k + j];
-        const int here = cnt;
-        cnt = m;  // the chunk's first place in the cluster
-        m += here;
-      }
-      s.start[j + 1] = m;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      s.start[0] = 0;
-      for (int j = 0; j < k; ++j) s.start[j + 1] += s.start[j];
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-      int32_t* at = s.counts + static_cast<size_t>(c) * k;
-      const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
-      for (int i = c * kSeedChunk; i < end; ++i) {
-        const int j = s.assign[i];
-        s.members[s.start[j] + at[j]++] = i;
-      }
-    }
-    __syncthreads();
-    // each cluster's median distance (nth_element's value at size / 2): the
-    // member whose value has at most mid smaller and more than mid not larger
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int j = s.assign[i];
-      const int b = s.start[j], m = s.start[j + 1] - b, mid = m / 2;
-      const float di = s.dist[i];
-      int less = 0, leq = 0;
-      for (int t = 0; t < m; ++t) {
-        const float dt = s.dist[s.members[b + t]];
-        less += dt < di;
-        leq += dt <= di;
-      }
-      // equal values write the same limit
-      if (less <= mid && mid < leq) s.limit[j] = 64.0f * di;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < k * d; e += blockDim.x) {
-      const int j = e / d, c = e - j * d;
-      const int b = s.start[j], m = s.start[j + 1] - b;
-      if (m == 0) continue;  // an empty cluster keeps its centroid
-      double sum = 0;
-      int used = 0;
-      for (int t = 0; t < m; ++t) {
-        const int i = s.members[b + t];
-        if (s.dist[i] > s.limit[j]) continue;
-        sum += f16_value(row(i)[c]);
-        ++used;
-      }
-      cen(j)[c] = static_cast<float>(sum / used);
-    }
-    __syncthreads();
-    assign_all(s, n, d, k, w);
+}
+
+// one Lloyd update (kmeans.cc) from the current assignment: each cluster's
+// members in token order, its median distance, the trimmed means
+__device__ void update_centroids(const Scratch& s, int n, int d, int k) {
+  auto row = [&](int i) { return s.rows + static_cast<size_t>(i) * d; };
+  auto cen = [&](int j) { return s.cen + static_cast<size_t>(j) * d; };
+  const int chunks = (n + kSeedChunk - 1) / kSeedChunk;
+  // members of each cluster in token order: each chunk of kSeedChunk
+  // tokens counts its own per cluster, the clusters' running sums over
+  // the chunks place each chunk's members, the chunk writes them
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    int32_t* cnt = s.counts + static_cast<size_t>(c) * k;
+    for (int j = 0; j < k; ++j) cnt[j] = 0;
+    const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
+    for (int i = c * kSeedChunk; i < end; ++i) ++cnt[s.assign[i]];
   }
+  __syncthreads();
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    int m = 0;
+    for (int c = 0; c < chunks; ++c) {
+      int32_t& cnt = s.counts[static_cast<size_t>(c) * k + j];
+      const int here = cnt;
+      cnt = m;  // the chunk's first place in the cluster
+      m += here;
+    }
+    s.start[j + 1] = m;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s.start[0] = 0;
+    for (int j = 0; j < k; ++j) s.start[j + 1] += s.start[j];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    int32_t* at = s.counts + static_cast<size_t>(c) * k;
+    const int end = (c + 1) * kSeedChunk < n ? (c + 1) * kSeedChunk : n;
+    for (int i = c * kSeedChunk; i < end; ++i) {
+      const int j = s.assign[i];
+      s.members[s.start[j] + at[j]++] = i;
+    }
+  }
+  __syncthreads();
+  // each cluster's median distance (nth_element's value at size / 2): the
+  // member whose value has at most mid smaller and more than mid not larger
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int j = s.assign[i];
+    const int b = s.start[j], m = s.start[j + 1] - b, mid = m / 2;
+    const float di = s.dist[i];
+    int less = 0, leq = 0;
+    for (int t = 0; t < m; ++t) {
+      const float dt = s.dist[s.members[b + t]];
+      less += dt < di;
+      leq += dt <= di;
+    }
+    // equal values write the same limit
+    if (less <= mid && mid < leq) s.limit[j] = 64.0f * di;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < k * d; e += blockDim.x) {
+    const int j = e / d, c = e - j * d;
+    const int b = s.start[j], m = s.start[j + 1] - b;
+    if (m == 0) continue;  // an empty cluster keeps its centroid
+    double sum = 0;
+    int used = 0;
+    for (int t = 0; t < m; ++t) {
+      const int i = s.members[b + t];
+      if (s.dist[i] > s.limit[j]) continue;
+      sum += f16_value(row(i)[c]);
+      ++used;
+    }
+    cen(j)[c] = static_cast<float>(sum / used);
+  }
+  __syncthreads();
 }
 
 // kmeans.cc: nearest_centroids, for token i
@@ -443,29 +443,12 @@ __device__ __forceinline__ int job_centroids(const SpanEncodeJob& J) {
   return k > 1 ? k : 1;
 }
 
-// k-means and the tables: one CTA per job
-__global__ void __launch_bounds__(kKmeansThreads, 1) span_kmeans_kernel(const SpanEncodeArgs a) {
-  const SpanEncodeJob& J = a.jobs[blockIdx.x];
-  const int n = J.n, d = a.head_dim, T = a.tokens_per_frame;
-  Scratch s;
-  scratch_layout(n, d, a.scratch + J.scratch, &s);
-  const float* w = J.weights >= 0 ? a.params + J.weights : nullptr;
+// the job's centroids rounded to fp16 (the tokens are coded against
+// those), into the table in the image of the span's first stored frame,
+// with the basis for keys with PSAC
+__device__ void finish_centroids(const SpanEncodeArgs& a, const SpanEncodeJob& J, const Scratch& s, int k) {
+  const int d = a.head_dim, T = a.tokens_per_frame, frames = (J.n + T - 1) / T;
   const float* basis = J.basis >= 0 ? a.params + J.basis : nullptr;
-  // the rows as the CPU codes them: sanitized, rounded to fp16 (the cache's
-  // pending frames), sanitized again (the coder's NaN guard: a no-op here)
-  // (fp16 values: their bits hold them exactly)
-  for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
-    const int i = e / d, c = e - i * d;
-    const uint16_t h = f16_bits(sanitize(f16_round(sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c]))));
-    s.rows[e] = h;
-    s.rows_t[static_cast<size_t>(c) * n + i] = h;
-  }
-  __syncthreads();
-  const int k = job_centroids(J);
-  kmeans(s, n, d, k, J.iters, J.seed, w);
-  // the stored fp16 centroids, which the tokens are coded against, into
-  // the table in the image of the span's first stored frame
-  const int frames = (n + T - 1) / T;
   int64_t img = -1;
   for (int f = 0; f < frames && img < 0; ++f) img = a.frame_images[J.first_image + f];
   uint8_t* table = img >= 0 ? a.image + img + a.tables_at + static_cast<int64_t>(J.head) * a.table_bytes : nullptr;
@@ -476,6 +459,56 @@ __global__ void __launch_bounds__(kKmeansThreads, 1) span_kmeans_kernel(const Sp
   }
   if (J.side == 0 && basis != nullptr && table != nullptr)
     for (int e = threadIdx.x; e < kRank * d; e += blockDim.x) put16(table + a.basis_table + 2 * e, f16_bits(basis[e]));
+}
+
+__device__ __forceinline__ const float* job_weights(const SpanEncodeArgs& a, const SpanEncodeJob& J) {
+  return J.weights >= 0 ? a.params + J.weights : nullptr;
+}
+
+// the clean rows and the k-means++ seeding, one CTA per job; a job without
+// Lloyd iterations is finished here
+__global__ void __launch_bounds__(kKmeansThreads, 1) span_seed_kernel(const SpanEncodeArgs a) {
+  const SpanEncodeJob& J = a.jobs[blockIdx.x];
+  const int n = J.n, d = a.head_dim;
+  Scratch s;
+  scratch_layout(n, d, a.scratch + J.scratch, &s);
+  // the rows as the CPU codes them: sanitized, rounded to fp16 (the cache's
+  // pending frames), sanitized again (the coder's NaN guard: a no-op here);
+  // fp16 values, which their bits hold exactly
+  for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
+    const int i = e / d, c = e - i * d;
+    const uint16_t h = f16_bits(sanitize(f16_round(sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c]))));
+    s.rows[e] = h;
+    s.rows_t[static_cast<size_t>(c) * n + i] = h;
+  }
+  __syncthreads();
+  const int k = job_centroids(J);
+  seed_centroids(s, n, d, k, J.seed, job_weights(a, J));
+  if (J.iters <= 0) finish_centroids(a, J, s, k);
+}
+
+// Lloyd iteration `it`'s assignment, spread over the SMs: CTA (x, job)
+// assigns the job's tokens from x * blockDim.x
+__global__ void span_assign_kernel(const SpanEncodeArgs a, int32_t it) {
+  const SpanEncodeJob& J = a.jobs[blockIdx.y];
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (it >= J.iters || i >= J.n) return;
+  Scratch s;
+  scratch_layout(J.n, a.head_dim, a.scratch + J.scratch, &s);
+  assign_token(s, J.n, a.head_dim, job_centroids(J), job_weights(a, J), i);
+}
+
+// Lloyd iteration `it`'s update, one CTA per job; the last one finishes it
+// (kmeans.cc's final assignment is not needed: the tokens are coded
+// against the fp16 centroids)
+__global__ void __launch_bounds__(kKmeansThreads, 1) span_update_kernel(const SpanEncodeArgs a, int32_t it) {
+  const SpanEncodeJob& J = a.jobs[blockIdx.x];
+  if (it >= J.iters) return;
+  Scratch s;
+  scratch_layout(J.n, a.head_dim, a.scratch + J.scratch, &s);
+  const int k = job_centroids(J);
+  update_centroids(s, J.n, a.head_dim, k);
+  if (it == J.iters - 1) finish_centroids(a, J, s, k);
 }
 
 // each token's centroid, residual and PSAC record: CTA (x, job) codes the
@@ -544,13 +577,23 @@ cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
       a.block % 4 != 0 || a.tokens_per_frame <= 0 || (a.coeff_bits != 8 && a.coeff_bits != 4) || a.host_jobs == nullptr ||
       a.n_jobs > 65535)
     return cudaErrorInvalidValue;
-  int32_t most = 0;  // tokens of the longest job (the host's copy of the jobs)
-  for (int32_t j = 0; j < a.n_jobs; ++j) most = a.host_jobs[j].n > most ? a.host_jobs[j].n : most;
-  if (const cudaError_t e =
-          launch_kernel(span_kmeans_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kKmeansThreads, 0, stream, a);
-      e != cudaSuccess)
-    return e;
+  int32_t most = 0, iters = 0;  // tokens of the longest job, the most Lloyd iterations (the host's copy of the jobs)
+  for (int32_t j = 0; j < a.n_jobs; ++j) {
+    most = a.host_jobs[j].n > most ? a.host_jobs[j].n : most;
+    iters = a.host_jobs[j].iters > iters ? a.host_jobs[j].iters : iters;
+  }
+  const dim3 jobs(static_cast<unsigned>(a.n_jobs));
   const unsigned chunks = static_cast<unsigned>((most + kThreads - 1) / kThreads);
+  if (const cudaError_t e = launch_kernel(span_seed_kernel, jobs, kKmeansThreads, 0, stream, a); e != cudaSuccess)
+    return e;
+  for (int32_t it = 0; it < iters; ++it) {
+    if (const cudaError_t e = launch_kernel(span_assign_kernel, dim3(chunks, jobs.x), kThreads, 0, stream, a, it);
+        e != cudaSuccess)
+      return e;
+    if (const cudaError_t e = launch_kernel(span_update_kernel, jobs, kKmeansThreads, 0, stream, a, it);
+        e != cudaSuccess)
+      return e;
+  }
   return launch_kernel(span_code_kernel, dim3(chunks, static_cast<unsigned>(a.n_jobs)), kThreads, 0, stream, a);
 }
 

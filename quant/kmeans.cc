@@ -16,6 +16,9 @@ void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int
             std::vector<float>* centroids, std::vector<int>* assign) {
   k = std::max(1, std::min(k, n));
   centroids->assign(static_cast<size_t>(k) * d, 0.0f);
+  std::vector<int> own;
+  const bool wanted = assign != nullptr;
+  if (!wanted) assign = &own;
   assign->assign(static_cast<size_t>(n), 0);
   if (n == 0) return;
   auto row = [&](int i) { return x + static_cast<size_t>(i) * stride; };
@@ -83,7 +86,7 @@ void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int
       dist[static_cast<size_t>(i)] = bd;
     }
   };
-  assign_all();
+  if (iters > 0 || wanted) assign_all();
   std::vector<std::vector<int>> members(static_cast<size_t>(k));
   std::vector<float> scratch;
   std::vector<double> sum(static_cast<size_t>(d));
@@ -108,7 +111,7 @@ void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int
       }
       for (int c = 0; c < d; ++c) cen(j)[c] = static_cast<float>(sum[static_cast<size_t>(c)] / used);
     }
-    assign_all();
+    if (it + 1 < iters || wanted) assign_all();
   }
 }
 

@@ -15,7 +15,9 @@
 
 namespace wm {
 
-// x: [n, d] rows with stride `stride`; centroids out: [k, d]; assign out: [n]
+// x: [n, d] rows with stride `stride`; centroids out: [k, d]; assign out:
+// [n], each row's nearest final centroid (null: not wanted, which saves the
+// last assignment pass)
 void kmeans(const float* x, int n, int d, int stride, const float* w, int k, int iters, uint64_t seed,
             std::vector<float>* centroids, std::vector<int>* assign);
 

@@ -21,8 +21,7 @@ void encode_impl(const float* x, int n, int d, int stride, const SpanCodecParams
     for (int c = 0; c < d; ++c)
       clean[static_cast<size_t>(i) * d + c] = kv_sanitize(x[static_cast<size_t>(i) * stride + c]);
   std::vector<float> cen;
-  std::vector<int> assign;
-  kmeans(clean.data(), n, d, d, p.weights, std::min(p.centroids, 256), p.iters, p.seed, &cen, &assign);
+  kmeans(clean.data(), n, d, d, p.weights, std::min(p.centroids, 256), p.iters, p.seed, &cen, nullptr);
   const int k = static_cast<int>(cen.size()) / d;
   out->k = k;
   out->centroids.resize(cen.size());

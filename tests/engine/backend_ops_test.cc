@@ -1191,16 +1191,18 @@ TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
   Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
   struct Case {
     const char* format;
-    int hd, block, T, sinks, fpb, bits, tokens_per_centroid, window;
+    int hd, block, T, sinks, fpb, bits, tokens_per_centroid, window, iters;
   };
-  // (a window of 7 frames in blocks of 3 holds 5 spans' tables, so the tables make a ring of their own)
-  for (const Case& cs : std::vector<Case>{{"qvg2", 64, 64, 64, 1, 1, 8, 64, 4},
-                                          {"quantwm2", 64, 32, 64, 1, 2, 8, 16, 4},
-                                          {"quantwm2", 128, 64, 80, 0, 3, 4, 32, 7},
-                                          {"qvg2", 32, 16, 64, 0, 2, 8, 8, 4},
-                                          {"quantwm2", 128, 128, 64, 2, 2, 8, 64, 4}}) {
+  // (a window of 7 frames in blocks of 3 holds 5 spans' tables, so the tables make a ring of their own;
+  // the device runs each Lloyd iteration as two launches and finishes after the last: 0, 1 and 4 of them)
+  for (const Case& cs : std::vector<Case>{{"qvg2", 64, 64, 64, 1, 1, 8, 64, 4, 4},
+                                          {"quantwm2", 64, 32, 64, 1, 2, 8, 16, 4, 1},
+                                          {"quantwm2", 128, 64, 80, 0, 3, 4, 32, 7, 4},
+                                          {"qvg2", 32, 16, 64, 0, 2, 8, 8, 4, 0},
+                                          {"quantwm2", 128, 128, 64, 2, 2, 8, 64, 4, 4}}) {
     SCOPED_TRACE(std::string(cs.format) + " head_dim " + std::to_string(cs.hd) + " block " + std::to_string(cs.block) +
-                 " T " + std::to_string(cs.T) + " sinks " + std::to_string(cs.sinks));
+                 " T " + std::to_string(cs.T) + " sinks " + std::to_string(cs.sinks) + " iterations " +
+                 std::to_string(cs.iters));
     AttnSpec a;
     a.head_dim = cs.hd;
     a.tokens_per_frame = cs.T;
@@ -1211,6 +1213,7 @@ TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
     a.options.psac_bits = cs.bits;
     a.options.tokens_per_centroid = cs.tokens_per_centroid;
     a.options.psac_refresh_frames = 2;
+    a.options.kmeans_iters = cs.iters;
     const KvGeometry g = geometry_of(a);
     auto cpu = cpu_b.make_kv_cache(cs.format, g, a.options);
     auto cuda = cuda_b.make_kv_cache(cs.format, g, a.options);

@@ -54,6 +54,26 @@ TEST(Kmeans, DeterministicPerSeed) {
   EXPECT_NE(c1, c3);
 }
 
+TEST(Kmeans, CentroidsAreTheSameWithoutTheAssignments) {
+  std::mt19937 rng(3);
+  auto x = testing_util::randn(500 * 16, rng);
+  for (int iters : {0, 1, 4}) {
+    std::vector<float> c1, c2;
+    std::vector<int> a1;
+    kmeans(x.data(), 500, 16, 16, nullptr, 12, iters, 5, &c1, &a1);
+    kmeans(x.data(), 500, 16, 16, nullptr, 12, iters, 5, &c2, nullptr);
+    EXPECT_EQ(c1, c2) << iters << " iterations";
+    ASSERT_EQ(a1.size(), 500u);
+    // the assignments are the final centroids' nearest
+    for (int i = 0; i < 500; i += 37) {
+      int idx = -1;
+      float dist = 0;
+      nearest_centroids(x.data() + i * 16, 16, nullptr, c1.data(), 12, 1, &idx, &dist);
+      EXPECT_EQ(a1[static_cast<size_t>(i)], idx) << "row " << i;
+    }
+  }
+}
+
 TEST(Kmeans, MoreCentroidsThanPointsAndDuplicates) {
   std::vector<float> x(5 * 4, 1.0f);  // five identical points
   std::vector<float> cen;
