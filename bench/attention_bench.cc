@@ -16,7 +16,7 @@
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
 // the GPU only where a frame is whole chunks, so 64-token queries; qvg2,
 // quantwm2: decoding per-token codes, the cache filled a block per append,
-// coded on the host as the write pass codes it)
+// coded as the write pass codes it)
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
@@ -146,7 +146,7 @@ int run(int argc, char** argv) {
           // a span cache on the GPU takes a block per append (its centroids fill a slot's table)
           const bool span = format == "qvg2" || format == "quantwm2";
           const int step = span ? fpb : chunk_frames;
-          // the appends are timed too: a span cache's are the write pass's coding (on the host on the GPU)
+          // the appends are timed too: a span cache's are the write pass's coding
           const double a0 = now_s();
           int appends = 0;
           for (int fr = 0; fr < frames; fr += step, ++appends) {
