@@ -1346,25 +1346,28 @@ absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache
   st = land_grams(kGramsInFlight - 1);
   if (!st.ok()) return st;
   GramDownload g;
-  if (!grams_idle_.empty()) {
-    g = std::move(grams_idle_.back());
-    grams_idle_.pop_back();
+  if (!grams_pageable_) {
+    if (!grams_idle_.empty()) {
+      g = std::move(grams_idle_.back());
+      grams_idle_.pop_back();
+    }
+    if (g.landed == nullptr && cudaEventCreateWithFlags(&g.landed, cudaEventDisableTiming) != cudaSuccess)
+      g.landed = nullptr;
+    if (g.landed != nullptr && g.capacity < out_doubles) {
+      if (g.host != nullptr) cudaFreeHost(g.host);
+      void* p = nullptr;
+      const bool pinned = cudaHostAlloc(&p, out_doubles * 8, cudaHostAllocDefault) == cudaSuccess;
+      g.host = pinned ? static_cast<double*>(p) : nullptr;
+      g.capacity = pinned ? out_doubles : 0;
+    }
+    if (g.landed == nullptr || g.host == nullptr) {
+      cudaGetLastError();  // not sticky
+      if (g.landed != nullptr) cudaEventDestroy(g.landed);
+      grams_pageable_ = true;
+    }
   }
-  if (!grams_pageable_ && g.landed == nullptr &&
-      cudaEventCreateWithFlags(&g.landed, cudaEventDisableTiming) != cudaSuccess)
-    g.landed = nullptr;
-  if (g.landed != nullptr && g.capacity < out_doubles) {
-    if (g.host != nullptr) cudaFreeHost(g.host);
-    void* p = nullptr;
-    const bool pinned = cudaHostAlloc(&p, out_doubles * 8, cudaHostAllocDefault) == cudaSuccess;
-    g.host = pinned ? static_cast<double*>(p) : nullptr;
-    g.capacity = pinned ? out_doubles : 0;
-  }
-  if (g.landed == nullptr || g.host == nullptr) {
+  if (grams_pageable_) {
     // no event or no pinned memory (from now on): download and add at once
-    cudaGetLastError();  // not sticky
-    grams_pageable_ = true;
-    if (g.landed != nullptr) cudaEventDestroy(g.landed);
     st = land_grams(0);
     if (!st.ok()) return st;
     span_host_gram_.resize(out_doubles);
