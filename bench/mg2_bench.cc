@@ -18,9 +18,13 @@
 // With --batch_invariant=1 every session is batch-invariant
 // (SessionOptions::batch_invariant): its GEMMs and, on a device, its
 // attention run on their own; what that costs against the shared batch.
+// --format: the sessions' cache format (fp16 by default; kivi2, qvg2,
+// quantwm2: their attention and their write pass, whose coding
+// write_pass_ms shows).
 //
 //   mg2_bench [--device=cuda|cpu] [--plugin=PATH] [--config=configs/mg2-shape.json]
 //             [--sessions=1,2,4,8] [--windows=6,60] [--reps=3] [--blocks=2] [--batch_invariant=0|1]
+//             [--format=fp16|kivi2|qvg2|quantwm2]
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -45,6 +49,7 @@ int run(int argc, char** argv) {
   const std::vector<int> windows = f.list("windows", "6,60");
   const int reps = static_cast<int>(f.num("reps", 3)), block_reps = static_cast<int>(f.num("blocks", 2));
   const bool invariant = f.num("batch_invariant", 0) != 0;
+  const std::string format = f.str("format", "fp16");
   const int T = cfg.tokens_per_frame(), B = cfg.frames_per_block, D = cfg.dim, L = cfg.layers;
   const int64_t Q = cfg.qkv_dim();
 
@@ -99,7 +104,7 @@ int run(int argc, char** argv) {
       float* kv = put(host_kv);
       std::vector<std::unique_ptr<KvCache>> caches;
       for (int s = 0; s < S; ++s) {
-        auto c = b.make_kv_cache("fp16", g, KvFormatOptions{});
+        auto c = b.make_kv_cache(format, g, KvFormatOptions{});
         if (!c.ok()) {
           std::fprintf(stderr, "cache: %s\n", c.status().ToString().c_str());
           return 1;
@@ -155,6 +160,7 @@ int run(int argc, char** argv) {
       };
       const int64_t plans0 = count("attention.plans"), fallback0 = count("gemm.fallback_calls");
       const int64_t ffn0 = count("ffn.fused_calls");
+      double write_s = 0;  // the write passes' part (their coding, for a quantized format)
       t0 = now_s();
       for (int r = 0; r < block_reps; ++r) {
         b.upload(pixels, host_noise.data(), host_noise.size() * sizeof(float));
@@ -168,11 +174,14 @@ int run(int argc, char** argv) {
         }
         b.unpatchify(x, frames, shape, pixels);
         b.download(host_frames.data(), pixels, host_frames.size() * sizeof(float));
+        const double w0 = now_s();
         const absl::Status st = model->forward(input(0.0f, true), nullptr, nullptr);
         if (!st.ok()) {
           std::fprintf(stderr, "write pass: %s\n", st.ToString().c_str());
           return 1;
         }
+        dev.sync();
+        write_s += now_s() - w0;
         for (int64_t& gen : generated) gen += B;
       }
       dev.sync();
@@ -181,11 +190,13 @@ int run(int argc, char** argv) {
       const int64_t kv_values_bytes = static_cast<int64_t>(L) * 2 * W * T * Q * 2;
       nlohmann::json j = {{"bench", "mg2"},
                           {"device", dev.name},
+                          {"format", format},
                           {"sessions_batched", S},
                           {"window_latent_frames", W},
                           {"batch_invariant", invariant},
                           {"forward_ms", std::round(forward_s * 1e5) / 100},
                           {"block_ms", std::round(block_s * 1e4) / 10},
+                          {"write_pass_ms", std::round(write_s / block_reps * 1e4) / 10},
                           {"fps_per_session", std::round(video_frames / block_s * 100) / 100},
                           {"fps_aggregate", std::round(video_frames * S / block_s * 10) / 10},
                           {"kv_bytes_per_session_device", caches[0]->bytes().total()},

@@ -35,6 +35,8 @@
 #   serving_graphs  the same with --device_graphs
 #   attention_kivi2  wm_attention_bench over KIVI-2 caches (64-query blocks; CUDA.md, "KIVI-2 pages")
 #   attention_quantwm2  the same over QuantWM-2 caches (CUDA.md, "Span pages")
+#   mg2_quantwm2  wm_mg2_bench over QuantWM-2 caches (1 and 8 sessions, window 6):
+#               span attention, and the write pass with the device coder
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
@@ -196,6 +198,9 @@ cp "$raw/capacity_graphs/wmserve.log" "$OUT/serving-graphs-wmserve.log" 2>/dev/n
 # KIVI-2 caches on the attention kernels (CUDA.md, "KIVI-2 pages"): after the issue's measurements
 stage attention_kivi2 30 .gpu/bin/wm_attention_bench --format=kivi2 --queries=64 --reps=10
 stage attention_quantwm2 30 .gpu/bin/wm_attention_bench --format=quantwm2 --queries=64 --reps=10
+# Matrix-Game-2 shapes over QuantWM-2 caches: span attention and the device coder's write pass
+stage mg2_quantwm2 60 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --format=quantwm2 --sessions=1,8 \
+  --windows=6 --reps=2 --blocks=2
 # last, so that it is what a short budget drops: batch-invariant sessions beside mg2's B=8 W=6 row
 stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1
 

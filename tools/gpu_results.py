@@ -161,6 +161,7 @@ def collect(raw, out_path, build_info):
                              json_lines(os.path.join(raw, "mg2_ws.out")) +
                              json_lines(os.path.join(raw, "mg2_ws64.out")))
     results["mg2_invariant"] = json_lines(os.path.join(raw, "mg2_invariant.out"))
+    results["mg2_quantwm2"] = json_lines(os.path.join(raw, "mg2_quantwm2.out"))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
     results["torch_mg2_summary"] = next((r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" in r), None)
     for name in ("serving", "serving_graphs"):
@@ -235,6 +236,12 @@ def summary(path):
             print("mg2 B=%s W=%s every session batch-invariant: %s ms/forward, %s ms/block, %s fps" % (
                 m.get("sessions_batched"), m.get("window_latent_frames"), m.get("forward_ms"), m.get("block_ms"),
                 m.get("fps_aggregate")))
+    for m in r.get("mg2_quantwm2", []):
+        if "fps_aggregate" in m:
+            print("mg2 B=%s W=%s QuantWM-2 caches: %s ms/forward, %s ms/block (write pass %s ms), %s fps, "
+                  "%s KV bytes/session" % (
+                      m.get("sessions_batched"), m.get("window_latent_frames"), m.get("forward_ms"), m.get("block_ms"),
+                      m.get("write_pass_ms"), m.get("fps_aggregate"), m.get("kv_bytes_per_session_device")))
     for name in ("serving", "serving_graphs"):
         sv = r.get(name) or {}
         for run in sv.get("runs", []):
