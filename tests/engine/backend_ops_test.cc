@@ -994,6 +994,20 @@ struct AppendBatch {
   absl::Status append_cuda(int l) {
     return backends().cuda->kv_append(l, cuda_slices, first, spec.tokens_per_frame, gk, gv);
   }
+  // the batch attends in every layer first, all sessions in one call on each
+  // backend (random queries; each QuantWM-2 session observes its own rows)
+  void attend(uint32_t seed) {
+    int frames = 0;
+    for (const SessionSlice& s : cpu_slices) frames += s.frames;
+    const size_t vals = static_cast<size_t>(frames) * spec.tokens_per_frame * spec.heads * spec.head_dim;
+    const auto q = randn(vals, seed, 2.0f), kq = randn(vals, seed + 1);
+    for (int l = 0; l < spec.layers; ++l) {
+      backends().cpu->attention(l, cpu_slices, spec.tokens_per_frame, cpu_buf.put(q), cpu_buf.put(kq),
+                                cpu_buf.put(kq), cpu_buf.zeros(vals));
+      backends().cuda->attention(l, cuda_slices, spec.tokens_per_frame, cuda_buf.put(q), cuda_buf.put(kq),
+                                 cuda_buf.put(kq), cuda_buf.zeros(vals));
+    }
+  }
   // every cache holds the same frames and values on both backends, bit for bit
   void expect_same_caches() const {
     for (size_t s = 0; s < cpu.size(); ++s)
@@ -1300,15 +1314,7 @@ TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
     AppendBatch b(a, {2, 1, 2, 2, 2}, 23);
     ASSERT_TRUE(b.ok());
     const int64_t launches = counter("kv.span_encode_launches");  // the cached frames' appends came before
-    // the batch attends first, all sessions in one call: each QuantWM-2 session observes its own rows
-    const size_t vals = static_cast<size_t>(9) * a.tokens_per_frame * a.heads * a.head_dim;  // the batch's 9 frames
-    const auto q = randn(vals, 91, 2.0f), kq = randn(vals, 92);
-    for (int l = 0; l < a.layers; ++l) {
-      backends().cpu->attention(l, b.cpu_slices, a.tokens_per_frame, b.cpu_buf.put(q), b.cpu_buf.put(kq),
-                                b.cpu_buf.put(kq), b.cpu_buf.zeros(vals));
-      backends().cuda->attention(l, b.cuda_slices, a.tokens_per_frame, b.cuda_buf.put(q), b.cuda_buf.put(kq),
-                                 b.cuda_buf.put(kq), b.cuda_buf.zeros(vals));
-    }
+    b.attend(91);
     for (int l = 0; l < a.layers; ++l) {
       ASSERT_TRUE(b.append_cpu(l).ok());
       const absl::Status st = b.append_cuda(l);
@@ -1336,14 +1342,7 @@ TEST(CudaSpan, ASessionEndingWithStatisticsInFlightHarmsNothing) {
   AppendBatch b(a, {2, 2}, 29);
   ASSERT_TRUE(b.ok());
   const int64_t downloads = counter("query.gram_downloads");
-  const size_t vals = static_cast<size_t>(4) * a.tokens_per_frame * a.heads * a.head_dim;  // the batch's 4 frames
-  const auto q = randn(vals, 93, 2.0f), kq = randn(vals, 94);
-  for (int l = 0; l < a.layers; ++l) {
-    backends().cpu->attention(l, b.cpu_slices, a.tokens_per_frame, b.cpu_buf.put(q), b.cpu_buf.put(kq),
-                              b.cpu_buf.put(kq), b.cpu_buf.zeros(vals));
-    backends().cuda->attention(l, b.cuda_slices, a.tokens_per_frame, b.cuda_buf.put(q), b.cuda_buf.put(kq),
-                               b.cuda_buf.put(kq), b.cuda_buf.zeros(vals));
-  }
+  b.attend(93);
   EXPECT_EQ(counter("query.gram_downloads") - downloads, a.layers) << "one download per call";
   b.cpu[0].reset();
   b.cuda[0].reset();
