@@ -332,6 +332,23 @@ TEST_F(ToolsCli, WriteErrorsFail) {
                  1, "write failed: " + ckpt + "/model.safetensors");
 }
 
+// wmeval audits the quantized formats (a full-precision shadow beside each
+// cache, which the engine reserves with it) but reports what each format
+// itself reserves, and its ratio to fp16's
+TEST_F(ToolsCli, EvalReportsEachFormatsOwnReservation) {
+  const std::string path = temp_dir() + "/eval.json";
+  const ToolRun r = run_tool({WMEVAL_BIN, "--model=" + model_, "--episodes=1", "--frames=2", "--threads=2",
+                              "--formats=fp16,qvg2", "--json=" + path});
+  ASSERT_EQ(r.code, 0) << r.log;
+  const nlohmann::json j = nlohmann::json::parse(read_text(path));
+  const nlohmann::json& fp16 = j.at("formats").at("fp16");
+  const nlohmann::json& qvg2 = j.at("formats").at("qvg2");
+  EXPECT_TRUE(qvg2.contains("drift_top1")) << "qvg2 was audited";
+  EXPECT_LT(qvg2.at("kv_reserved_bytes").get<int64_t>(), fp16.at("kv_reserved_bytes").get<int64_t>());
+  EXPECT_GT(qvg2.at("compression_vs_fp16").get<double>(), 1.0);
+  EXPECT_EQ(fp16.at("compression_vs_fp16").get<double>(), 1.0);
+}
+
 // a checkpoint is written beside its place and renamed there: a rewrite
 // (asked for with --force) replaces it whole and leaves no temporary file
 TEST_F(ToolsCli, CheckpointIsReplacedWhole) {
