@@ -15,7 +15,7 @@ namespace wm::cuda {
 namespace {
 
 constexpr int kRank = 8;  // quant/kv_layouts.h: kPsacRank
-constexpr int kKmeansThreads = 512;  // span_kmeans_kernel's block
+constexpr int kKmeansThreads = 512;  // the block of a CTA per job (the seeding, the Lloyd updates)
 constexpr int kDistGroup = 4;        // distances computed side by side per thread
 
 // the scratch of one job: the clean rows twice (token-major for the

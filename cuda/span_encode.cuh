@@ -1,9 +1,10 @@
 // The QVG-2 / QuantWM-2 coder on the device: what quant/span_codec.cc's
 // span_encode does on the host (weighted k-means++ seeding, trimmed Lloyd
 // iterations, the QSAC candidate choice, 2-bit residual blocks with fp8
-// scales, PSAC coefficients): k-means one CTA per (span, head, side), then
-// the tokens' codes side by side; the same operations in the same order,
-// so that the codes are the CPU's bit for bit.
+// scales, PSAC coefficients): the seeding and each Lloyd update one CTA per
+// (span, head, side), the Lloyd assignments and the tokens' codes a thread
+// per token over as many CTAs as they fill; the same operations in the same
+// order, so that the codes are the CPU's bit for bit.
 // Both sides are built without contracting a multiply and an add into one
 // FMA (the CPU coder with -ffp-contract=off, this unit with --fmad=false),
 // since the host compiler and nvcc would fuse different pairs.
