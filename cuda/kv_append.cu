@@ -1,15 +1,10 @@
 #include "cuda/device_util.cuh"
 #include "cuda/kv_append.cuh"
 #include "cuda/launch.cuh"
+#include "quant/q2_ops.h"
 
 namespace wm::cuda {
 namespace {
-
-// quant/kv_layouts.h: kv_sanitize
-__device__ __forceinline__ float sanitized(float x) {
-  if (x != x) return 0.0f;
-  return x < -65504.0f ? -65504.0f : (x > 65504.0f ? 65504.0f : x);
-}
 
 // 8 floats as 8 fp16; SANITIZE: as a quantized format stores its fp16 part
 template <bool SANITIZE = false>
@@ -17,8 +12,8 @@ __device__ __forceinline__ uint4 to_half8(const float* src) {
   float4 a = reinterpret_cast<const float4*>(src)[0];
   float4 b = reinterpret_cast<const float4*>(src)[1];
   if constexpr (SANITIZE) {
-    a = make_float4(sanitized(a.x), sanitized(a.y), sanitized(a.z), sanitized(a.w));
-    b = make_float4(sanitized(b.x), sanitized(b.y), sanitized(b.z), sanitized(b.w));
+    a = make_float4(kv_sanitize(a.x), kv_sanitize(a.y), kv_sanitize(a.z), kv_sanitize(a.w));
+    b = make_float4(kv_sanitize(b.x), kv_sanitize(b.y), kv_sanitize(b.z), kv_sanitize(b.w));
   }
   uint4 o;
   o.x = f16_bits(a.x) | (static_cast<uint32_t>(f16_bits(a.y)) << 16);
@@ -70,7 +65,7 @@ __global__ void kv_append_kernel(const KvAppendArgs a, int64_t total) {
 }
 
 // KIVI-2's input: sanitized, then fp16 as the CPU's buffer holds it
-__device__ __forceinline__ float kivi_input(float x) { return __half2float(__float2half_rn(sanitized(x))); }
+__device__ __forceinline__ float kivi_input(float x) { return __half2float(__float2half_rn(kv_sanitize(x))); }
 
 // one BlockQ2Asym<G> (quant/kv_layouts.h: q2asym_quantize_ref) of the G
 // values src[i * stride] at dst (4-byte aligned)

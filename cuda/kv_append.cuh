@@ -88,11 +88,11 @@ struct KvSpanAppendArgs {
 
 // bytes of one token's record in a window write's image, and where a
 // window write's tables start in it
-WM_HD int32_t span_token_bytes(const SpanRowLayout& r) { return 2 * r.rec_bytes + 2 + r.coeff_bytes; }
-WM_HD int64_t span_tables_at(const SpanRowLayout& r, int32_t heads) {
+WM_HD_INLINE int32_t span_token_bytes(const SpanRowLayout& r) { return 2 * r.rec_bytes + 2 + r.coeff_bytes; }
+WM_HD_INLINE int64_t span_tables_at(const SpanRowLayout& r, int32_t heads) {
   return (static_cast<int64_t>(heads) * r.tokens_per_frame * span_token_bytes(r) + 15) / 16 * 16;
 }
-WM_HD int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads, bool tables) {
+WM_HD_INLINE int64_t span_image_bytes(const SpanRowLayout& r, int32_t heads, bool tables) {
   return span_tables_at(r, heads) + (tables ? static_cast<int64_t>(heads) * r.table_bytes() : 0);
 }
 

@@ -21,11 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define WM_HD __host__ __device__ __forceinline__
-#else
-#define WM_HD inline
-#endif
+#include "common/hd.h"
 
 namespace wm::cuda {
 
@@ -39,10 +35,10 @@ struct PagedKvFp16View {
   int32_t page_tokens = 0;
   int32_t head_dim = 0;
   // element offsets of logical row `row` (< page_tokens) of page `page`
-  WM_HD int64_t k_offset(int32_t page, int32_t row) const {
+  WM_HD_INLINE int64_t k_offset(int32_t page, int32_t row) const {
     return static_cast<int64_t>(page) * page_elems + static_cast<int64_t>(row) * head_dim;
   }
-  WM_HD int64_t v_offset(int32_t page, int32_t row) const {
+  WM_HD_INLINE int64_t v_offset(int32_t page, int32_t row) const {
     return k_offset(page, row) + static_cast<int64_t>(page_tokens) * head_dim;
   }
 };
@@ -69,11 +65,11 @@ struct KiviRowLayout {
   int32_t fp16_per_page = 0, q_per_page = 0;  // whole units of each kind in one page
   int32_t shared_q = 0;  // quantized units in the page where the fp16 ones end (0 if they fill it)
 
-  WM_HD int32_t block_bytes() const { return 4 + group / 4; }
-  WM_HD int32_t chunk_bytes() const { return 2 * head_dim * block_bytes(); }
-  WM_HD int32_t front_tokens() const { return front_units * unit_tokens; }
+  WM_HD_INLINE int32_t block_bytes() const { return 4 + group / 4; }
+  WM_HD_INLINE int32_t chunk_bytes() const { return 2 * head_dim * block_bytes(); }
+  WM_HD_INLINE int32_t front_tokens() const { return front_units * unit_tokens; }
   // page-table entry and byte offset inside that page of unit u
-  WM_HD void unit_at(int32_t u, int32_t* entry, int32_t* offset) const {
+  WM_HD_INLINE void unit_at(int32_t u, int32_t* entry, int32_t* offset) const {
     if (u < front_units) {
       *entry = u / fp16_per_page;
       *offset = (u % fp16_per_page) * fp16_unit_bytes;
@@ -90,7 +86,7 @@ struct KiviRowLayout {
     *offset = (rest % q_per_page) * q_unit_bytes;
   }
   // page-table entries that hold the first `units` units
-  WM_HD int32_t entries_for(int32_t units) const {
+  WM_HD_INLINE int32_t entries_for(int32_t units) const {
     if (units <= 0) return 0;
     int32_t entry = 0, offset = 0;
     unit_at(units - 1, &entry, &offset);
@@ -139,7 +135,7 @@ struct RowSection {
   int32_t first_entry = 0;               // the entry where the section starts
   int32_t first_offset = 0;              // its offset there (0: a fresh page)
   int32_t shared = 0;                    // items in that first, shared page (0 if first_offset is 0)
-  WM_HD void at(int32_t i, int32_t* entry, int32_t* offset) const {
+  WM_HD_INLINE void at(int32_t i, int32_t* entry, int32_t* offset) const {
     if (i < shared) {
       *entry = first_entry;
       *offset = first_offset + i * item_bytes;
@@ -182,22 +178,22 @@ struct SpanRowLayout {
   RowSection front, units, map, tables;
   int32_t entries = 0;              // page-table entries of a whole row
 
-  WM_HD int32_t front_units() const { return front_tokens / kTileKeys; }
-  WM_HD int32_t unit_bytes() const { return kTileKeys * (2 * rec_bytes + 2 + coeff_bytes); }
-  WM_HD int32_t v_recs() const { return kTileKeys * rec_bytes; }
-  WM_HD int32_t k_ids() const { return 2 * kTileKeys * rec_bytes; }
-  WM_HD int32_t v_ids() const { return k_ids() + kTileKeys; }
-  WM_HD int32_t k_coeffs() const { return v_ids() + kTileKeys; }
-  WM_HD int32_t table_bytes() const {
+  WM_HD_INLINE int32_t front_units() const { return front_tokens / kTileKeys; }
+  WM_HD_INLINE int32_t unit_bytes() const { return kTileKeys * (2 * rec_bytes + 2 + coeff_bytes); }
+  WM_HD_INLINE int32_t v_recs() const { return kTileKeys * rec_bytes; }
+  WM_HD_INLINE int32_t k_ids() const { return 2 * kTileKeys * rec_bytes; }
+  WM_HD_INLINE int32_t v_ids() const { return k_ids() + kTileKeys; }
+  WM_HD_INLINE int32_t k_coeffs() const { return v_ids() + kTileKeys; }
+  WM_HD_INLINE int32_t table_bytes() const {
     return 2 * (2 * max_centroids * head_dim + (coeff_bytes > 0 ? 8 * head_dim : 0));
   }
-  WM_HD int32_t v_table() const { return 2 * max_centroids * head_dim; }
-  WM_HD int32_t basis_table() const { return 4 * max_centroids * head_dim; }
+  WM_HD_INLINE int32_t v_table() const { return 2 * max_centroids * head_dim; }
+  WM_HD_INLINE int32_t basis_table() const { return 4 * max_centroids * head_dim; }
   // the window slot of a logical token past the front
-  WM_HD int32_t slot_of(int32_t logical) const { return (logical - front_tokens) / tokens_per_frame; }
+  WM_HD_INLINE int32_t slot_of(int32_t logical) const { return (logical - front_tokens) / tokens_per_frame; }
   // page-table entries that hold the first `tokens` logical tokens: the
   // front's units, and with the first window token the whole row
-  WM_HD int32_t entries_for(int64_t tokens) const {
+  WM_HD_INLINE int32_t entries_for(int64_t tokens) const {
     if (tokens > front_tokens) return entries;
     const int32_t u = static_cast<int32_t>((tokens + kTileKeys - 1) / kTileKeys);
     if (u <= 0) return 0;
@@ -307,11 +303,11 @@ struct TileRef {
   int32_t valid = 0;        // keys in this tile (0..kTileKeys); the rest are masked
 };
 
-WM_HD int32_t clamp_tile_keys(int32_t remaining) {
+WM_HD_INLINE int32_t clamp_tile_keys(int32_t remaining) {
   return remaining < 0 ? 0 : (remaining > kTileKeys ? kTileKeys : remaining);
 }
 
-WM_HD TileRef tile_ref(const PlanSession& s, int32_t cached, int32_t tile) {
+WM_HD_INLINE TileRef tile_ref(const PlanSession& s, int32_t cached, int32_t tile) {
   TileRef t;
   if (tile < s.cache_tiles) {
     t.from_cache = true;
@@ -325,10 +321,10 @@ WM_HD TileRef tile_ref(const PlanSession& s, int32_t cached, int32_t tile) {
   return t;
 }
 
-WM_HD int32_t block_tiles(int32_t rows) { return (rows + kTileKeys - 1) / kTileKeys; }
+WM_HD_INLINE int32_t block_tiles(int32_t rows) { return (rows + kTileKeys - 1) / kTileKeys; }
 
 // page-table row of (layer, head) of a session
-WM_HD int64_t page_row_offset(const PlanSession& s, int32_t layer, int32_t heads, int32_t head) {
+WM_HD_INLINE int64_t page_row_offset(const PlanSession& s, int32_t layer, int32_t heads, int32_t head) {
   return s.pt_offset + (static_cast<int64_t>(layer) * heads + head) * s.pages_per_head;
 }
 

@@ -10,6 +10,7 @@
 #include "cuda/span_encode.cuh"
 #include "quant/fp8_e4m3.h"
 #include "quant/kmeans_ops.h"
+#include "quant/q2_ops.h"
 
 namespace wm::cuda {
 namespace {
@@ -70,12 +71,6 @@ __host__ __device__ inline size_t scratch_layout(int32_t n, int32_t d, uint8_t* 
     s->limit = reinterpret_cast<float*>(limit);
   }
   return at;
-}
-
-// quant/kv_layouts.h: kv_sanitize
-__device__ __forceinline__ float sanitize(float x) {
-  if (x != x) return 0.0f;
-  return fminf(65504.0f, fmaxf(-65504.0f, x));
 }
 
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__ushort_as_half(f16_bits(x))); }
@@ -347,79 +342,23 @@ __device__ int nearest_centroids(const Scratch& s, int n, int d, const float* w,
   return have;
 }
 
-// kv_layouts.h: BlockQ2Sym and its reference quantizer, B at run time
-constexpr uint8_t kTernary = 0x80;
-
-__device__ __forceinline__ int q2sym_code(float v, float s, bool ternary) {
-  if (ternary) return v >= 0.5f * s ? 2 : (v > -0.5f * s ? 1 : 0);
-  return v >= s ? 3 : (v >= 0.0f ? 2 : (v >= -s ? 1 : 0));
-}
-__device__ __forceinline__ float q2sym_level(int code, float s, float offset) {
-  return (static_cast<float>(code) - offset) * s;
-}
-__device__ __forceinline__ void q2_set(uint8_t* codes, int i, int code) {
-  const int sh = (i & 3) * 2;
-  codes[i >> 2] = static_cast<uint8_t>((codes[i >> 2] & ~(3 << sh)) | ((code & 3) << sh));
-}
-__device__ __forceinline__ int q2_get(const uint8_t* codes, int i) { return (codes[i >> 2] >> ((i & 3) * 2)) & 3; }
-
-// blk: 1 + B/4 bytes (the scale byte, then the codes); returns the error
+// q2_ops.h: BlockQ2Sym's bytes (the scale byte, then B/4 code bytes), B at
+// run time; returns the error
 __device__ float q2sym_quantize(const float* x, const float* w, int B, uint8_t* blk) {
-  float xs[kSpanMaxHeadDim];
-  float amax = 0.0f;
-  for (int i = 0; i < B; ++i) {
-    xs[i] = sanitize(x[i]);
-    amax = fmaxf(amax, fabsf(xs[i]));
-  }
-  float best_err = 0.0f;
-  for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
-  uint8_t best = 0;
-  if (amax > 0.0f) {
-    for (int mode = 0; mode < 2; ++mode) {
-      const bool ternary = mode == 1;
-      const int c0 = e4m3_encode(ternary ? amax : amax / 1.5f);
-      const int hi = c0 + 1 < kE4m3MaxCode ? c0 + 1 : kE4m3MaxCode, lo = c0 - 5 > 1 ? c0 - 5 : 1;
-      for (int c = hi; c >= lo; --c) {
-        const float s = e4m3_decode(static_cast<uint8_t>(c));
-        const float off = ternary ? 1.0f : 1.5f;
-        float err = 0.0f;
-        for (int i = 0; i < B; ++i) {
-          const float dv = xs[i] - q2sym_level(q2sym_code(xs[i], s, ternary), s, off);
-          err += (w != nullptr ? w[i] : 1.0f) * dv * dv;
-        }
-        if (err < best_err) {
-          best_err = err;
-          best = static_cast<uint8_t>(c | (ternary ? kTernary : 0));
-        }
-      }
-    }
-  }
-  blk[0] = best;
-  const float s = e4m3_decode(static_cast<uint8_t>(best & 0x7f));
-  const bool ternary = (best & kTernary) != 0;
-  uint8_t* codes = blk + 1;
-  for (int i = 0; i < B / 4; ++i) codes[i] = 0;
-  for (int i = 0; i < B; ++i) q2_set(codes, i, best == 0 ? 1 : q2sym_code(xs[i], s, ternary));
-  if (best == 0) blk[0] = kTernary;
-  return best_err;
-}
-
-__device__ void q2sym_dequantize(const uint8_t* blk, int B, float* x) {
-  const float s = e4m3_decode(static_cast<uint8_t>(blk[0] & 0x7f)), off = (blk[0] & kTernary) ? 1.0f : 1.5f;
-  for (int i = 0; i < B; ++i) x[i] = q2sym_level(q2_get(blk + 1, i), s, off);
+  return q2sym_quantize_bytes<kSpanMaxHeadDim>(x, w, B, blk);
 }
 
 // kv_layouts.h: psac_quantize_ref, int8 or int4 coefficients with an fp16 scale
 __device__ void psac_quantize(const float* alpha, int bits, uint8_t* rec) {
   const int qmax = bits == 8 ? 127 : 7;
   float amax = 0.0f;
-  for (int i = 0; i < kRank; ++i) amax = fmaxf(amax, fabsf(sanitize(alpha[i])));
+  for (int i = 0; i < kRank; ++i) amax = fmaxf(amax, fabsf(kv_sanitize(alpha[i])));
   const uint16_t scale = f16_bits(fminf(65504.0f, amax / static_cast<float>(qmax)));
   rec[0] = static_cast<uint8_t>(scale & 0xff);
   rec[1] = static_cast<uint8_t>(scale >> 8);
   const float s = __half2float(__ushort_as_half(scale));
   for (int i = 0; i < kRank; ++i) {
-    int q = s > 0 ? static_cast<int>(lroundf(sanitize(alpha[i]) / s)) : 0;
+    int q = s > 0 ? static_cast<int>(lroundf(kv_sanitize(alpha[i]) / s)) : 0;
     q = q < -qmax ? -qmax : (q > qmax ? qmax : q);
     if (bits == 8) {
       rec[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
@@ -477,7 +416,7 @@ __global__ void __launch_bounds__(kKmeansThreads, 1) span_seed_kernel(const Span
   // fp16 values, which their bits hold exactly
   for (int e = threadIdx.x; e < n * d; e += blockDim.x) {
     const int i = e / d, c = e - i * d;
-    const uint16_t h = f16_bits(sanitize(f16_round(sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c]))));
+    const uint16_t h = f16_bits(kv_sanitize(f16_round(kv_sanitize(J.x[static_cast<int64_t>(i) * a.row_stride + c]))));
     s.rows[e] = h;
     s.rows_t[static_cast<size_t>(c) * n + i] = h;
   }
@@ -554,7 +493,7 @@ __global__ void span_code_kernel(const SpanEncodeArgs a) {
     const float* cj = s.cen + static_cast<size_t>(best_id) * d;
     float deq[kSpanMaxHeadDim];
     for (int b = 0; b < nb; ++b) {
-      q2sym_dequantize(best + b * bb, B, deq);
+      q2sym_dequantize_bytes(best + b * bb, B, deq);
       for (int c = 0; c < B; ++c) resid[b * B + c] = f16_value(xi[b * B + c]) - cj[b * B + c] - deq[c];
     }
     float alpha[kRank];

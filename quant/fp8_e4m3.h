@@ -9,11 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define WM_HD __host__ __device__
-#else
-#define WM_HD
-#endif
+#include "common/hd.h"
 
 namespace wm {
 

@@ -8,15 +8,11 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define WM_KMEANS_HD __host__ __device__ inline
-#else
-#define WM_KMEANS_HD inline
-#endif
+#include "common/hd.h"
 
 namespace wm::kmeans_ops {
 
-WM_KMEANS_HD uint64_t mix64(uint64_t x) {
+WM_HD inline uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -24,12 +20,12 @@ WM_KMEANS_HD uint64_t mix64(uint64_t x) {
 }
 
 // uniform in [0, 1) from (seed, counter)
-WM_KMEANS_HD double uniform01(uint64_t seed, uint64_t counter) {
+WM_HD inline double uniform01(uint64_t seed, uint64_t counter) {
   return static_cast<double>(mix64(seed ^ mix64(counter)) >> 11) * 0x1.0p-53;
 }
 
 // sum_c w_c (a_c - b_c)^2 (w null: uniform), summed in channel order
-WM_KMEANS_HD float wdist(const float* a, const float* b, const float* w, int d) {
+WM_HD inline float wdist(const float* a, const float* b, const float* w, int d) {
   float s = 0.0f;
   if (w == nullptr) {
     for (int c = 0; c < d; ++c) {
@@ -55,6 +51,6 @@ inline constexpr int kSeedChunk = 32;
 
 // distances are compared in float; a non-finite one (overflow on absurd
 // inputs) sorts last instead of breaking the ordering
-WM_KMEANS_HD float finite_or_max(float x) { return fabsf(x) <= FLT_MAX ? x : FLT_MAX; }
+WM_HD inline float finite_or_max(float x) { return fabsf(x) <= FLT_MAX ? x : FLT_MAX; }
 
 }  // namespace wm::kmeans_ops

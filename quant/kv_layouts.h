@@ -17,26 +17,9 @@
 #include "absl/strings/string_view.h"
 #include "common/half.h"
 #include "quant/fp8_e4m3.h"
+#include "quant/q2_ops.h"
 
 namespace wm {
-
-// largest finite fp16; every quantized format clamps its inputs to it
-inline constexpr float kF16Max = 65504.0f;
-
-// the NaN guard of every quantized format: NaN becomes 0 and anything beyond
-// fp16's range (infinity included) is clamped, so one bad value can neither
-// poison the scales of its neighbours nor reach the softmax
-inline float kv_sanitize(float x) {
-  if (std::isnan(x)) return 0.0f;
-  return std::min(kF16Max, std::max(-kF16Max, x));
-}
-
-// 2-bit codes, four per byte: code i lives at bits 2*(i%4) of byte i/4
-WM_HD inline int q2_get(const uint8_t* codes, int i) { return (codes[i >> 2] >> ((i & 3) * 2)) & 3; }
-WM_HD inline void q2_set(uint8_t* codes, int i, int code) {
-  const int sh = (i & 3) * 2;
-  codes[i >> 2] = static_cast<uint8_t>((codes[i >> 2] & ~(3 << sh)) | ((code & 3) << sh));
-}
 
 // KIVI: 2-bit asymmetric min-max over G values, fp16 scale and zero point.
 // x = zero + code * scale, scale = (max - min) / 3, zero = min.
@@ -126,67 +109,17 @@ inline void q2asym_dequantize_ref(const BlockQ2Asym<G>& b, float* x) {
   for (int i = 0; i < G; ++i) x[i] = z + static_cast<float>(q2_get(b.codes, i)) * s;
 }
 
-inline constexpr uint8_t kQ2Ternary = 0x80;  // the scale byte's sign bit
-
-// the level offset of a scale byte: 1.5 (mid-rise) or 1 (ternary)
-WM_HD inline float q2sym_offset(uint8_t scale) { return (scale & kQ2Ternary) ? 1.0f : 1.5f; }
-WM_HD inline float q2sym_scale(uint8_t scale) { return e4m3_decode(static_cast<uint8_t>(scale & 0x7f)); }
-
-inline int q2sym_code(float v, float s, bool ternary) {
-  if (ternary) return v >= 0.5f * s ? 2 : (v > -0.5f * s ? 1 : 0);
-  return v >= s ? 3 : (v >= 0.0f ? 2 : (v >= -s ? 1 : 0));
-}
-inline float q2sym_level(int code, float s, float offset) { return (static_cast<float>(code) - offset) * s; }
-
-// quantizes B values with the level set and fp8 scale (among the few around
-// absmax / 1.5 for mid-rise, absmax for ternary) that minimise the weighted
-// squared error sum w_i (x_i - q_i)^2; w may be null (uniform). Returns that
-// error. Ties keep the earlier candidate: mid-rise first, larger scales first.
+// QuantWM / QVG residual blocks: the arithmetic is q2_ops.h's, shared with
+// the device coder; these give it the block types.
 template <int B>
 inline float q2sym_quantize_ref(const float* x, const float* w, BlockQ2Sym<B>* b) {
-  float xs[B];
-  float amax = 0.0f;
-  for (int i = 0; i < B; ++i) {
-    xs[i] = kv_sanitize(x[i]);
-    amax = std::max(amax, std::fabs(xs[i]));
-  }
-  float best_err = 0.0f;
-  for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
-  uint8_t best = 0;  // scale 0: everything decodes to 0
-  if (amax > 0.0f) {
-    for (int mode = 0; mode < 2; ++mode) {
-      const bool ternary = mode == 1;
-      const int c0 = e4m3_encode(ternary ? amax : amax / 1.5f);
-      // one fp8 step above the absmax scale down to five below (clip ratios ~1.07 .. 0.55)
-      for (int c = std::min<int>(c0 + 1, kE4m3MaxCode); c >= std::max(1, c0 - 5); --c) {
-        const float s = e4m3_decode(static_cast<uint8_t>(c));
-        const float off = ternary ? 1.0f : 1.5f;
-        float err = 0.0f;
-        for (int i = 0; i < B; ++i) {
-          const float d = xs[i] - q2sym_level(q2sym_code(xs[i], s, ternary), s, off);
-          err += (w != nullptr ? w[i] : 1.0f) * d * d;
-        }
-        if (err < best_err) {
-          best_err = err;
-          best = static_cast<uint8_t>(c | (ternary ? kQ2Ternary : 0));
-        }
-      }
-    }
-  }
-  b->scale = best;
-  const float s = q2sym_scale(best);
-  const bool ternary = (best & kQ2Ternary) != 0;
-  for (int i = 0; i < B / 4; ++i) b->codes[i] = 0;
-  // scale 0 decodes every code to 0 in the ternary set only: use code 1 there
-  for (int i = 0; i < B; ++i) q2_set(b->codes, i, best == 0 ? 1 : q2sym_code(xs[i], s, ternary));
-  if (best == 0) b->scale = kQ2Ternary;
-  return best_err;
+  static_assert(sizeof(BlockQ2Sym<B>) == 1 + B / 4, "scale byte, then the codes");
+  return q2sym_quantize_bytes<B>(x, w, B, reinterpret_cast<uint8_t*>(b));
 }
 
 template <int B>
 inline void q2sym_dequantize_ref(const BlockQ2Sym<B>& b, float* x) {
-  const float s = q2sym_scale(b.scale), off = q2sym_offset(b.scale);
-  for (int i = 0; i < B; ++i) x[i] = q2sym_level(q2_get(b.codes, i), s, off);
+  q2sym_dequantize_bytes(reinterpret_cast<const uint8_t*>(&b), B, x);
 }
 
 template <class Coeffs>
