@@ -962,14 +962,16 @@ TEST(CudaKvCache, ErrorsAreValues) {
 int64_t counter(const char* name);  // a plugin counter (below)
 
 // the caches of `a` filled alike on both backends, and one batch of
-// frames[s] more frames for session s (the same K/V uploaded to each)
+// frames[s] more frames for session s (the same K/V uploaded to each);
+// `device`: the CUDA backend (the shared one unless a test makes its own)
 struct AppendBatch {
-  AppendBatch(const AttnSpec& a, const std::vector<int>& frames, uint32_t seed)
+  AppendBatch(const AttnSpec& a, const std::vector<int>& frames, uint32_t seed, Backend* device = nullptr)
       : spec(a),
+        gpu(device != nullptr ? *device : *backends().cuda),
         cpu_buf(*backends().cpu),
-        cuda_buf(*backends().cuda),
+        cuda_buf(gpu),
         cpu(filled_caches(*backends().cpu, cpu_buf, a, seed)),
-        cuda(filled_caches(*backends().cuda, cuda_buf, a, seed)) {
+        cuda(filled_caches(gpu, cuda_buf, a, seed)) {
     EXPECT_EQ(cuda.size(), a.cached.size());
     const size_t frame_vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
     int batch = 0;
@@ -992,7 +994,7 @@ struct AppendBatch {
     return backends().cpu->kv_append(l, cpu_slices, first, spec.tokens_per_frame, ck, cv);
   }
   absl::Status append_cuda(int l) {
-    return backends().cuda->kv_append(l, cuda_slices, first, spec.tokens_per_frame, gk, gv);
+    return gpu.kv_append(l, cuda_slices, first, spec.tokens_per_frame, gk, gv);
   }
   // the batch attends in every layer first, all sessions in one call on each
   // backend (random queries; each QuantWM-2 session observes its own rows)
@@ -1004,8 +1006,8 @@ struct AppendBatch {
     for (int l = 0; l < spec.layers; ++l) {
       backends().cpu->attention(l, cpu_slices, spec.tokens_per_frame, cpu_buf.put(q), cpu_buf.put(kq),
                                 cpu_buf.put(kq), cpu_buf.zeros(vals));
-      backends().cuda->attention(l, cuda_slices, spec.tokens_per_frame, cuda_buf.put(q), cuda_buf.put(kq),
-                                 cuda_buf.put(kq), cuda_buf.zeros(vals));
+      gpu.attention(l, cuda_slices, spec.tokens_per_frame, cuda_buf.put(q), cuda_buf.put(kq), cuda_buf.put(kq),
+                    cuda_buf.zeros(vals));
     }
   }
   // every cache holds the same frames and values on both backends, bit for bit
@@ -1023,6 +1025,7 @@ struct AppendBatch {
   }
 
   AttnSpec spec;
+  Backend& gpu;
   Buffers cpu_buf, cuda_buf;
   std::vector<std::unique_ptr<KvCache>> cpu, cuda;
   std::vector<SessionSlice> cpu_slices, cuda_slices;
@@ -1354,6 +1357,51 @@ TEST(CudaSpan, ASessionEndingWithStatisticsInFlightHarmsNothing) {
   }
   b.expect_same_caches();
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+absl::StatusOr<std::unique_ptr<PluginBackend>> another_cuda_backend(int64_t kv_pool_bytes);  // below
+
+// where the runtime refuses pinned memory (asked of the emulated device),
+// QuantWM-2's query statistics are downloaded and added at once, each call
+// waiting for its own, and uploads copy from pageable memory: the codes
+// stay the CPU's
+TEST(CudaSpan, StatisticsWithoutPinnedMemoryWaitAndMatchTheCpu) {
+  WM_REQUIRE_CUDA();
+  if (!absl::StrContains(backends().cuda->device_info().name, "simt emulator"))
+    GTEST_SKIP() << "needs the emulated device (a real one cannot be told to refuse pinned memory)";
+  struct Refusal {
+    Refusal() { setenv("WM_SIMT_HOST_ALLOC_REFUSE", "1", 1); }
+    ~Refusal() { unsetenv("WM_SIMT_HOST_ALLOC_REFUSE"); }
+  } refusal;
+  auto device = another_cuda_backend(int64_t{16} << 20);
+  ASSERT_TRUE(device.ok()) << device.status();
+  PluginBackend& gpu = **device;
+  const auto count = [&gpu](const char* name) {
+    auto v = gpu.counter(name);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : -1;
+  };
+  AttnSpec a;
+  a.tokens_per_frame = 64;
+  a.formats = {"quantwm2", "qvg2", "quantwm2"};
+  a.cached = {2, 3, 1};
+  a.observe = true;
+  AppendBatch b(a, {2, 1, 2}, 31, &gpu);
+  ASSERT_TRUE(b.ok());
+  const int64_t downloads = count("query.gram_downloads"), waits = count("query.gram_waits");
+  EXPECT_GT(downloads, 0) << "the cached frames' write passes observed their queries";
+  EXPECT_EQ(waits, downloads) << "every download waited for";
+  b.attend(95);
+  EXPECT_EQ(count("query.gram_downloads") - downloads, a.layers) << "one download per call";
+  EXPECT_EQ(count("query.gram_waits") - waits, a.layers) << "each waited for at once";
+  for (int l = 0; l < a.layers; ++l) {
+    ASSERT_TRUE(b.append_cpu(l).ok());
+    const absl::Status st = b.append_cuda(l);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  b.expect_same_caches();
+  EXPECT_GT(count("upload.pageable"), 0) << "no staging ring without pinned memory";
+  EXPECT_TRUE(gpu.status().ok()) << gpu.status();
 }
 
 // a window of 6 frames in blocks of 3 keeps 4 span tables a layer (whole

@@ -232,9 +232,14 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
-// page-locked host memory is plain host memory here
+// page-locked host memory is plain host memory here; refused on request
+// (WM_SIMT_HOST_ALLOC_REFUSE=1), as a real runtime may refuse it, so that
+// tests reach the plugin's pageable paths
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   WM_SIMT_STICKY();
+  *p = nullptr;
+  if (const char* refuse = std::getenv("WM_SIMT_HOST_ALLOC_REFUSE"); refuse != nullptr && std::strcmp(refuse, "1") == 0)
+    return fail_with(cudaErrorMemoryAllocation);
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   return *p != nullptr ? cudaSuccess : fail_with(cudaErrorMemoryAllocation);
 }
