@@ -21,7 +21,7 @@ inline constexpr float kF16Max = 65504.0f;
 // poison the scales of its neighbours nor reach the softmax
 WM_HD inline float kv_sanitize(float x) {
   if (x != x) return 0.0f;
-  return fminf(kF16Max, fmaxf(-kF16Max, x));
+  return x < -kF16Max ? -kF16Max : (x > kF16Max ? kF16Max : x);  // std::min / std::max, -0 kept
 }
 
 // 2-bit codes, four per byte: code i lives at bits 2*(i%4) of byte i/4
@@ -55,7 +55,8 @@ WM_HD inline float q2sym_quantize_bytes(const float* x, const float* w, int B, u
   float amax = 0.0f;
   for (int i = 0; i < B; ++i) {
     xs[i] = kv_sanitize(x[i]);
-    amax = fmaxf(amax, fabsf(xs[i]));
+    const float a = fabsf(xs[i]);
+    amax = amax < a ? a : amax;
   }
   float best_err = 0.0f;
   for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
