@@ -157,8 +157,10 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void OnDone() override {
     // a safety net: a session never outlives its stream unless it is parked
-    if (auto s = session(); s != nullptr)
+    if (auto s = session(); s != nullptr) {
       service_->park_or_close(s, absl::CancelledError("stream done"), EndReason::kCancelled);
+      s->stream_done(context_->IsCancelled());
+    }
     if (pending_ != nullptr) {
       std::lock_guard<std::recursive_mutex> lk(pending_->mu);  // waits for a sweep finishing this stream
       pending_->finish = nullptr;
@@ -545,17 +547,28 @@ void PlayService::on_session_closed(const std::shared_ptr<ServerSession>& sessio
   }
   // started = ended + active: a session the engine never opened was not started
   if (!opened) return;
-  metrics_->sessions_ended(reason).Increment();
-  if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
   const double seconds = to_seconds(Clock::now() - session->started());
   metrics_->session_duration->Observe(seconds);
-  // logged once the stream has its status: the frames still being written
-  // when the session closed (a half-close gets its last frames) are counted
-  if (session_log_ != nullptr) {
-    SessionLog* log = session_log_;
-    ServerSession* raw = session.get();  // the callback runs while it lives
-    session->when_finished([log, raw, reason, seconds] { log->ended(*raw, reason, seconds); });
+  SessionLog* log = session_log_;
+  ServerSession* raw = session.get();  // the callbacks run while it lives
+  if (reason == EndReason::kClientClosed) {
+    // a half-close ends the session once its last frames and OK have gone
+    // out; a stream that breaks first (the client cancels or disconnects,
+    // gRPC refuses an oversize message) ended it as cancelled. Counted and
+    // logged when the stream is over
+    Metrics* metrics = metrics_;
+    session->when_stream_done([metrics, log, raw, seconds](bool cancelled) {
+      const EndReason r = cancelled ? EndReason::kCancelled : EndReason::kClientClosed;
+      if (log != nullptr) log->ended(*raw, r, seconds);  // first: a reader who saw the count finds the line
+      metrics->sessions_ended(r).Increment();
+    });
+    return;
   }
+  metrics_->sessions_ended(reason).Increment();
+  if (reason == EndReason::kIdleTtl) metrics_->sessions_evicted_idle->Increment();
+  // logged once the stream has its status: the frames still being written
+  // when the session closed are counted
+  if (log != nullptr) session->when_finished([log, raw, reason, seconds] { log->ended(*raw, reason, seconds); });
 }
 
 std::shared_ptr<PendingStart> PlayService::await_start(TimePoint now,

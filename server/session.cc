@@ -67,6 +67,33 @@ void ServerSession::send_frames(std::vector<OutFrame> frames) {
 
 ServerSession::~ServerSession() {
   if (on_finished_) on_finished_();
+  if (on_stream_done_) on_stream_done_(broken_);
+}
+
+void ServerSession::stream_done(bool cancelled) {
+  std::function<void(bool)> fn;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stream_done_) return;
+    stream_done_ = true;
+    stream_cancelled_ = cancelled;
+    fn = std::move(on_stream_done_);
+    on_stream_done_ = nullptr;
+  }
+  if (fn) fn(cancelled);
+}
+
+void ServerSession::when_stream_done(std::function<void(bool cancelled)> fn) {
+  bool cancelled = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!stream_done_) {
+      on_stream_done_ = std::move(fn);
+      return;
+    }
+    cancelled = stream_cancelled_;
+  }
+  fn(cancelled);
 }
 
 void ServerSession::when_finished(std::function<void()> fn) {

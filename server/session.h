@@ -98,6 +98,14 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   // the thread that finishes it, or at the latest when the session is
   // destroyed); one callback, a later one replaces it
   void when_finished(std::function<void()> fn);
+  // the reactor's OnDone: the stream is over; `cancelled`: it failed before
+  // the client had its status (gRPC's IsCancelled: the client cancelled,
+  // the connection broke, or gRPC refused an oversize message)
+  void stream_done(bool cancelled);
+  // runs `fn(cancelled)` once the stream is over (at once if it is; at the
+  // latest when the session is destroyed, `cancelled` then whether a write
+  // failed); one callback, a later one replaces it
+  void when_stream_done(std::function<void(bool cancelled)> fn);
   ~ServerSession();
 
   // the reactor's OnWriteDone
@@ -133,6 +141,9 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   bool writing_frame_ = false;
   uint64_t frames_sent_ = 0;
   std::function<void()> on_finished_;  // when_finished's
+  bool stream_done_ = false;
+  bool stream_cancelled_ = false;
+  std::function<void(bool)> on_stream_done_;  // when_stream_done's
   bool any_frame_written_ = false;
   TimePoint last_frame_write_;
 };

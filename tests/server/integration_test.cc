@@ -134,9 +134,11 @@ grpc::Status play_status(const ServerProcess& s, const std::vector<v1::PlayReque
 }
 
 // a bidi stream of `method` with raw messages (any bytes), half-closed after
-// the last; returns its status and the bytes of every message the server sent
+// the last; returns its status and the bytes of every message the server
+// sent. hold_last: the last message waits until that many have come
 grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method,
-                               const std::vector<std::string>& messages, std::vector<std::string>* responses) {
+                               const std::vector<std::string>& messages, std::vector<std::string>* responses,
+                               size_t hold_last = 0) {
   auto ch = channel(s);
   grpc::GenericStub generic(ch);
   grpc::ClientContext ctx;
@@ -150,11 +152,24 @@ grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method
     EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
     return ok;
   };
+  auto read = [&] {
+    grpc::ByteBuffer in;
+    call->Read(&in, reinterpret_cast<void*>(4));
+    if (!next(4)) return false;
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(in.Dump(&slices).ok());
+    std::string bytes;
+    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    responses->push_back(std::move(bytes));
+    return true;
+  };
   call->StartCall(reinterpret_cast<void*>(1));
   bool open = next(1);
-  for (const std::string& m : messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i + 1 == messages.size())
+      while (open && responses->size() < hold_last) open = read();
     if (!open) break;
-    grpc::Slice slice(m);
+    grpc::Slice slice(messages[i]);
     grpc::ByteBuffer out(&slice, 1);
     call->Write(out, reinterpret_cast<void*>(2));
     open = next(2);
@@ -163,15 +178,7 @@ grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method
     call->WritesDone(reinterpret_cast<void*>(3));
     next(3);
   }
-  for (;;) {
-    grpc::ByteBuffer in;
-    call->Read(&in, reinterpret_cast<void*>(4));
-    if (!next(4)) break;
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(in.Dump(&slices).ok());
-    std::string bytes;
-    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    responses->push_back(std::move(bytes));
+  while (read()) {
   }
   grpc::Status st;
   call->Finish(&st, reinterpret_cast<void*>(5));
@@ -186,9 +193,9 @@ grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method
 
 // a Play stream of raw messages; *responses (if given) gets what the server sent
 grpc::Status raw_play_status(const ServerProcess& s, const std::vector<std::string>& messages,
-                             std::vector<v1::PlayResponse>* responses) {
+                             std::vector<v1::PlayResponse>* responses, size_t hold_last = 0) {
   std::vector<std::string> got;
-  const grpc::Status st = raw_stream_status(s, "/wmserve.v1.WorldModel/Play", messages, &got);
+  const grpc::Status st = raw_stream_status(s, "/wmserve.v1.WorldModel/Play", messages, &got, hold_last);
   for (const std::string& bytes : got) {
     v1::PlayResponse r;
     EXPECT_TRUE(r.ParseFromString(bytes));
@@ -1592,6 +1599,8 @@ TEST(ServerIntegration, AResumedSessionContinuesExactlyWhereItsBrokenStreamStopp
   client::PlayStream again(ch, deadline);
   const grpc::Status gone = again.start(resume);
   EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND) << gone.error_message();
+  // a half-closed session is counted once its stream is over
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_ended_total{reason=\"client_closed\"}", 2), 2);
   const auto m = scrape(*server);
   EXPECT_EQ(m.at("wm_sessions_resumed_total"), 1);
   EXPECT_EQ(m.at("wm_sessions_parked_total"), 1);
@@ -1605,24 +1614,80 @@ TEST(ServerIntegration, AResumedSessionContinuesExactlyWhereItsBrokenStreamStopp
   std::istringstream text(*read_file(session_log));
   for (std::string line; std::getline(text, line);) lines.push_back(nlohmann::json::parse(line));
   ASSERT_EQ(lines.size(), 6u) << *read_file(session_log);
+  // each session's events in order (a half-closed session's end is written
+  // once its stream is over, which may come after the next one's start)
   const std::string whole_id = whole.started.session_id(), id = started.session_id();
-  const std::pair<std::string, std::string> expected[] = {{"start", whole_id}, {"end", whole_id}, {"start", id},
-                                                          {"park", id},        {"resume", id},    {"end", id}};
-  for (size_t i = 0; i < lines.size(); ++i) {
-    EXPECT_EQ(lines[i]["event"], expected[i].first) << lines[i];
-    EXPECT_EQ(lines[i]["session"], expected[i].second) << lines[i];
-    EXPECT_EQ(lines[i]["client"], "ipv4:127.0.0.1") << lines[i];
-    EXPECT_EQ(lines[i]["time"].get<std::string>().size(), 24u) << lines[i];  // 2026-12-01T12:00:00.000Z
+  std::map<std::string, std::vector<nlohmann::json>> of;
+  for (const nlohmann::json& l : lines) {
+    EXPECT_EQ(l["client"], "ipv4:127.0.0.1") << l;
+    EXPECT_EQ(l["time"].get<std::string>().size(), 24u) << l;  // 2026-12-01T12:00:00.000Z
+    of[l["session"].get<std::string>()].push_back(l);
   }
-  EXPECT_EQ(lines[2]["seed"], 7);
-  EXPECT_EQ(lines[2]["format"], "fp16");
-  EXPECT_EQ(lines[2]["pacing"], "per_action");
-  EXPECT_EQ(lines[2]["kv_reserved_bytes"], started.kv_reserved_bytes());
-  EXPECT_EQ(lines[1]["reason"], "client_closed");
-  EXPECT_EQ(lines[1]["frames_sent"], actions.size());
-  EXPECT_EQ(lines[5]["reason"], "client_closed");
-  EXPECT_EQ(lines[5]["frames_sent"], actions.size() - n) << "the frames of its last stream";
-  EXPECT_GT(lines[5]["seconds"].get<double>(), 0);
+  ASSERT_EQ(of[whole_id].size(), 2u);
+  ASSERT_EQ(of[id].size(), 4u);
+  const std::vector<std::string> whole_events{"start", "end"}, events{"start", "park", "resume", "end"};
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(of[whole_id][i]["event"], whole_events[i]) << of[whole_id][i];
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(of[id][i]["event"], events[i]) << of[id][i];
+  const nlohmann::json &id_start = of[id][0], &whole_end = of[whole_id][1], &id_end = of[id][3];
+  EXPECT_EQ(id_start["seed"], 7);
+  EXPECT_EQ(id_start["format"], "fp16");
+  EXPECT_EQ(id_start["pacing"], "per_action");
+  EXPECT_EQ(id_start["kv_reserved_bytes"], started.kv_reserved_bytes());
+  EXPECT_EQ(whole_end["reason"], "client_closed");
+  EXPECT_EQ(whole_end["frames_sent"], actions.size());
+  EXPECT_EQ(id_end["reason"], "client_closed");
+  EXPECT_EQ(id_end["frames_sent"], actions.size() - n) << "the frames of its last stream";
+  EXPECT_GT(id_end["seconds"].get<double>(), 0);
+}
+
+// a message over --max_request_bytes in a started session: gRPC ends the
+// stream itself (RESOURCE_EXHAUSTED) and the server learns only that its
+// read failed, as at a half-close, and then that the stream was cancelled.
+// The session ends as cancelled, not as a client that closed on purpose,
+// in the metrics and in the session log; the server goes on. (Parking is
+// off: where the server sees the cancellation before the failed read, the
+// stream is a broken one and its session would be parked.)
+TEST(ServerIntegration, AnOversizeMessageMidSessionEndsItAsCancelled) {
+  const std::string session_log = testing::fresh_dir("oversize_log") + "/sessions.jsonl";
+  auto server = ServerProcess::start(
+      tiny_model(), {"--max_request_bytes=1048576", "--park_ttl_s=0", "--session_log=" + session_log});
+  ASSERT_NE(server, nullptr);
+  const v1::PlayRequest huge = start_req([](v1::Start* s) { s->add_prompt_jpeg(std::string(1100 * 1024, 'x')); });
+  std::vector<v1::PlayResponse> got;
+  // the oversize message once Started and the action's frame have come
+  const grpc::Status st = raw_play_status(
+      *server, {start_req().SerializeAsString(), action_req(1).SerializeAsString(), huge.SerializeAsString()}, &got,
+      /*hold_last=*/2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got[0].has_started());
+  EXPECT_TRUE(got[1].has_frame());
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_ended_total{reason=\"cancelled\"}", 1), 1);
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
+  // a session that half-closes gets its frames, OK, and counts as client_closed
+  got.clear();
+  const grpc::Status clean =
+      raw_play_status(*server, {start_req().SerializeAsString(), action_req(1).SerializeAsString()}, &got);
+  EXPECT_TRUE(clean.ok()) << clean.error_message();
+  EXPECT_EQ(got.size(), 2u) << "Started and the action's frame";
+  EXPECT_EQ(wait_for_metric(*server, "wm_sessions_ended_total{reason=\"client_closed\"}", 1), 1);
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"cancelled\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_started_total"), 2);
+  std::vector<nlohmann::json> ends;
+  for (int i = 0; i < 200 && ends.size() < 2; ++i) {
+    ends.clear();
+    std::istringstream text(read_file(session_log).value_or(""));
+    for (std::string line; std::getline(text, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j["event"] == "end") ends.push_back(std::move(j));
+    }
+    if (ends.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ends.size(), 2u);
+  EXPECT_EQ(ends[0]["reason"], "cancelled");
+  EXPECT_EQ(ends[1]["reason"], "client_closed");
+  EXPECT_EQ(ends[1]["frames_sent"], 1);
 }
 
 TEST(ServerIntegration, ParkedSessionsExpireAndFreeTheirCache) {
@@ -2268,6 +2333,5 @@ TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {
     for (size_t i = 0; i < jpegs[f].size(); ++i) EXPECT_EQ(jpegs[f][i], jpegs[2 + f][i]) << "format " << f << " frame " << i;
 #endif
 }
-
 }  // namespace
 }  // namespace wm

@@ -222,6 +222,38 @@ TEST(ServerSession, WhenFinishedRunsOnceTheLastFrameIsCounted) {
   EXPECT_TRUE(ran);
 }
 
+// a half-closed session's end is counted once the stream is over: the
+// callback gets whether the stream failed before the client had its status
+TEST(ServerSession, WhenStreamDoneTellsWhetherTheStreamWasCancelled) {
+  Fixture t;
+  t.started();
+  std::vector<bool> seen;
+  t.session->when_stream_done([&](bool cancelled) { seen.push_back(cancelled); });
+  t.session->finish(absl::OkStatus(), /*flush=*/true);
+  ASSERT_TRUE(t.writer.wait_finished());
+  EXPECT_TRUE(seen.empty()) << "the status is handed over, the stream not yet over";
+  t.session->stream_done(true);
+  t.session->stream_done(false);  // once only
+  EXPECT_EQ(seen, std::vector<bool>{true});
+  // after the stream is over: at once, with what it was
+  t.session->when_stream_done([&](bool cancelled) { seen.push_back(cancelled); });
+  EXPECT_EQ(seen, (std::vector<bool>{true, true}));
+  // a session destroyed first runs it then: cancelled when a write had failed
+  for (const bool fail : {false, true}) {
+    Fixture u;
+    u.started();
+    if (fail) {
+      u.send(0);
+      ASSERT_TRUE(u.writer.wait_writes(2));
+      u.writer.complete(*u.session, /*ok=*/false);
+    }
+    std::vector<bool> got;
+    u.session->when_stream_done([&](bool cancelled) { got.push_back(cancelled); });
+    u.session.reset();
+    EXPECT_EQ(got, std::vector<bool>{fail});
+  }
+}
+
 TEST(ServerSession, AFailedWriteEndsTheStream) {
   Fixture t;
   t.started();
