@@ -1703,11 +1703,14 @@ absl::Status CudaBackend::reserve_rows(DeviceBuffer& buffer, size_t& widest, int
 
 absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> caches,
                                             std::span<const WmSessionRows> rows) {
-  // span caches are coded (and QuantWM-2's queries observed) on the host,
-  // between the kernels: such a pass runs without a graph
+  // QuantWM-2 adds each attention call's query statistics on the host,
+  // between the kernels: a pass over such a cache runs without a graph.
+  // (Span caches are booked on the host at their appends, which no recorded
+  // pass makes; their attention runs from the prepared plan as fp16's does.)
   for (const DeviceKvCache* c : caches)
-    if (c != nullptr && c->span != nullptr)
-      return absl::FailedPreconditionError("a pass over span caches runs without a graph (they are coded on the host)");
+    if (c != nullptr && c->span != nullptr && c->span->observes_queries())
+      return absl::FailedPreconditionError(
+          "a pass over QuantWM-2 caches runs without a graph (their query statistics are added on the host)");
   absl::Status s = prepare_attention(caches, rows);
   if (!s.ok()) return s;
   // the batch's rows end at the last call's last row (a step may attend in
