@@ -8,8 +8,94 @@
 #include "quant/kmeans.h"
 #include "quant/kv_layouts.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace wm {
 namespace {
+
+// q2sym_quantize_bytes (q2_ops.h) with its candidate scales tried side by
+// side: each candidate's error is still summed over the values in order,
+// with a separate multiply and add per step (this unit is built without
+// fused multiply-adds), and the candidates are compared in the reference's
+// order, so the block and the error are the reference's bit for bit. The
+// codes as counts of thresholds passed: mid-rise (s > 0) [v >= s] + [v >= 0]
+// + [v >= -s], ternary [v >= s/2] + [v >= -s/2], both level sets in one
+// pass over the values, 8 scales each. (q2sym_code's ternary
+// lower threshold is strict: a value on it is as far from either level, so
+// its error is the same on either side.)
+template <int B>
+float q2sym_quantize_search(const float* x, const float* w, uint8_t* blk) {
+#if defined(__AVX2__)
+  float xs[B];
+  float amax = 0.0f;
+  for (int i = 0; i < B; ++i) {
+    xs[i] = kv_sanitize(x[i]);
+    const float a = std::fabs(xs[i]);
+    amax = amax < a ? a : amax;
+  }
+  float best_err = 0.0f;
+  for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
+  uint8_t best = 0;
+  if (amax > 0.0f) {
+    // the candidates: mid-rise scales in lanes 0..7, from one fp8 step above
+    // its absmax scale down to five below, ternary ones likewise in 8..15
+    // (7 each at most); idle lanes get a valid scale and are never read
+    alignas(32) float scale[16], err[16];
+    uint8_t code[16];
+    int count[2] = {0, 0};
+    for (int mode = 0; mode < 2; ++mode) {
+      const int c0 = e4m3_encode(mode == 1 ? amax : amax / 1.5f);
+      const int hi = std::min<int>(c0 + 1, kE4m3MaxCode), lo = std::max(1, c0 - 5);
+      for (int c = hi; c >= lo; --c, ++count[mode]) {
+        scale[8 * mode + count[mode]] = e4m3_decode(static_cast<uint8_t>(c));
+        code[8 * mode + count[mode]] = static_cast<uint8_t>(c | (mode == 1 ? kQ2Ternary : 0));
+      }
+      for (int t = count[mode]; t < 8; ++t) scale[8 * mode + t] = 1.0f;
+    }
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 s0 = _mm256_load_ps(scale), neg_s0 = _mm256_sub_ps(_mm256_setzero_ps(), s0);
+    const __m256 s1 = _mm256_load_ps(scale + 8);
+    const __m256 half_s1 = _mm256_mul_ps(_mm256_set1_ps(0.5f), s1), neg_half_s1 = _mm256_mul_ps(_mm256_set1_ps(-0.5f), s1);
+    const __m256 off0 = _mm256_set1_ps(1.5f);
+    __m256 e0 = _mm256_setzero_ps(), e1 = _mm256_setzero_ps();
+    for (int i = 0; i < B; ++i) {
+      const __m256 v = _mm256_set1_ps(xs[i]);
+      const __m256 wi = _mm256_set1_ps(w != nullptr ? w[i] : 1.0f);
+      const __m256 nonneg = _mm256_set1_ps(xs[i] >= 0.0f ? 1.0f : 0.0f);
+      const __m256 c0 = _mm256_add_ps(_mm256_add_ps(_mm256_and_ps(_mm256_cmp_ps(v, s0, _CMP_GE_OQ), one), nonneg),
+                                      _mm256_and_ps(_mm256_cmp_ps(v, neg_s0, _CMP_GE_OQ), one));
+      const __m256 c1 = _mm256_add_ps(_mm256_and_ps(_mm256_cmp_ps(v, half_s1, _CMP_GE_OQ), one),
+                                      _mm256_and_ps(_mm256_cmp_ps(v, neg_half_s1, _CMP_GE_OQ), one));
+      const __m256 d0 = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_sub_ps(c0, off0), s0));
+      const __m256 d1 = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_sub_ps(c1, one), s1));
+      e0 = _mm256_add_ps(e0, _mm256_mul_ps(_mm256_mul_ps(wi, d0), d0));
+      e1 = _mm256_add_ps(e1, _mm256_mul_ps(_mm256_mul_ps(wi, d1), d1));
+    }
+    _mm256_store_ps(err, e0);
+    _mm256_store_ps(err + 8, e1);
+    for (int mode = 0; mode < 2; ++mode)
+      for (int t = 0; t < count[mode]; ++t)
+        if (err[8 * mode + t] < best_err) {
+          best_err = err[8 * mode + t];
+          best = code[8 * mode + t];
+        }
+  }
+  // the codes as q2_set packs them (code i at bits 2 (i % 4) of byte i / 4), a byte at a time
+  const float s = q2sym_scale(best);
+  const bool ternary = (best & kQ2Ternary) != 0;
+  for (int j = 0; j < B / 4; ++j) {
+    int packed = 0;
+    for (int q = 0; q < 4; ++q) packed |= (best == 0 ? 1 : q2sym_code(xs[4 * j + q], s, ternary)) << (2 * q);
+    blk[1 + j] = static_cast<uint8_t>(packed);
+  }
+  blk[0] = best == 0 ? kQ2Ternary : best;
+  return best_err;
+#else
+  return q2sym_quantize_bytes<B>(x, w, B, blk);
+#endif
+}
 
 template <int B>
 void encode_impl(const float* x, int n, int d, int stride, const SpanCodecParams& p, SpanHeadCodes* out) {
@@ -52,8 +138,8 @@ void encode_impl(const float* x, int n, int d, int stride, const SpanCodecParams
       for (int c = 0; c < d; ++c) resid[static_cast<size_t>(c)] = xi[c] - cj[c];
       float err = 0.0f;
       for (int b = 0; b < nb; ++b)
-        err += q2sym_quantize_ref<B>(resid.data() + b * B, p.weights != nullptr ? p.weights + b * B : nullptr,
-                                     &trial[static_cast<size_t>(b)]);
+        err += q2sym_quantize_search<B>(resid.data() + b * B, p.weights != nullptr ? p.weights + b * B : nullptr,
+                                        reinterpret_cast<uint8_t*>(&trial[static_cast<size_t>(b)]));
       // strict < keeps the nearest candidate on ties (and a finite error always beats the first inf)
       if (err < best_err || t == 0) {
         best_err = err;
@@ -136,6 +222,15 @@ void span_encode(const float* x, int n, int d, int stride, const SpanCodecParams
     case 32: return encode_impl<32>(x, n, d, stride, p, out);
     case 64: return encode_impl<64>(x, n, d, stride, p, out);
     default: return encode_impl<128>(x, n, d, stride, p, out);
+  }
+}
+
+float span_quantize_residual(const float* x, const float* w, int block, uint8_t* out) {
+  switch (block) {
+    case 16: return q2sym_quantize_search<16>(x, w, out);
+    case 32: return q2sym_quantize_search<32>(x, w, out);
+    case 64: return q2sym_quantize_search<64>(x, w, out);
+    default: return q2sym_quantize_search<128>(x, w, out);
   }
 }
 

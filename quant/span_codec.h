@@ -41,6 +41,12 @@ int span_coeff_bytes(int coeff_bits);
 // x: [n, d] rows with row stride `stride`
 void span_encode(const float* x, int n, int d, int stride, const SpanCodecParams& p, SpanHeadCodes* out);
 
+// one block of residuals (block = 16, 32, 64 or 128 values) as the coder
+// quantizes it: the bytes and the error of q2sym_quantize_ref (kv_layouts.h)
+// bit for bit, with the candidate scales tried side by side where the CPU
+// has AVX2; out: 1 + block / 4 bytes
+float span_quantize_residual(const float* x, const float* w, int block, uint8_t* out);
+
 // the scalar reference decoder (PSAC folded into the keys: k = centroid +
 // residual + basis^T alpha); out: [n, d] rows with stride `stride`
 void span_decode_ref(const SpanHeadCodes& c, int n, int d, int block, int coeff_bits, const float* basis,
