@@ -242,6 +242,21 @@ v1::PlayRequest action_req(uint64_t seq, uint32_t keys = 1, float dx = 0, float 
   return r;
 }
 
+// the session log's lines once it holds at least `want` (its own thread
+// writes them, and a half-closed session's end once its stream is over),
+// or what it holds after about 5 s
+std::vector<nlohmann::json> session_log_lines(const std::string& path, size_t want) {
+  std::vector<nlohmann::json> lines;
+  for (int i = 0; i < 250; ++i) {
+    lines.clear();
+    std::istringstream text(read_file(path).value_or(""));
+    for (std::string line; std::getline(text, line);) lines.push_back(nlohmann::json::parse(line));
+    if (lines.size() >= want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return lines;
+}
+
 std::map<std::string, double> scrape(const ServerProcess& s) {
   int code = 0;
   const std::string body = testing::http_get(s.metrics_port(), "/metrics", &code);
@@ -1107,10 +1122,8 @@ TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   EXPECT_TRUE(b.finish().ok());
   EXPECT_EQ(wait_for_metric(*server, "wm_sessions_active", 0), 0);
   // the session log names the user beside the address
-  std::istringstream lines(*read_file(session_log));
   int alice_lines = 0, bob_lines = 0;
-  for (std::string line; std::getline(lines, line);) {
-    const auto j = nlohmann::json::parse(line);
+  for (const nlohmann::json& j : session_log_lines(session_log, 6)) {
     EXPECT_EQ(j["client"], "ipv4:127.0.0.1");
     alice_lines += j["user"] == "alice";
     bob_lines += j["user"] == "bob";
@@ -1610,9 +1623,7 @@ TEST(ServerIntegration, AResumedSessionContinuesExactlyWhereItsBrokenStreamStopp
   EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"resume_not_found\"}"), 1);
 
   // the session log: one line per event, refusals not among them
-  std::vector<nlohmann::json> lines;
-  std::istringstream text(*read_file(session_log));
-  for (std::string line; std::getline(text, line);) lines.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> lines = session_log_lines(session_log, 6);
   ASSERT_EQ(lines.size(), 6u) << *read_file(session_log);
   // each session's events in order (a half-closed session's end is written
   // once its stream is over, which may come after the next one's start)
@@ -1675,15 +1686,8 @@ TEST(ServerIntegration, AnOversizeMessageMidSessionEndsItAsCancelled) {
   EXPECT_EQ(m.at("wm_sessions_ended_total{reason=\"cancelled\"}"), 1);
   EXPECT_EQ(m.at("wm_sessions_started_total"), 2);
   std::vector<nlohmann::json> ends;
-  for (int i = 0; i < 200 && ends.size() < 2; ++i) {
-    ends.clear();
-    std::istringstream text(read_file(session_log).value_or(""));
-    for (std::string line; std::getline(text, line);) {
-      nlohmann::json j = nlohmann::json::parse(line);
-      if (j["event"] == "end") ends.push_back(std::move(j));
-    }
-    if (ends.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  for (const nlohmann::json& j : session_log_lines(session_log, 4))  // two starts, two ends
+    if (j["event"] == "end") ends.push_back(j);
   ASSERT_EQ(ends.size(), 2u);
   EXPECT_EQ(ends[0]["reason"], "cancelled");
   EXPECT_EQ(ends[1]["reason"], "client_closed");
