@@ -34,9 +34,10 @@ TEST(QueryStats, WeightsAreNormalisedAndFloored) {
 // CUDA backend's kernel does (cuda/query_gram.cuh) and add_gram() takes:
 // a naive ordered sum gives the same statistics bit for bit (rows across
 // several of add()'s blocks, a head_dim that is no whole chunk, a
-// non-finite row skipped)
-TEST(QueryStats, AddIsTheOrderedGramSum) {
-  const int d = 40, n = 75;
+// non-finite row skipped; head_dims odd, even, 64 and 128)
+void expect_add_is_the_ordered_gram_sum(int d) {
+  SCOPED_TRACE(d);
+  const int n = 75;
   std::mt19937 g(7);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   std::vector<float> q(static_cast<size_t>(n) * d);
@@ -68,6 +69,10 @@ TEST(QueryStats, AddIsTheOrderedGramSum) {
   ASSERT_TRUE(b.principal_basis(8, ub.data(), nullptr));
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * 4), 0);
   EXPECT_EQ(std::memcmp(ua.data(), ub.data(), ua.size() * 4), 0);
+}
+
+TEST(QueryStats, AddIsTheOrderedGramSum) {
+  for (const int d : {40, 33, 64, 128}) expect_add_is_the_ordered_gram_sum(d);
 }
 
 TEST(QueryStats, PrincipalBasisSpansTheQuerySubspace) {
