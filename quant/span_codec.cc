@@ -22,7 +22,7 @@ namespace {
 // order, so the block and the error are the reference's bit for bit. The
 // codes as counts of thresholds passed: mid-rise (s > 0) [v >= s] + [v >= 0]
 // + [v >= -s], ternary [v >= s/2] + [v >= -s/2], both level sets in one
-// pass over the values, 8 scales each. (q2sym_code's ternary
+// pass over the values, a vector of 8 lanes each. (q2sym_code's ternary
 // lower threshold is strict: a value on it is as far from either level, so
 // its error is the same on either side.)
 template <int B>
