@@ -43,6 +43,46 @@ WM_HD inline int q2sym_code(float v, float s, bool ternary) {
 }
 WM_HD inline float q2sym_level(int code, float s, float offset) { return (static_cast<float>(code) - offset) * s; }
 
+// the pieces of q2sym_quantize_bytes that a search trying its candidates
+// otherwise (span_codec.cc: side by side) shares with it:
+// xs = the sanitized values; returns their absmax, *zero_err the error of
+// coding them all as 0 (weighted: w may be null)
+WM_HD inline float q2sym_prepare(const float* x, const float* w, int B, float* xs, float* zero_err) {
+  float amax = 0.0f;
+  for (int i = 0; i < B; ++i) {
+    xs[i] = kv_sanitize(x[i]);
+    const float a = fabsf(xs[i]);
+    amax = amax < a ? a : amax;
+  }
+  float err = 0.0f;
+  for (int i = 0; i < B; ++i) err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
+  *zero_err = err;
+  return amax;
+}
+
+// the fp8 codes a level set tries, from *hi down to *lo: one fp8 step above
+// the absmax scale (absmax / 1.5 for mid-rise, absmax for ternary) down to
+// five below (clip ratios ~1.07 .. 0.55); amax > 0
+WM_HD inline void q2sym_candidates(float amax, bool ternary, int* hi, int* lo) {
+  const int c0 = e4m3_encode(ternary ? amax : amax / 1.5f);
+  *hi = c0 + 1 < kE4m3MaxCode ? c0 + 1 : kE4m3MaxCode;
+  *lo = c0 - 5 > 1 ? c0 - 5 : 1;
+}
+
+// the block of the chosen scale byte (0: none, every value decodes to 0)
+WM_HD inline void q2sym_write(const float* xs, int B, uint8_t best, uint8_t* blk) {
+  const float s = q2sym_scale(best);
+  const bool ternary = (best & kQ2Ternary) != 0;
+  // code i at bits 2 (i % 4) of byte i / 4 (q2_set's order), a byte at a time;
+  // scale 0 decodes every code to 0 in the ternary set only: code 1 there
+  for (int j = 0; j < B / 4; ++j) {
+    int packed = 0;
+    for (int q = 0; q < 4; ++q) packed |= (best == 0 ? 1 : q2sym_code(xs[4 * j + q], s, ternary)) << (2 * q);
+    blk[1 + j] = static_cast<uint8_t>(packed);
+  }
+  blk[0] = best == 0 ? kQ2Ternary : best;
+}
+
 // quantizes B <= MaxB values into blk (the scale byte, then B/4 code bytes:
 // BlockQ2Sym<B>'s bytes) with the level set and fp8 scale (among the few
 // around absmax / 1.5 for mid-rise, absmax for ternary) that minimise the
@@ -52,21 +92,14 @@ WM_HD inline float q2sym_level(int code, float s, float offset) { return (static
 template <int MaxB>
 WM_HD inline float q2sym_quantize_bytes(const float* x, const float* w, int B, uint8_t* blk) {
   float xs[MaxB];
-  float amax = 0.0f;
-  for (int i = 0; i < B; ++i) {
-    xs[i] = kv_sanitize(x[i]);
-    const float a = fabsf(xs[i]);
-    amax = amax < a ? a : amax;
-  }
-  float best_err = 0.0f;
-  for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
-  uint8_t best = 0;  // scale 0: everything decodes to 0
+  float best_err;
+  const float amax = q2sym_prepare(x, w, B, xs, &best_err);
+  uint8_t best = 0;
   if (amax > 0.0f) {
     for (int mode = 0; mode < 2; ++mode) {
       const bool ternary = mode == 1;
-      const int c0 = e4m3_encode(ternary ? amax : amax / 1.5f);
-      // one fp8 step above the absmax scale down to five below (clip ratios ~1.07 .. 0.55)
-      const int hi = c0 + 1 < kE4m3MaxCode ? c0 + 1 : kE4m3MaxCode, lo = c0 - 5 > 1 ? c0 - 5 : 1;
+      int hi, lo;
+      q2sym_candidates(amax, ternary, &hi, &lo);
       for (int c = hi; c >= lo; --c) {
         const float s = e4m3_decode(static_cast<uint8_t>(c));
         const float off = ternary ? 1.0f : 1.5f;
@@ -82,13 +115,7 @@ WM_HD inline float q2sym_quantize_bytes(const float* x, const float* w, int B, u
       }
     }
   }
-  const float s = q2sym_scale(best);
-  const bool ternary = (best & kQ2Ternary) != 0;
-  uint8_t* codes = blk + 1;
-  for (int i = 0; i < B / 4; ++i) codes[i] = 0;
-  // scale 0 decodes every code to 0 in the ternary set only: use code 1 there
-  for (int i = 0; i < B; ++i) q2_set(codes, i, best == 0 ? 1 : q2sym_code(xs[i], s, ternary));
-  blk[0] = best == 0 ? kQ2Ternary : best;
+  q2sym_write(xs, B, best, blk);
   return best_err;
 }
 

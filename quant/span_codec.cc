@@ -29,25 +29,18 @@ template <int B>
 float q2sym_quantize_search(const float* x, const float* w, uint8_t* blk) {
 #if defined(__AVX2__)
   float xs[B];
-  float amax = 0.0f;
-  for (int i = 0; i < B; ++i) {
-    xs[i] = kv_sanitize(x[i]);
-    const float a = std::fabs(xs[i]);
-    amax = amax < a ? a : amax;
-  }
-  float best_err = 0.0f;
-  for (int i = 0; i < B; ++i) best_err += (w != nullptr ? w[i] : 1.0f) * xs[i] * xs[i];
+  float best_err;
+  const float amax = q2sym_prepare(x, w, B, xs, &best_err);
   uint8_t best = 0;
   if (amax > 0.0f) {
-    // the candidates: mid-rise scales in lanes 0..7, from one fp8 step above
-    // its absmax scale down to five below, ternary ones likewise in 8..15
+    // the candidates: mid-rise scales in lanes 0..7, ternary ones in 8..15
     // (7 each at most); idle lanes get a valid scale and are never read
     alignas(32) float scale[16], err[16];
     uint8_t code[16];
     int count[2] = {0, 0};
     for (int mode = 0; mode < 2; ++mode) {
-      const int c0 = e4m3_encode(mode == 1 ? amax : amax / 1.5f);
-      const int hi = std::min<int>(c0 + 1, kE4m3MaxCode), lo = std::max(1, c0 - 5);
+      int hi, lo;
+      q2sym_candidates(amax, mode == 1, &hi, &lo);
       for (int c = hi; c >= lo; --c, ++count[mode]) {
         scale[8 * mode + count[mode]] = e4m3_decode(static_cast<uint8_t>(c));
         code[8 * mode + count[mode]] = static_cast<uint8_t>(c | (mode == 1 ? kQ2Ternary : 0));
@@ -82,15 +75,7 @@ float q2sym_quantize_search(const float* x, const float* w, uint8_t* blk) {
           best = code[8 * mode + t];
         }
   }
-  // the codes as q2_set packs them (code i at bits 2 (i % 4) of byte i / 4), a byte at a time
-  const float s = q2sym_scale(best);
-  const bool ternary = (best & kQ2Ternary) != 0;
-  for (int j = 0; j < B / 4; ++j) {
-    int packed = 0;
-    for (int q = 0; q < 4; ++q) packed |= (best == 0 ? 1 : q2sym_code(xs[4 * j + q], s, ternary)) << (2 * q);
-    blk[1 + j] = static_cast<uint8_t>(packed);
-  }
-  blk[0] = best == 0 ? kQ2Ternary : best;
+  q2sym_write(xs, B, best, blk);
   return best_err;
 #else
   return q2sym_quantize_bytes<B>(x, w, B, blk);
