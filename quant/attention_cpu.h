@@ -1,7 +1,8 @@
 // Tiled attention with online softmax on the CPU, shared by every cache
 // format. A format supplies its cache as a sequence of tiles that it
-// dequantizes one at a time into a small fp32 scratch (never the whole cache);
-// the current block's own K/V come last as one more tile.
+// dequantizes a few at a time into a small fp32 scratch (whole tiles up to
+// ScoreLimits::group_keys keys, never the whole cache), each group one score
+// block; the current block's own K/V come last.
 //
 // A tile source is any type with
 //   int  tiles() const;                               // number of tiles
@@ -57,10 +58,13 @@ struct OnlineSoftmax {
 // column chunks of its own block's keys) instead of as one n x n matrix.
 // The shipped configs fit in one chunk (the Matrix-Game-2 shape's 2640-query
 // block over its own keys is 7 Mi floats), so their arithmetic is the
-// unchunked one.
+// unchunked one. Cached tiles (a frame each in the fp16 cache) go in groups:
+// a 64-token frame's scores are a product too small to run at speed, so
+// the default model attends to 8 frames per score block.
 struct ScoreLimits {
   int64_t max_floats = int64_t{1} << 23;
   int block_keys = 4096;  // the current block's own keys per score block
+  int group_keys = 256;   // cached keys per score block (whole tiles; a wider tile alone)
 };
 
 // attention of n queries of one head. q, k_cur, v_cur, out are [n, heads, head_dim] rows.
@@ -70,24 +74,39 @@ void attend_head(const Source& src, int head, int heads, int head_dim, const flo
   const int stride = heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   StridedMap qm(q + head * head_dim, n, head_dim, Eigen::OuterStride<>(stride));
-  // the widest score block: a cached tile, or a chunk of the block's own keys
+  // cached tiles are attended in groups of whole tiles up to group_keys
+  // keys (one score block each), so that a cache of small tiles (a frame
+  // each) makes a few wide products instead of many small ones
   const int block_keys = std::max(1, std::min(n, limits.block_keys));
   int64_t widest = std::max(block_keys, 1);
-  for (int t = 0; t < src.tiles(); ++t) widest = std::max<int64_t>(widest, src.tile_tokens(t));
+  std::vector<int> group_end;  // each group's end tile
+  for (int t = 0; t < src.tiles();) {
+    int64_t keys = src.tile_tokens(t++);
+    while (t < src.tiles() && keys + src.tile_tokens(t) <= limits.group_keys) keys += src.tile_tokens(t++);
+    group_end.push_back(t);
+    widest = std::max(widest, keys);
+  }
   const int rows = static_cast<int>(std::clamp<int64_t>(limits.max_floats / widest, 1, std::max(n, 1)));
   OnlineSoftmax st;
   st.reset(n, head_dim);
   RowMatrix kt, vt, s;
-  for (int t = 0; t < src.tiles(); ++t) {
-    const int tt = src.tile_tokens(t);
-    if (tt == 0) continue;
-    kt.resize(tt, head_dim);
-    vt.resize(tt, head_dim);
-    src.load(t, head, kt.data(), vt.data());
+  for (int g = 0, t0 = 0; g < static_cast<int>(group_end.size()); t0 = group_end[static_cast<size_t>(g++)]) {
+    const int t1 = group_end[static_cast<size_t>(g)];
+    int keys = 0;
+    for (int t = t0; t < t1; ++t) keys += src.tile_tokens(t);
+    if (keys == 0) continue;
+    kt.resize(keys, head_dim);
+    vt.resize(keys, head_dim);
+    for (int t = t0, at = 0; t < t1; at += src.tile_tokens(t++))
+      if (src.tile_tokens(t) > 0)
+        src.load(t, head, kt.data() + static_cast<size_t>(at) * head_dim, vt.data() + static_cast<size_t>(at) * head_dim);
     for (int r0 = 0; r0 < n; r0 += rows) {
       const int nr = std::min(rows, n - r0);
       s.noalias() = qm.middleRows(r0, nr) * kt.transpose();
-      src.add_logit_bias(t, head, q + static_cast<size_t>(r0) * stride + head * head_dim, stride, nr, s.data(), tt);
+      for (int t = t0, at = 0; t < t1; at += src.tile_tokens(t++))
+        if (src.tile_tokens(t) > 0)
+          src.add_logit_bias(t, head, q + static_cast<size_t>(r0) * stride + head * head_dim, stride, nr, s.data() + at,
+                             keys);
       s *= scale;
       st.update(s, vt, r0);
     }

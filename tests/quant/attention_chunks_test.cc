@@ -1,6 +1,7 @@
 // The CPU attention's score blocks are bounded: a block of many tokens
 // attends in row chunks of its queries and column chunks of its own keys,
-// and gives the same output as one unchunked pass.
+// cached tiles in groups of up to ScoreLimits::group_keys keys, and it
+// gives the same output however it is cut.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,11 +62,15 @@ TEST(AttentionChunks, ChunkedScoreBlocksGiveTheUnchunkedOutput) {
   const auto q = randn(vals, rng), kc = randn(vals, rng), vc = randn(vals, rng);
   std::vector<float> whole(vals), chunked(vals);
   attend_all_heads(src, src.heads, src.head_dim, q.data(), kc.data(), vc.data(), n, whole.data());
-  // 13 keys at most -> 4 query rows per score block; the block's own 37 keys in 6 chunks
-  for (const ScoreLimits limits : {ScoreLimits{52, 7}, ScoreLimits{1, 1}, ScoreLimits{13 * 37, 37}}) {
+  // the cached tiles one score block each (group_keys 1), or grouped as
+  // {5, 0} {13} {8} (13) or all together (the default); 13 keys at most ->
+  // 4 query rows per score block; the block's own 37 keys in 6 chunks
+  for (const ScoreLimits limits : {ScoreLimits{52, 7, 1}, ScoreLimits{1, 1, 1}, ScoreLimits{13 * 37, 37, 1},
+                                   ScoreLimits{52, 7, 13}, ScoreLimits{26 * 3, 37}, ScoreLimits{1, 1}}) {
     attend_all_heads(src, src.heads, src.head_dim, q.data(), kc.data(), vc.data(), n, chunked.data(), limits);
     for (size_t i = 0; i < vals; ++i)
-      ASSERT_NEAR(chunked[i], whole[i], 2e-5f) << "limits " << limits.max_floats << "/" << limits.block_keys << " at " << i;
+      ASSERT_NEAR(chunked[i], whole[i], 2e-5f) << "limits " << limits.max_floats << "/" << limits.block_keys << "/"
+                                               << limits.group_keys << " at " << i;
   }
 }
 
