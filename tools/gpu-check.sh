@@ -18,7 +18,8 @@ grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/e
 
 echo "== configure and build ($build, -j$jobs)"
 mkdir -p "$build"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWM_BUILD_CUDA=ON > "$build/configure.log" 2>&1 ||
+# portable host code (WM_NATIVE off): the bundle runs on the device machine's CPU, not this one's
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWM_BUILD_CUDA=ON -DWM_NATIVE=OFF > "$build/configure.log" 2>&1 ||
   { tail -30 "$build/configure.log"; exit 1; }
 targets=(wm_cuda backend_ops_tests wm_attention_bench wm_mg2_bench wmserve wmbench wmhealth
          wm_fake_plugin_noentry wm_fake_plugin_badabi wm_fake_plugin_badsize wm_fake_plugin_nodevice
