@@ -1174,6 +1174,9 @@ TEST(ServerIntegration, SighupReloadsTheTokensRevokesAndReopensTheSessionLog) {
   parked->finish();
   parked.reset();
   EXPECT_EQ(wait_for_metric(*server, "wm_sessions_parked", 1), 1);
+  // the log's own thread writes the lines: every one so far (three starts
+  // and the park) is in the file before it is rotated
+  ASSERT_EQ(session_log_lines(log_path, 4).size(), 4u);
 
   // rotate the log and give bob alice's place
   std::filesystem::rename(log_path, log_path + ".1");
