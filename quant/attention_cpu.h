@@ -60,7 +60,7 @@ struct OnlineSoftmax {
 // block over its own keys is 7 Mi floats), so their arithmetic is the
 // unchunked one. Cached tiles (a frame each in the fp16 cache) go in groups:
 // a 64-token frame's scores are a product too small to run at speed, so
-// the default model attends to 8 frames per score block.
+// the default model attends to 4 frames per score block.
 struct ScoreLimits {
   int64_t max_floats = int64_t{1} << 23;
   int block_keys = 4096;  // the current block's own keys per score block
