@@ -251,12 +251,6 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : staging_events_)
     if (e != nullptr) cudaEventDestroy(e);
   if (staging_host_ != nullptr) cudaFreeHost(staging_host_);
-  auto release = [](GramDownload& g) {
-    if (g.landed != nullptr) cudaEventDestroy(g.landed);
-    if (g.host != nullptr) cudaFreeHost(g.host);
-  };
-  for (GramDownload& g : grams_in_flight_) release(g);
-  for (GramDownload& g : grams_idle_) release(g);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -349,8 +343,9 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.span_launches") return span_attention_launches_;
   if (name == "kv.span_frames_coded") return span_appends_;
   if (name == "kv.span_encode_launches") return span_encode_launches_;
+  if (name == "query.gram_launches") return gram_launches_;
   if (name == "query.gram_downloads") return gram_downloads_;
-  if (name == "query.gram_waits") return gram_waits_;
+  if (name == "query.gram_sets_kept") return static_cast<int64_t>(gram_sets_.size());
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
   if (name == "graph.launches") return graph_launches_;
@@ -920,6 +915,9 @@ absl::StatusOr<PagedGeometry> CudaBackend::paged_geometry(absl::string_view form
                                                      max_k, " centroids (", 4 * max_k * g.head_dim,
                                                      " bytes); use larger pages or fewer centroids"));
     p.page_tokens = kTileKeys;
+    // QuantWM-2's running query statistics, every layer and head (query_gram.cuh)
+    if (quantwm && (o.qsac || plan.psac))
+      p.stats_pages = static_cast<int32_t>(query_gram_pages(g.layers, g.heads, g.head_dim, page_bytes_));
   } else {
     return absl::UnimplementedError(absl::StrCat(
         "cache format '", format, "' has no CUDA kernels yet; the CUDA backend serves 'fp16', 'kivi2', 'qvg2' and 'quantwm2'"));
@@ -944,6 +942,24 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::stri
   auto kv = std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
   if (pg->span.block > 0)
     kv->span = std::make_shared<SpanHostCoder>(kv_geometry_of(g), kv_format_options_of(g), format == "quantwm2");
+  // the query statistics' pages, from zero: taken now, for the session's life
+  absl::Status st = recording_ && pg->stats_pages > 0
+                        ? absl::FailedPreconditionError("a cache cannot be made while a graph is recorded")
+                        : absl::OkStatus();
+  for (int32_t i = 0; st.ok() && i < pg->stats_pages; ++i) {
+    auto page = pool_.take(kv->owner);
+    if (!page.ok()) {
+      st = page.status();
+      break;
+    }
+    kv->stats_pages.push_back(*page);
+    st = WM_CUDA_STATUS(cudaMemsetAsync(pool_memory_.as<uint8_t>() + static_cast<int64_t>(*page) * page_bytes_, 0,
+                                        static_cast<size_t>(page_bytes_), stream_));
+  }
+  if (!st.ok()) {
+    pool_.close(kv->owner);
+    return st;
+  }
   return kv;
 }
 
@@ -1109,7 +1125,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   if (!any) return absl::OkStatus();
   absl::Status st = need(k, "kv append keys");
   if (st.ok()) st = need(v, "kv append values");
-  if (st.ok()) st = land_grams(0);  // the bookkeeping reads the query statistics
+  if (st.ok()) st = download_statistics(layer, writes);  // the bookkeeping reads the query statistics
   if (!st.ok()) return st;
   for (const KvWriteRequest& w : writes)
     if (w.frames > 0)
@@ -1296,127 +1312,141 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
-                                          std::span<const WmSessionRows> rows, const float* q) {
-  // every observing session's heads' Gram matrices in one launch and one
-  // download (query_gram.cuh), then each session's statistics (its own)
+absl::StatusOr<const CudaBackend::GramJobSet*> CudaBackend::gram_jobs(std::span<DeviceKvCache* const> caches,
+                                                                       std::span<const WmSessionRows> rows) {
+  std::vector<std::tuple<uint64_t, int32_t, int32_t>> key;
+  int32_t D = 0, H = 0;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const DeviceKvCache& kv = *caches[i];
+    if (kv.span == nullptr || !kv.span->observes_queries() || rows[i].rows <= 0) continue;
+    if (D != 0 && (kv.geometry.head_dim != D || kv.geometry.heads != H))
+      return absl::InvalidArgumentError("attention: sessions of one call with different heads");
+    D = kv.geometry.head_dim;
+    H = kv.geometry.heads;
+    key.emplace_back(kv.id, rows[i].row0, rows[i].rows);
+  }
+  if (key.empty()) return nullptr;
+  for (const std::unique_ptr<GramJobSet>& set : gram_sets_)
+    if (set->key == key) {
+      set->used = ++gram_clock_;
+      return set.get();
+    }
+  if (recording_)
+    return absl::FailedPreconditionError("attention: the query statistics' jobs of this batch were not prepared");
+  // jobs [n], then each session's page list, then each job's row flags
   std::vector<QueryGramJob> jobs;
-  std::vector<std::pair<size_t, int32_t>> who;  // (cache, head) of each job
-  int32_t D = 0;
+  std::vector<int32_t> page_lists;
+  std::vector<size_t> list_of;  // each job's session's list, in int32s from page_lists' start
   int64_t flag_bytes = 0;
   for (size_t i = 0; i < caches.size(); ++i) {
     const DeviceKvCache& kv = *caches[i];
     if (kv.span == nullptr || !kv.span->observes_queries() || rows[i].rows <= 0) continue;
-    const int32_t H = kv.geometry.heads;
-    if (D != 0 && kv.geometry.head_dim != D)
-      return absl::InvalidArgumentError("attention: sessions of one call with different head_dim");
-    D = kv.geometry.head_dim;
+    if (kv.stats_pages.empty()) return absl::InternalError("attention: a QuantWM-2 cache without statistics pages");
+    const size_t list = page_lists.size();
+    page_lists.insert(page_lists.end(), kv.stats_pages.begin(), kv.stats_pages.end());
     for (int32_t h = 0; h < H; ++h) {
       QueryGramJob j;
-      j.q = q + static_cast<int64_t>(rows[i].row0) * H * D + static_cast<int64_t>(h) * D;
+      j.q = static_cast<int64_t>(rows[i].row0) * H * D + static_cast<int64_t>(h) * D;
       j.rows = rows[i].rows;
       j.row_stride = H * D;
-      j.out = static_cast<int64_t>(jobs.size()) * query_gram_doubles(D);
+      j.sums = static_cast<int64_t>(h) * query_gram_doubles(D);
       j.flags = flag_bytes;
       flag_bytes += (rows[i].rows + 15) / 16 * 16;
       jobs.push_back(j);
-      who.emplace_back(i, h);
+      list_of.push_back(list);
     }
   }
-  if (jobs.empty()) return absl::OkStatus();
-  if (recording_)
-    return absl::FailedPreconditionError("attention: QuantWM-2 adds its query statistics on the host, which a graph cannot record");
   const size_t job_bytes = (jobs.size() * sizeof(QueryGramJob) + 15) / 16 * 16;
-  const size_t out_doubles = jobs.size() * static_cast<size_t>(query_gram_doubles(D));
-  absl::Status st = gram_scratch_.reserve(job_bytes + out_doubles * 8 + static_cast<size_t>(flag_bytes));
+  const size_t list_bytes = (page_lists.size() * sizeof(int32_t) + 15) / 16 * 16;
+  // the least recently used set goes (a kept graph may read its jobs: none runs after they move)
+  GramJobSet* set = nullptr;
+  if (gram_sets_.size() >= kGramJobSets) {
+    set = std::min_element(gram_sets_.begin(), gram_sets_.end(), [](const auto& a, const auto& b) {
+            return a->used < b->used;
+          })->get();
+    graph_exec_ = nullptr;
+  } else {
+    gram_sets_.push_back(std::make_unique<GramJobSet>());
+    set = gram_sets_.back().get();
+  }
+  set->key.clear();  // no match until the upload landed
+  absl::Status st = set->memory.reserve(job_bytes + list_bytes + static_cast<size_t>(flag_bytes));
   if (!st.ok()) return st;
-  auto* dev = gram_scratch_.as<uint8_t>();
-  st = copy_to_device(dev, jobs.data(), jobs.size() * sizeof(QueryGramJob));
+  auto* dev = set->memory.as<uint8_t>();
+  const auto* lists = reinterpret_cast<const int32_t*>(dev + job_bytes);
+  for (size_t j = 0; j < jobs.size(); ++j) jobs[j].pages = lists + list_of[j];
+  std::vector<uint8_t> image(job_bytes + list_bytes, 0);
+  std::memcpy(image.data(), jobs.data(), jobs.size() * sizeof(QueryGramJob));
+  std::memcpy(image.data() + job_bytes, page_lists.data(), page_lists.size() * sizeof(int32_t));
+  st = copy_to_device(dev, image.data(), image.size());
   if (!st.ok()) return st;
+  set->key = std::move(key);
+  set->n_jobs = static_cast<int32_t>(jobs.size());
+  set->head_dim = D;
+  set->layer_doubles = static_cast<int64_t>(H) * query_gram_doubles(D);
+  set->flags_at = job_bytes + list_bytes;
+  set->used = ++gram_clock_;
+  return set;
+}
+
+absl::Status CudaBackend::observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
+                                          std::span<const WmSessionRows> rows, const float* q) {
+  // every observing session's heads in one launch: their running sums in
+  // their own pages grow by this call's Gram matrices (query_gram.cuh)
+  auto set = gram_jobs(caches, rows);
+  if (!set.ok()) return set.status();
+  if (*set == nullptr) return absl::OkStatus();
+  const GramJobSet& j = **set;
   QueryGramArgs a;
-  a.jobs = reinterpret_cast<const QueryGramJob*>(dev);
-  a.n_jobs = static_cast<int32_t>(jobs.size());
-  a.head_dim = D;
-  a.out = reinterpret_cast<double*>(dev + job_bytes);
-  a.flags = dev + job_bytes + out_doubles * 8;
+  a.jobs = j.memory.as<const QueryGramJob>();
+  a.n_jobs = j.n_jobs;
+  a.head_dim = j.head_dim;
+  a.layer = layer;
+  a.layer_doubles = j.layer_doubles;
+  a.q = q;
+  a.pool = pool_memory_.as<uint8_t>();
+  a.page_bytes = page_bytes_;
+  a.flags = j.memory.as<uint8_t>() + j.flags_at;
   WM_CUDA_RETURN_IF_ERROR(launch_query_gram(a, stream_));
-  const int64_t per = query_gram_doubles(D);
-  ++gram_downloads_;
-  // into a pinned buffer of its own, added once it has landed (land_grams)
-  st = land_grams(kGramsInFlight - 1);
-  if (!st.ok()) return st;
-  GramDownload g;
-  if (!grams_pageable_) {
-    if (!grams_idle_.empty()) {
-      g = std::move(grams_idle_.back());
-      grams_idle_.pop_back();
-    }
-    if (g.landed == nullptr && cudaEventCreateWithFlags(&g.landed, cudaEventDisableTiming) != cudaSuccess)
-      g.landed = nullptr;
-    if (g.landed != nullptr && g.capacity < out_doubles) {
-      if (g.host != nullptr) cudaFreeHost(g.host);
-      void* p = nullptr;
-      const bool pinned = cudaHostAlloc(&p, out_doubles * 8, cudaHostAllocDefault) == cudaSuccess;
-      g.host = pinned ? static_cast<double*>(p) : nullptr;
-      g.capacity = pinned ? out_doubles : 0;
-    }
-    if (g.landed == nullptr || g.host == nullptr) {
-      cudaGetLastError();  // not sticky
-      if (g.landed != nullptr) cudaEventDestroy(g.landed);
-      grams_pageable_ = true;
-    }
-  }
-  if (grams_pageable_) {
-    // no event or no pinned memory (from now on): download and add at once
-    st = land_grams(0);
-    if (!st.ok()) return st;
-    span_host_gram_.resize(out_doubles);
-    WM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(span_host_gram_.data(), a.out, out_doubles * 8, cudaMemcpyDeviceToHost, stream_));
-    WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    ++gram_waits_;
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      const double* lower = span_host_gram_.data() + static_cast<int64_t>(j) * per;
-      caches[who[j].first]->span->observe_gram(layer, who[j].second, lower, static_cast<int64_t>(lower[per - 1]));
-    }
-    return absl::OkStatus();
-  }
-  g.layer = layer;
-  g.per = per;
-  g.who.clear();
-  for (const auto& [cache, head] : who) g.who.emplace_back(caches[cache]->span, head);
-  cudaError_t e = cudaMemcpyAsync(g.host, a.out, out_doubles * 8, cudaMemcpyDeviceToHost, stream_);
-  if (e == cudaSuccess) e = cudaEventRecord(g.landed, stream_);
-  if (e != cudaSuccess) {
-    cudaStreamSynchronize(stream_);  // the buffer goes back idle: nothing may still write it
-    g.who.clear();
-    grams_idle_.push_back(std::move(g));
-    WM_CUDA_RETURN_IF_ERROR(e);
-  }
-  grams_in_flight_.push_back(std::move(g));
+  ++gram_launches_;
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::land_grams(size_t keep) {
-  while (!grams_in_flight_.empty()) {
-    GramDownload& g = grams_in_flight_.front();
-    cudaError_t e = cudaEventQuery(g.landed);
-    if (e == cudaErrorNotReady) {
-      if (grams_in_flight_.size() <= keep) break;
-      ++gram_waits_;
-      e = cudaEventSynchronize(g.landed);
+absl::Status CudaBackend::download_statistics(int32_t layer, std::span<const KvWriteRequest> writes) {
+  // each observing cache's sums of this layer: heads x query_gram_doubles
+  // doubles from its (layer, head 0), wherever its pages put them
+  std::vector<const KvWriteRequest*> who;
+  for (const KvWriteRequest& w : writes)
+    if (w.frames > 0 && w.kv->span != nullptr && w.kv->span->observes_queries()) who.push_back(&w);
+  if (who.empty()) return absl::OkStatus();
+  if (recording_) return absl::FailedPreconditionError("a download while a graph is recorded");
+  const int32_t H = who[0]->kv->geometry.heads, D = who[0]->kv->geometry.head_dim;
+  const int64_t per = query_gram_doubles(D), n = static_cast<int64_t>(H) * per, per_page = page_bytes_ / 8;
+  gram_host_.resize(static_cast<size_t>(n) * who.size());
+  for (size_t i = 0; i < who.size(); ++i) {
+    const std::vector<int32_t>& pages = who[i]->kv->stats_pages;
+    for (int64_t at = static_cast<int64_t>(layer) * n, done = 0; done < n;) {
+      const int64_t page = at / per_page, in = at % per_page, len = std::min(n - done, per_page - in);
+      if (page >= static_cast<int64_t>(pages.size()))
+        return absl::InternalError("kv append: the query statistics run past their pages");
+      const uint8_t* src = pool_memory_.as<uint8_t>() + static_cast<int64_t>(pages[static_cast<size_t>(page)]) *
+                                                            page_bytes_ + in * 8;
+      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gram_host_.data() + static_cast<int64_t>(i) * n + done, src,
+                                              static_cast<size_t>(len) * 8, cudaMemcpyDeviceToHost, stream_));
+      at += len;
+      done += len;
     }
-    WM_CUDA_RETURN_IF_ERROR(e);
-    for (size_t j = 0; j < g.who.size(); ++j) {
-      const double* lower = g.host + static_cast<int64_t>(j) * g.per;
-      g.who[j].first->observe_gram(g.layer, g.who[j].second, lower, static_cast<int64_t>(lower[g.per - 1]));
-    }
-    g.who.clear();
-    grams_idle_.push_back(std::move(g));
-    grams_in_flight_.pop_front();
   }
+  if (absl::Status st = synchronize(); !st.ok()) return st;
+  ++gram_downloads_;
+  for (size_t i = 0; i < who.size(); ++i)
+    for (int32_t h = 0; h < H; ++h) {
+      const double* lower = gram_host_.data() + static_cast<int64_t>(i) * n + static_cast<int64_t>(h) * per;
+      who[i]->kv->span->set_statistics(layer, h, lower, static_cast<int64_t>(lower[per - 1]));
+    }
   return absl::OkStatus();
 }
+
 
 namespace {
 
@@ -1703,16 +1733,12 @@ absl::Status CudaBackend::reserve_rows(DeviceBuffer& buffer, size_t& widest, int
 
 absl::Status CudaBackend::prepare_recording(std::span<DeviceKvCache* const> caches,
                                             std::span<const WmSessionRows> rows) {
-  // QuantWM-2 adds each attention call's query statistics on the host,
-  // between the kernels: a pass over such a cache runs without a graph.
-  // (Span caches are booked on the host at their appends, which no recorded
-  // pass makes; their attention runs from the prepared plan as fp16's does.)
-  for (const DeviceKvCache* c : caches)
-    if (c != nullptr && c->span != nullptr && c->span->observes_queries())
-      return absl::FailedPreconditionError(
-          "a pass over QuantWM-2 caches runs without a graph (their query statistics are added on the host)");
+  // (span caches are booked on the host at their appends, which no recorded
+  // pass makes; their attention runs from the prepared plan as fp16's does,
+  // and QuantWM-2's query statistics from jobs uploaded now)
   absl::Status s = prepare_attention(caches, rows);
   if (!s.ok()) return s;
+  if (auto set = gram_jobs(caches, rows); !set.ok()) return set.status();
   // the batch's rows end at the last call's last row (a step may attend in
   // several calls, each prepared: they cover the batch's rows between them)
   int64_t n = 0;

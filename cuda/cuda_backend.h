@@ -11,7 +11,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -46,7 +45,8 @@ struct DeviceKvCache {
   WmKvGeometry geometry{};
   KvPages pages;
   PagePool::Owner owner = 0;
-  std::shared_ptr<SpanHostCoder> span;  // shared with query statistics still in flight
+  std::shared_ptr<SpanHostCoder> span;
+  std::vector<int32_t> stats_pages;      // QuantWM-2's running query statistics (query_gram.cuh)
   DeviceKvCache(uint64_t i, std::string f, const WmKvGeometry& g, const PagedGeometry& pg, PagePool::Owner o)
       : id(i), format(std::move(f)), geometry(g), pages(pg), owner(o) {}
 };
@@ -131,7 +131,9 @@ class CudaBackend {
   // the write pass of one layer for several caches (one geometry, none
   // twice): one upload and one launch; all or nothing
   absl::Status kv_append(int32_t layer, std::span<const KvWriteRequest> writes, const float* k, const float* v);
-  int64_t kv_bytes(const DeviceKvCache& kv) const { return kv.pages.pages_held() * page_bytes_; }
+  int64_t kv_bytes(const DeviceKvCache& kv) const {
+    return (kv.pages.pages_held() + static_cast<int64_t>(kv.stats_pages.size())) * page_bytes_;
+  }
   // host k, v [tokens, heads, head_dim] in frame order
   absl::Status kv_reconstruct(const DeviceKvCache& kv, int32_t layer, std::vector<float>* k, std::vector<float>* v);
 
@@ -256,29 +258,30 @@ class CudaBackend {
   // with more runs in rounds
   static constexpr int64_t kSpanScratchBytes = int64_t{64} << 20;
   int64_t span_scratch_bytes_ = kSpanScratchBytes;  // tuning "span.scratch_bytes"
-  DeviceBuffer gram_scratch_;                 // QuantWM-2's query statistics: jobs, Gram matrices, row flags
-  std::vector<double> span_host_gram_;        // their download where pinned memory is refused
-  // the Gram matrices' downloads in flight: each call's into its own pinned
-  // buffer, added to the sessions' statistics in call order once it has
-  // landed (checked at each call; a write pass, which reads them, waits
-  // for all), so that the host does not wait on the GPU at every call; a
-  // coder lives on while a download for it is in flight
-  struct GramDownload {
-    cudaEvent_t landed = nullptr;
-    double* host = nullptr;  // pinned
-    size_t capacity = 0;     // doubles
-    int32_t layer = 0;
-    int64_t per = 0;         // doubles of one job (query_gram_doubles)
-    std::vector<std::pair<std::shared_ptr<SpanHostCoder>, int32_t>> who;  // (coder, head) of each job
+  // QuantWM-2's query statistics: the jobs of an attention call (its
+  // observing sessions' rows and heads, their statistics pages) and the
+  // calls' row flags, uploaded once per batch composition and kept for the
+  // last kGramJobSets, so that a recorded pass uploads nothing
+  struct GramJobSet {
+    std::vector<std::tuple<uint64_t, int32_t, int32_t>> key;  // cache id, row0, rows of each observing session
+    DeviceBuffer memory;  // jobs, then the sessions' page lists, then the flags
+    int32_t n_jobs = 0, head_dim = 0;
+    int64_t layer_doubles = 0;
+    size_t flags_at = 0;
+    uint64_t used = 0;
   };
-  static constexpr size_t kGramsInFlight = 8;
-  std::deque<GramDownload> grams_in_flight_;
-  std::vector<GramDownload> grams_idle_;
-  bool grams_pageable_ = false;  // pinned memory or an event was refused: each call waits for its download
-  int64_t gram_downloads_ = 0, gram_waits_ = 0;
-  // adds the landed downloads to their statistics, oldest first, waiting
-  // for the oldest while more than `keep` are in flight
-  absl::Status land_grams(size_t keep);
+  static constexpr size_t kGramJobSets = 8;
+  std::vector<std::unique_ptr<GramJobSet>> gram_sets_;
+  uint64_t gram_clock_ = 0;
+  // the set for these caches and rows: kept, else made and uploaded now
+  // (refused while recording); null when no session observes its queries
+  absl::StatusOr<const GramJobSet*> gram_jobs(std::span<DeviceKvCache* const> caches,
+                                              std::span<const WmSessionRows> rows);
+  // a layer's running statistics of each observing cache of a write pass,
+  // downloaded into its coder (the append reads them)
+  absl::Status download_statistics(int32_t layer, std::span<const KvWriteRequest> writes);
+  std::vector<double> gram_host_;  // that download
+  int64_t gram_launches_ = 0, gram_downloads_ = 0;
   std::vector<uint8_t> span_upload_;          // the write pass's upload
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory

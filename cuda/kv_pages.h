@@ -29,6 +29,7 @@ struct PagedGeometry {
   int32_t page_tokens = 0;  // fp16: tokens of one (layer, head) per page; KIVI-2: of a page of units; spans: kTileKeys
   KiviRowLayout kivi;       // group 0: not KIVI-2
   SpanRowLayout span;       // block 0: not a span format
+  int32_t stats_pages = 0;  // QuantWM-2's query statistics (cuda/query_gram.cuh), taken at creation
   int32_t slots() const { return window_frames + sink_frames; }
   // page-table entries that hold the first `tokens` logical tokens
   int32_t pages_for(int64_t tokens) const {
@@ -46,7 +47,9 @@ struct PagedGeometry {
   }
   int32_t max_pages_per_head() const { return pages_for(static_cast<int64_t>(slots()) * tokens_per_frame); }
   // the pages a session can ever hold: what the pool reserves for it
-  int64_t reservation_pages() const { return static_cast<int64_t>(layers) * heads * max_pages_per_head(); }
+  int64_t reservation_pages() const {
+    return static_cast<int64_t>(layers) * heads * max_pages_per_head() + stats_pages;
+  }
 };
 
 // checks a geometry for the paged layouts (kv_layout.h)

@@ -39,9 +39,9 @@ SpanHostCoder::SpanHostCoder(const KvGeometry& g, const KvFormatOptions& o, bool
   has_basis_.assign(static_cast<size_t>(g.layers), std::vector<bool>(static_cast<size_t>(g.window_frames), false));
 }
 
-void SpanHostCoder::observe_gram(int32_t layer, int32_t head, const double* lower, int64_t rows) {
+void SpanHostCoder::set_statistics(int32_t layer, int32_t head, const double* lower, int64_t rows) {
   if (!observes_queries() || layer < 0 || layer >= g_.layers || head < 0 || head >= g_.heads) return;
-  layers_[static_cast<size_t>(layer)].stats[static_cast<size_t>(head)].add_gram(lower, rows);
+  layers_[static_cast<size_t>(layer)].stats[static_cast<size_t>(head)].set_gram(lower, rows);
 }
 
 absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t frames) {

@@ -45,9 +45,10 @@ class SpanHostCoder {
 
   const SpanPlan& plan() const { return plan_; }
   bool observes_queries() const { return qsac_ || psac_; }
-  // the Gram matrix of a head's query rows attended at `layer`
-  // (cuda/query_gram.cuh: its lower triangle, over `rows` finite rows)
-  void observe_gram(int32_t layer, int32_t head, const double* lower, int64_t rows);
+  // the statistics of a head's queries attended at `layer` so far: the
+  // device's running sums (cuda/query_gram.cuh: the lower triangle, over
+  // `rows` finite rows), read before each append of that layer
+  void set_statistics(int32_t layer, int32_t head, const double* lower, int64_t rows);
 
   // books frames [first_frame, first_frame + frames) of a layer as the
   // CPU's cache does; coded() then holds the spans this append opened

@@ -7,12 +7,21 @@
 namespace wm::cuda {
 namespace {
 
+// the running sum `e` of a job's (layer, head) in the session's pages
+__device__ inline double* gram_sum(const QueryGramArgs& a, const QueryGramJob& J, int64_t e) {
+  const int64_t i = J.sums + static_cast<int64_t>(a.layer) * a.layer_doubles + e;
+  const int64_t per_page = a.page_bytes / 8;
+  return reinterpret_cast<double*>(a.pool + static_cast<int64_t>(J.pages[i / per_page]) * a.page_bytes) +
+         i % per_page;
+}
+
 // which rows enter (every value finite), and their count: one CTA per job
 __global__ void query_gram_rows_kernel(const QueryGramArgs a) {
   const QueryGramJob& J = a.jobs[blockIdx.x];
   uint8_t* flags = a.flags + J.flags;
+  const float* q = a.q + J.q;
   for (int32_t i = threadIdx.x; i < J.rows; i += blockDim.x) {
-    const float* r = J.q + static_cast<int64_t>(i) * J.row_stride;
+    const float* r = q + static_cast<int64_t>(i) * J.row_stride;
     bool finite = true;
     for (int32_t c = 0; c < a.head_dim; ++c) finite = finite && fabsf(r[c]) <= FLT_MAX;
     flags[i] = finite ? 1 : 0;
@@ -21,11 +30,12 @@ __global__ void query_gram_rows_kernel(const QueryGramArgs a) {
   if (threadIdx.x == 0) {
     int64_t n = 0;
     for (int32_t i = 0; i < J.rows; ++i) n += flags[i];
-    a.out[J.out + static_cast<int64_t>(a.head_dim) * (a.head_dim + 1) / 2] = static_cast<double>(n);  // after the triangle
+    *gram_sum(a, J, static_cast<int64_t>(a.head_dim) * (a.head_dim + 1) / 2) += static_cast<double>(n);  // after the triangle
   }
 }
 
-// one thread per lower-triangle entry (x, y), y <= x: its sum over the rows in order
+// one thread per lower-triangle entry (x, y), y <= x: this call's sum over
+// its rows in order, from zero, then added to the running sum
 __global__ void query_gram_kernel(const QueryGramArgs a) {
   const QueryGramJob& J = a.jobs[blockIdx.y];
   const int32_t D = a.head_dim;
@@ -38,20 +48,23 @@ __global__ void query_gram_kernel(const QueryGramArgs a) {
   while (static_cast<int64_t>(x + 1) * (x + 2) / 2 <= e) ++x;
   const int32_t y = static_cast<int32_t>(e - static_cast<int64_t>(x) * (x + 1) / 2);
   const uint8_t* flags = a.flags + J.flags;
+  const float* q = a.q + J.q;
   double s = 0;
   for (int32_t i = 0; i < J.rows; ++i) {
     if (flags[i] == 0) continue;
-    const float* r = J.q + static_cast<int64_t>(i) * J.row_stride;
+    const float* r = q + static_cast<int64_t>(i) * J.row_stride;
     s += static_cast<double>(r[x]) * static_cast<double>(r[y]);
   }
-  a.out[J.out + e] = s;
+  *gram_sum(a, J, e) += s;
 }
 
 }  // namespace
 
 cudaError_t launch_query_gram(const QueryGramArgs& a, cudaStream_t stream) {
   if (a.n_jobs <= 0) return cudaSuccess;
-  if (a.head_dim <= 0 || a.head_dim > 1024 || a.n_jobs > 65535) return cudaErrorInvalidValue;
+  if (a.head_dim <= 0 || a.head_dim > 1024 || a.n_jobs > 65535 || a.layer < 0 || a.page_bytes < 8 ||
+      a.page_bytes % 8 != 0)
+    return cudaErrorInvalidValue;
   if (const cudaError_t e = launch_kernel(query_gram_rows_kernel, dim3(static_cast<unsigned>(a.n_jobs)), kThreads, 0,
                                           stream, a);
       e != cudaSuccess)

@@ -1,11 +1,17 @@
-// QuantWM-2's query statistics on the device: the Gram matrix of one
-// attention call's query rows per (session, head), G = sum q q^T over its
-// finite rows, in double, each entry summed over the rows in order from
-// zero: what quant/query_stats.cc's QueryStats::add computes on the host,
-// bit for bit (a product of two floats is exact in double, so fusing it
-// with the add changes nothing). The backend downloads these (the lower
-// triangle, 66 KB per head of 128 channels) instead of the query rows and
-// adds them to the session's statistics (QueryStats::add_gram).
+// QuantWM-2's query statistics on the device: per (session, layer, head)
+// the running Gram matrix of the queries attended, G = sum q q^T over the
+// finite rows of every call so far, and their count, in double, in the
+// session's own pool pages. Each call adds its rows' Gram matrix, each entry
+// summed over the rows in order from zero, to the running sums: what
+// quant/query_stats.cc's QueryStats::add computes on the host, bit for bit
+// (a product of two floats is exact in double, so fusing it with the add
+// changes nothing, and the calls of one stream add in call order). The
+// host reads a layer's sums at its write pass (QueryStats::set_gram).
+//
+// Nothing here is uploaded per call: the jobs depend on the batch only (the
+// query rows are offsets from the launch's q, the layer is an argument),
+// so the denoising passes of a step can be recorded in a CUDA graph and
+// replayed, each replay adding its queries.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,23 +21,35 @@
 namespace wm::cuda {
 
 struct QueryGramJob {
-  const float* q = nullptr;  // device: the first row of this head; rows `row_stride` floats apart
+  int64_t q = 0;               // floats from QueryGramArgs::q to this head's first row; rows `row_stride` apart
   int32_t rows = 0;
   int32_t row_stride = 0;
-  int64_t out = 0;           // offset in `out` (doubles): [head_dim * (head_dim + 1) / 2] lower triangle, then the count
-  int64_t flags = 0;         // offset in `flags` (bytes): [rows] scratch
+  const int32_t* pages = nullptr;  // device: the session's statistics pages (pool page indices)
+  int64_t sums = 0;            // the session's doubles before layer 0's sums of this head (query_gram_doubles each)
+  int64_t flags = 0;           // offset in `flags` (bytes): [rows] scratch
 };
 
 struct QueryGramArgs {
   const QueryGramJob* jobs = nullptr;  // device [n_jobs]
   int32_t n_jobs = 0;
   int32_t head_dim = 0;
-  double* out = nullptr;               // device
+  int32_t layer = 0;
+  int64_t layer_doubles = 0;           // doubles from one layer's sums to the next's (heads x query_gram_doubles)
+  const float* q = nullptr;            // device
+  uint8_t* pool = nullptr;             // device: the page pool
+  int64_t page_bytes = 0;
   uint8_t* flags = nullptr;            // device
 };
 
-// the lower triangle's entries, then one for the count
+// one (layer, head)'s sums: the lower triangle's entries, entry (x, y) at
+// x (x + 1) / 2 + y, then one for the count of rows
 inline int64_t query_gram_doubles(int32_t head_dim) { return static_cast<int64_t>(head_dim) * (head_dim + 1) / 2 + 1; }
+
+// the pool pages a session's sums take: every layer and head
+inline int64_t query_gram_pages(int32_t layers, int32_t heads, int32_t head_dim, int64_t page_bytes) {
+  const int64_t bytes = static_cast<int64_t>(layers) * heads * query_gram_doubles(head_dim) * 8;
+  return (bytes + page_bytes - 1) / page_bytes;
+}
 
 cudaError_t launch_query_gram(const QueryGramArgs& a, cudaStream_t stream);
 

@@ -76,6 +76,15 @@ void QueryStats::add_gram(const double* lower, int64_t rows) {
   count_ += rows;
 }
 
+void QueryStats::set_gram(const double* lower, int64_t rows) {
+  for (int x = 0; x < d_; ++x)
+    for (int y = 0; y <= x; ++y) {
+      g_(x, y) = lower[static_cast<size_t>(x) * (x + 1) / 2 + y];
+      g_(y, x) = g_(x, y);
+    }
+  count_ = std::max<int64_t>(rows, 0);
+}
+
 bool QueryStats::channel_weights(float floor, float* w) const {
   if (count_ == 0) return false;
   double mean = 0;

@@ -23,6 +23,9 @@ class QueryStats {
   // adds a Gram matrix so computed: its lower triangle, entry (x, y) at
   // x (x + 1) / 2 + y, over `rows` rows
   void add_gram(const double* lower, int64_t rows);
+  // replaces G and the count with sums kept elsewhere the same way (a
+  // device's running sums of the same calls: cuda/query_gram.cuh)
+  void set_gram(const double* lower, int64_t rows);
   int64_t count() const { return count_; }
   const Eigen::MatrixXd& gram() const { return g_; }  // G, symmetric
   int head_dim() const { return d_; }
