@@ -10,7 +10,8 @@
 
 namespace wm {
 
-QueryStats::QueryStats(int head_dim) : d_(head_dim), g_(Eigen::MatrixXd::Zero(head_dim, head_dim)) {}
+QueryStats::QueryStats(int head_dim)
+    : d_(head_dim), lower_(static_cast<size_t>(head_dim) * (head_dim + 1) / 2, 0.0) {}
 
 void QueryStats::add(const float* q, int stride, int n) {
   // the finite rows in double, each padded to whole chunks of kChunk
@@ -33,7 +34,6 @@ void QueryStats::add(const float* q, int stride, int n) {
   // that stay in cache, kChunk entries of one matrix row at a time, their
   // sums in registers across the block and carried on to the next block:
   // every entry is still one chain of adds over the rows in order
-  std::vector<double> lower(static_cast<size_t>(d_) * (d_ + 1) / 2, 0.0);
   std::vector<double> chunk(static_cast<size_t>(d_) * width, 0.0);  // [x][y]: the sums, whole chunks
   constexpr int64_t kRows = 32;
   for (int64_t i0 = 0; i0 < used; i0 += kRows) {
@@ -60,38 +60,34 @@ void QueryStats::add(const float* q, int stride, int n) {
 #endif
       }
   }
-  for (int x = 0; x < d_; ++x)
-    for (int y = 0; y <= x; ++y)
-      lower[static_cast<size_t>(x) * (x + 1) / 2 + y] = chunk[static_cast<size_t>(x) * width + y];
-  add_gram(lower.data(), used);
+  // this call's sums, each added to the running one (as add_gram would)
+  for (int x = 0; x < d_; ++x) {
+    double* g = lower_.data() + static_cast<size_t>(x) * (x + 1) / 2;
+    const double* c = chunk.data() + static_cast<size_t>(x) * width;
+    for (int y = 0; y <= x; ++y) g[y] += c[y];
+  }
+  count_ += used;
 }
 
 void QueryStats::add_gram(const double* lower, int64_t rows) {
   if (rows <= 0) return;
-  for (int x = 0; x < d_; ++x)
-    for (int y = 0; y <= x; ++y) {
-      g_(x, y) += lower[static_cast<size_t>(x) * (x + 1) / 2 + y];
-      g_(y, x) = g_(x, y);
-    }
+  for (size_t i = 0; i < lower_.size(); ++i) lower_[i] += lower[i];
   count_ += rows;
 }
 
 void QueryStats::set_gram(const double* lower, int64_t rows) {
-  for (int x = 0; x < d_; ++x)
-    for (int y = 0; y <= x; ++y) {
-      g_(x, y) = lower[static_cast<size_t>(x) * (x + 1) / 2 + y];
-      g_(y, x) = g_(x, y);
-    }
+  std::copy(lower, lower + lower_.size(), lower_.begin());
   count_ = std::max<int64_t>(rows, 0);
 }
 
 bool QueryStats::channel_weights(float floor, float* w) const {
   if (count_ == 0) return false;
+  const auto diag = [this](int c) { return lower_[static_cast<size_t>(c) * (c + 1) / 2 + c]; };
   double mean = 0;
-  for (int c = 0; c < d_; ++c) mean += g_(c, c) / static_cast<double>(count_);
+  for (int c = 0; c < d_; ++c) mean += diag(c) / static_cast<double>(count_);
   mean /= d_;
   for (int c = 0; c < d_; ++c) {
-    const double v = mean > 0 ? g_(c, c) / static_cast<double>(count_) / mean : 1.0;
+    const double v = mean > 0 ? diag(c) / static_cast<double>(count_) / mean : 1.0;
     w[c] = static_cast<float>(std::max(static_cast<double>(floor), v));
   }
   return true;
@@ -99,7 +95,10 @@ bool QueryStats::channel_weights(float floor, float* w) const {
 
 bool QueryStats::principal_basis(int r, float* u, double* energy) const {
   if (count_ == 0) return false;
-  const Eigen::MatrixXd sigma = g_ / static_cast<double>(count_);
+  Eigen::MatrixXd sigma(d_, d_);
+  for (int x = 0; x < d_; ++x)
+    for (int y = 0; y <= x; ++y) sigma(x, y) = sigma(y, x) = lower_[static_cast<size_t>(x) * (x + 1) / 2 + y];
+  sigma /= static_cast<double>(count_);
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(sigma);
   if (es.info() != Eigen::Success) return false;
   // eigenvalues ascend: the top r are the last columns

@@ -7,6 +7,7 @@
 
 #include <Eigen/Dense>
 #include <cstdint>
+#include <vector>
 
 namespace wm {
 
@@ -27,7 +28,8 @@ class QueryStats {
   // device's running sums of the same calls: cuda/query_gram.cuh)
   void set_gram(const double* lower, int64_t rows);
   int64_t count() const { return count_; }
-  const Eigen::MatrixXd& gram() const { return g_; }  // G, symmetric
+  // G's lower triangle, entry (x, y) at x (x + 1) / 2 + y (the upper one is G's mirror)
+  const std::vector<double>& lower() const { return lower_; }
   int head_dim() const { return d_; }
 
   // w = diag(G) / count, normalised to mean 1, then floored at `floor`;
@@ -42,7 +44,7 @@ class QueryStats {
  private:
   int d_;
   int64_t count_ = 0;
-  Eigen::MatrixXd g_;  // [head_dim, head_dim]
+  std::vector<double> lower_;  // G's lower triangle: an add is one pass over it, in order
 };
 
 }  // namespace wm

@@ -129,6 +129,16 @@ struct SpanTiles {
       float* srow = s + static_cast<size_t>(i) * s_stride;
       const float* qu = hs.qu.data() + static_cast<size_t>(i) * R;
       int t2 = 0;
+#if defined(__AVX512F__)
+      // 16 logits stay in a register while the 8 coefficients accumulate
+      __m512 qz[kPsacRank];
+      for (int j = 0; j < R; ++j) qz[j] = _mm512_set1_ps(qu[j]);
+      for (; t2 + 16 <= T; t2 += 16) {
+        __m512 acc = _mm512_loadu_ps(srow + t2);
+        for (int j = 0; j < R; ++j) acc = _mm512_fmadd_ps(qz[j], _mm512_loadu_ps(alpha + static_cast<size_t>(j) * T + t2), acc);
+        _mm512_storeu_ps(srow + t2, acc);
+      }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
       // 8 logits stay in a register while the 8 coefficients accumulate
       __m256 qb[kPsacRank];
