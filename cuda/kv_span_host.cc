@@ -56,14 +56,12 @@ absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t f
   const auto& spans = L.ledger.spans();
   const int H = g_.heads, D = g_.head_dim;
   if (res.new_basis) {  // the CPU's compute_basis: fp16 rows, zero for a head with no finite query yet
+    const std::vector<uint16_t> rows = principal_bases_f16(L.stats, kPsacRank);
+    const size_t per = static_cast<size_t>(kPsacRank) * D;
     auto basis = std::make_shared<std::vector<std::vector<uint16_t>>>(static_cast<size_t>(H));
-    std::vector<float> u(static_cast<size_t>(kPsacRank) * D);
-    for (int h = 0; h < H; ++h) {
-      auto& b = (*basis)[static_cast<size_t>(h)];
-      b.assign(u.size(), 0);
-      if (!L.stats[static_cast<size_t>(h)].principal_basis(kPsacRank, u.data(), nullptr)) continue;
-      for (size_t i = 0; i < u.size(); ++i) b[i] = f32_to_f16(u[i]);
-    }
+    for (int h = 0; h < H; ++h)
+      (*basis)[static_cast<size_t>(h)].assign(rows.begin() + static_cast<ptrdiff_t>(h * per),
+                                              rows.begin() + static_cast<ptrdiff_t>((h + 1) * per));
     L.basis = std::move(basis);
   }
   L.last.clear();

@@ -191,14 +191,7 @@ class SpanKvCache final : public KvCache {
   std::shared_ptr<const PsacBasis> compute_basis(const SpanLayer& L, int64_t id) const {
     auto b = std::make_shared<PsacBasis>();
     b->id = id;
-    const int H = g_.heads, D = g_.head_dim;
-    b->u.assign(static_cast<size_t>(H) * kPsacRank * D, 0);
-    std::vector<float> u(static_cast<size_t>(kPsacRank) * D);
-    for (int h = 0; h < H; ++h) {
-      // a head with no finite query yet keeps a zero basis: no correction
-      if (!L.stats[static_cast<size_t>(h)].principal_basis(kPsacRank, u.data(), nullptr)) continue;
-      for (size_t i = 0; i < u.size(); ++i) b->u[static_cast<size_t>(h) * u.size() + i] = f32_to_f16(u[i]);
-    }
+    b->u = principal_bases_f16(L.stats, kPsacRank);  // a head with no finite query yet: zeros, no correction
     return b;
   }
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/half.h"
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -111,6 +113,19 @@ bool QueryStats::principal_basis(int r, float* u, double* energy) const {
   }
   if (energy != nullptr) *energy = trace > 0 ? top / trace : 0.0;
   return true;
+}
+
+std::vector<uint16_t> principal_bases_f16(const std::vector<QueryStats>& heads, int r) {
+  const int H = static_cast<int>(heads.size());
+  const size_t per = H > 0 ? static_cast<size_t>(r) * heads[0].head_dim() : 0;
+  std::vector<uint16_t> out(per * H, 0);
+#pragma omp parallel for schedule(dynamic)
+  for (int h = 0; h < H; ++h) {
+    std::vector<float> u(per);
+    if (!heads[static_cast<size_t>(h)].principal_basis(r, u.data(), nullptr)) continue;
+    for (size_t i = 0; i < per; ++i) out[static_cast<size_t>(h) * per + i] = f32_to_f16(u[i]);
+  }
+  return out;
 }
 
 }  // namespace wm

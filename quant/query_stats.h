@@ -47,4 +47,11 @@ class QueryStats {
   std::vector<double> lower_;  // G's lower triangle: an add is one pass over it, in order
 };
 
+// PSAC's basis of every head at once: each head's principal_basis(r) as
+// fp16 rows, [heads][r][head_dim], zeros for a head with no finite query
+// yet (no correction). The heads' solves run side by side (OpenMP): one
+// takes ~1.9 ms at head_dim 128, and a Matrix-Game-2 write pass that
+// refreshes its bases makes 12 per layer
+std::vector<uint16_t> principal_bases_f16(const std::vector<QueryStats>& heads, int r);
+
 }  // namespace wm
