@@ -1323,6 +1323,8 @@ absl::StatusOr<const CudaBackend::GramJobSet*> CudaBackend::gram_jobs(std::span<
       return absl::InvalidArgumentError("attention: sessions of one call with different heads");
     D = kv.geometry.head_dim;
     H = kv.geometry.heads;
+    for (const auto& [id, row0, n] : key)  // one launch adds to each session's sums: once each
+      if (id == kv.id) return absl::InvalidArgumentError("attention: a cache appears twice in one call");
     key.emplace_back(kv.id, rows[i].row0, rows[i].rows);
   }
   if (key.empty()) return nullptr;
