@@ -34,14 +34,15 @@ SpanHostCoder::SpanHostCoder(const KvGeometry& g, const KvFormatOptions& o, bool
     : g_(g), o_(o), plan_(span_plan(g, o, quantwm)), qsac_(quantwm && o.qsac), psac_(plan_.psac) {
   for (int l = 0; l < g.layers; ++l) {
     layers_.emplace_back(plan_);
-    for (int h = 0; h < g.heads; ++h) layers_.back().stats.emplace_back(g.head_dim);
   }
+  for (int h = 0; h < g.heads; ++h) stats_.emplace_back(g.head_dim);
   has_basis_.assign(static_cast<size_t>(g.layers), std::vector<bool>(static_cast<size_t>(g.window_frames), false));
 }
 
 void SpanHostCoder::set_statistics(int32_t layer, int32_t head, const double* lower, int64_t rows) {
   if (!observes_queries() || layer < 0 || layer >= g_.layers || head < 0 || head >= g_.heads) return;
-  layers_[static_cast<size_t>(layer)].stats[static_cast<size_t>(head)].set_gram(lower, rows);
+  stats_layer_ = layer;
+  stats_[static_cast<size_t>(head)].set_gram(lower, rows);
 }
 
 absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t frames) {
@@ -50,13 +51,16 @@ absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t f
   if (first_frame != L.ledger.frames_appended())
     return absl::FailedPreconditionError(absl::StrCat("span coder: layer ", layer, " expects frame ",
                                                       L.ledger.frames_appended(), " next, got ", first_frame));
+  if (observes_queries() && stats_layer_ != layer)
+    return absl::FailedPreconditionError(absl::StrCat("span coder: layer ", layer, "'s query statistics were not set"));
   for (int32_t f = 0; f < frames; ++f) L.ledger.add_frame(first_frame + f);
-  const bool seen = std::any_of(L.stats.begin(), L.stats.end(), [](const QueryStats& s) { return s.count() > 0; });
+  const bool seen =
+      observes_queries() && std::any_of(stats_.begin(), stats_.end(), [](const QueryStats& s) { return s.count() > 0; });
   const SpanLedger::AppendResult res = L.ledger.end_append(seen);
   const auto& spans = L.ledger.spans();
   const int H = g_.heads, D = g_.head_dim;
   if (res.new_basis) {  // the CPU's compute_basis: fp16 rows, zero for a head with no finite query yet
-    const std::vector<uint16_t> rows = principal_bases_f16(L.stats, kPsacRank);
+    const std::vector<uint16_t> rows = principal_bases_f16(stats_, kPsacRank);
     const size_t per = static_cast<size_t>(kPsacRank) * D;
     auto basis = std::make_shared<std::vector<std::vector<uint16_t>>>(static_cast<size_t>(H));
     for (int h = 0; h < H; ++h)
@@ -86,7 +90,7 @@ absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t f
       s.seeds[2 * hs + 1] = span_seed(o_.kmeans_seed, layer, h, 1, ls.first_frame);
       if (!qsac_) continue;
       std::vector<float> w(static_cast<size_t>(D));
-      if (L.stats[hs].channel_weights(o_.qsac_weight_floor, w.data())) s.weights[hs] = std::move(w);
+      if (stats_[hs].channel_weights(o_.qsac_weight_floor, w.data())) s.weights[hs] = std::move(w);
     }
   }
   return absl::OkStatus();

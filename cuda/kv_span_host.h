@@ -47,7 +47,9 @@ class SpanHostCoder {
   bool observes_queries() const { return qsac_ || psac_; }
   // the statistics of a head's queries attended at `layer` so far: the
   // device's running sums (cuda/query_gram.cuh: the lower triangle, over
-  // `rows` finite rows), read before each append of that layer
+  // `rows` finite rows), set for every head before each append of that
+  // layer, which reads them (FAILED_PRECONDITION if they were not). The
+  // device keeps every layer's; the host only the layer in hand
   void set_statistics(int32_t layer, int32_t head, const double* lower, int64_t rows);
 
   // books frames [first_frame, first_frame + frames) of a layer as the
@@ -75,7 +77,6 @@ class SpanHostCoder {
   struct Layer {
     explicit Layer(const SpanPlan& p) : ledger(p) {}
     SpanLedger ledger;
-    std::vector<QueryStats> stats;  // [heads]
     std::shared_ptr<const std::vector<std::vector<uint16_t>>> basis;  // the current one
     std::vector<SpanCoding> last;   // the spans the last append opened
     int64_t spans_coded = 0;
@@ -86,6 +87,8 @@ class SpanHostCoder {
   SpanPlan plan_;
   bool qsac_ = false, psac_ = false;
   std::vector<Layer> layers_;
+  std::vector<QueryStats> stats_;  // [heads]: the statistics of layer stats_layer_
+  int32_t stats_layer_ = -1;
   std::vector<std::vector<bool>> has_basis_;  // [layers][window slots]
 };
 
