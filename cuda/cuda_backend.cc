@@ -1371,7 +1371,7 @@ absl::StatusOr<const CudaBackend::GramJobSet*> CudaBackend::gram_jobs(std::span<
     gram_sets_.push_back(std::make_unique<GramJobSet>());
     set = gram_sets_.back().get();
   }
-  set->key.clear();  // no match until the upload landed
+  set->key.clear();  // matches nothing unless its new jobs are in place
   absl::Status st = set->memory.reserve(job_bytes + list_bytes + static_cast<size_t>(flag_bytes));
   if (!st.ok()) return st;
   auto* dev = set->memory.as<uint8_t>();
@@ -1448,7 +1448,6 @@ absl::Status CudaBackend::download_statistics(int32_t layer, std::span<const KvW
     }
   return absl::OkStatus();
 }
-
 
 namespace {
 
