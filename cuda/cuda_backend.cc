@@ -941,7 +941,7 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaBackend::kv_create(absl::stri
   if (!owner.ok()) return owner.status();
   auto kv = std::make_unique<DeviceKvCache>(next_cache_id_++, std::string(format), g, *pg, *owner);
   if (pg->span.block > 0)
-    kv->span = std::make_shared<SpanHostCoder>(kv_geometry_of(g), kv_format_options_of(g), format == "quantwm2");
+    kv->span = std::make_unique<SpanHostCoder>(kv_geometry_of(g), kv_format_options_of(g), format == "quantwm2");
   // the query statistics' pages, from zero: taken now, for the session's life
   absl::Status st = recording_ && pg->stats_pages > 0
                         ? absl::FailedPreconditionError("a cache cannot be made while a graph is recorded")

@@ -45,7 +45,7 @@ struct DeviceKvCache {
   WmKvGeometry geometry{};
   KvPages pages;
   PagePool::Owner owner = 0;
-  std::shared_ptr<SpanHostCoder> span;
+  std::unique_ptr<SpanHostCoder> span;
   std::vector<int32_t> stats_pages;      // QuantWM-2's running query statistics (query_gram.cuh)
   DeviceKvCache(uint64_t i, std::string f, const WmKvGeometry& g, const PagedGeometry& pg, PagePool::Owner o)
       : id(i), format(std::move(f)), geometry(g), pages(pg), owner(o) {}

@@ -62,19 +62,13 @@ void QueryStats::add(const float* q, int stride, int n) {
 #endif
       }
   }
-  // this call's sums, each added to the running one (as add_gram would)
+  // this call's sums, each added to the running one
   for (int x = 0; x < d_; ++x) {
     double* g = lower_.data() + static_cast<size_t>(x) * (x + 1) / 2;
     const double* c = chunk.data() + static_cast<size_t>(x) * width;
     for (int y = 0; y <= x; ++y) g[y] += c[y];
   }
   count_ += used;
-}
-
-void QueryStats::add_gram(const double* lower, int64_t rows) {
-  if (rows <= 0) return;
-  for (size_t i = 0; i < lower_.size(); ++i) lower_[i] += lower[i];
-  count_ += rows;
 }
 
 void QueryStats::set_gram(const double* lower, int64_t rows) {

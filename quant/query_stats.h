@@ -18,14 +18,12 @@ class QueryStats {
   // adds n query rows q [n, head_dim] (row stride `stride` floats); a row
   // with a non-finite value is skipped, so one bad query cannot poison G.
   // One call adds the rows' own Gram matrix: each entry x >= y summed in
-  // double over the rows in order from zero (the products are exact), which
-  // a device computes alike (cuda/query_gram.cuh) and hands to add_gram
+  // double over the rows in order from zero (the products are exact), then
+  // added to the running sum, which a device does alike (cuda/query_gram.cuh)
   void add(const float* q, int stride, int n);
-  // adds a Gram matrix so computed: its lower triangle, entry (x, y) at
-  // x (x + 1) / 2 + y, over `rows` rows
-  void add_gram(const double* lower, int64_t rows);
   // replaces G and the count with sums kept elsewhere the same way (a
-  // device's running sums of the same calls: cuda/query_gram.cuh)
+  // device's running sums of the same calls): the lower triangle, entry
+  // (x, y) at x (x + 1) / 2 + y, over `rows` rows
   void set_gram(const double* lower, int64_t rows);
   int64_t count() const { return count_; }
   // G's lower triangle, entry (x, y) at x (x + 1) / 2 + y (the upper one is G's mirror)

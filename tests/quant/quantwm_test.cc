@@ -30,9 +30,10 @@ TEST(QueryStats, WeightsAreNormalisedAndFloored) {
   EXPECT_NEAR(w[3], 1.5f, 1e-5);
 }
 
-// add() sums each Gram entry over the rows in order from zero, as the
-// CUDA backend's kernel does (cuda/query_gram.cuh) and add_gram() takes:
-// a naive ordered sum gives the same statistics bit for bit (rows across
+// add() sums each Gram entry over the rows in order from zero and adds that
+// to the running sum, as the CUDA backend's kernel does (cuda/query_gram.cuh),
+// whose sums set_gram() takes: a naive ordered sum gives the same
+// statistics bit for bit (two calls; rows across
 // several of add()'s blocks, a head_dim that is no whole chunk, a
 // non-finite row skipped; head_dims odd, even, 64 and 128)
 void expect_add_is_the_ordered_gram_sum(int d) {
@@ -54,10 +55,10 @@ void expect_add_is_the_ordered_gram_sum(int d) {
     ++used;
   }
   QueryStats a(d), b(d);
-  for (int call = 0; call < 2; ++call) {
-    a.add(q.data(), d, n);
-    b.add_gram(lower.data(), used);
-  }
+  for (int call = 0; call < 2; ++call) a.add(q.data(), d, n);
+  std::vector<double> twice(lower.size());
+  for (size_t i = 0; i < lower.size(); ++i) twice[i] = 0.0 + lower[i] + lower[i];  // the running sums, in call order
+  b.set_gram(twice.data(), 2 * used);
   ASSERT_EQ(a.lower().size(), b.lower().size());
   EXPECT_EQ(std::memcmp(a.lower().data(), b.lower().data(), a.lower().size() * 8), 0);
   EXPECT_EQ(a.count(), 2 * used);
