@@ -161,6 +161,7 @@ int run(int argc, char** argv) {
       };
       const int64_t plans0 = count("attention.plans"), fallback0 = count("gemm.fallback_calls");
       const int64_t ffn0 = count("ffn.fused_calls");
+      const int64_t downloads0 = count("query.gram_downloads");
       double write_s = 0;  // the write passes' part (their coding, for a quantized format)
       double write_min_s = 1e30, write_max_s = 0;  // one that refreshes QuantWM-2's bases is the longest
       t0 = now_s();
@@ -212,6 +213,8 @@ int run(int argc, char** argv) {
         // once per block is the design (docs/CUDA.md); fallback GEMMs would be a slow path
         j["attention_plans_per_block"] = static_cast<double>(count("attention.plans") - plans0) / block_reps;
         j["gemm_fallback_calls"] = count("gemm.fallback_calls") - fallback0;
+        // QuantWM-2: the layers whose write pass stopped for the query statistics (a new PSAC basis)
+        j["statistics_downloads_per_block"] = static_cast<double>(count("query.gram_downloads") - downloads0) / block_reps;
         // feed-forward blocks with the GELU in the GEMM epilogue (every layer of every forward but
         // the write pass's last), and the forward without that fusion
         j["ffn_fused_per_block"] = static_cast<double>(count("ffn.fused_calls") - ffn0) / block_reps;

@@ -345,6 +345,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "kv.span_encode_launches") return span_encode_launches_;
   if (name == "query.gram_launches") return gram_launches_;
   if (name == "query.gram_downloads") return gram_downloads_;
+  if (name == "query.qsac_weight_launches") return qsac_weight_launches_;
   if (name == "query.gram_sets_kept") return static_cast<int64_t>(gram_sets_.size());
   if (name == "graph.recorded") return graphs_recorded_;
   if (name == "graph.recordings_failed") return graph_recordings_failed_;
@@ -1125,7 +1126,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   if (!any) return absl::OkStatus();
   absl::Status st = need(k, "kv append keys");
   if (st.ok()) st = need(v, "kv append values");
-  if (st.ok()) st = download_statistics(layer, writes);  // the bookkeeping reads the query statistics
+  if (st.ok()) st = download_statistics(layer, writes);  // where the bookkeeping reads the query statistics
   if (!st.ok()) return st;
   for (const KvWriteRequest& w : writes)
     if (w.frames > 0)
@@ -1137,6 +1138,8 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   std::vector<SpanEncodeJob> jobs;
   std::vector<int64_t> frame_images;
   std::vector<float> params;
+  std::vector<QsacWeightsJob> weight_jobs;  // the keys' QSAC weights, made on the device into params
+  std::vector<int32_t> stats_pages;         // the statistics pages of the sessions they read
   std::vector<std::tuple<SpanHostCoder*, int32_t, bool>> bases;  // (coder, window slot, has a basis)
   int64_t image_bytes = 0, scratch_bytes = 0, round_bytes = 0;
   std::vector<int32_t> rounds{0};  // each round's first job
@@ -1195,6 +1198,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
       out[o].staging = image_bytes;
       image_bytes += (span_image_bytes(L, H, out[o].tables != 0) + 15) / 16 * 16;
     }
+    int64_t pages_at = -1;  // this session's statistics pages in stats_pages
     for (const SpanCoding& c : kv.span->coded(layer)) {
       const int32_t first_image = static_cast<int32_t>(frame_images.size());
       bool stored = false;
@@ -1221,9 +1225,15 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
           j.seed = c.seeds[static_cast<size_t>(h) * 2 + side];
           if (side == 0) {
             j.candidates = c.candidates;
-            if (const auto& wt = c.weights[static_cast<size_t>(h)]; !wt.empty()) {
+            if (c.qsac) {
+              if (pages_at < 0) {
+                pages_at = static_cast<int64_t>(stats_pages.size());
+                stats_pages.insert(stats_pages.end(), kv.stats_pages.begin(), kv.stats_pages.end());
+              }
               j.weights = static_cast<int64_t>(params.size());
-              params.insert(params.end(), wt.begin(), wt.end());
+              params.resize(params.size() + static_cast<size_t>(D) + 1);  // the weights, then their flag
+              weight_jobs.push_back({j.weights, pages_at, (static_cast<int64_t>(layer) * H + h) * query_gram_doubles(D),
+                                     kv.span->qsac_weight_floor()});
             }
             if (L.coeff_bytes > 0 && c.basis != nullptr) {
               j.basis = static_cast<int64_t>(params.size());
@@ -1246,13 +1256,16 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   }
   if (out.empty()) return absl::OkStatus();
   // one upload (the writes, the page tables, the jobs, the frames' images,
-  // the weights and bases), then the images (zeroed) and the coder's scratch
+  // the bases and room for the weights, the weights' jobs and the pages
+  // they read), then the images (zeroed) and the coder's scratch
   auto at16 = [](size_t x) { return (x + 15) / 16 * 16; };
   const size_t tables_at = out.size() * sizeof(KvSpanWrite);
   const size_t jobs_at = at16(tables_at + tables.size() * sizeof(int32_t));
   const size_t images_at = at16(jobs_at + jobs.size() * sizeof(SpanEncodeJob));
   const size_t params_at = at16(images_at + frame_images.size() * sizeof(int64_t));
-  const size_t upload = at16(params_at + params.size() * sizeof(float));
+  const size_t weight_jobs_at = at16(params_at + params.size() * sizeof(float));
+  const size_t stats_pages_at = at16(weight_jobs_at + weight_jobs.size() * sizeof(QsacWeightsJob));
+  const size_t upload = at16(stats_pages_at + stats_pages.size() * sizeof(int32_t));
   const size_t staging_at = upload, scratch_at = at16(staging_at + static_cast<size_t>(image_bytes));
   std::vector<uint8_t>& host = span_upload_;
   host.assign(upload, 0);
@@ -1262,6 +1275,10 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   if (!frame_images.empty())
     std::memcpy(host.data() + images_at, frame_images.data(), frame_images.size() * sizeof(int64_t));
   if (!params.empty()) std::memcpy(host.data() + params_at, params.data(), params.size() * sizeof(float));
+  if (!weight_jobs.empty()) {
+    std::memcpy(host.data() + weight_jobs_at, weight_jobs.data(), weight_jobs.size() * sizeof(QsacWeightsJob));
+    std::memcpy(host.data() + stats_pages_at, stats_pages.data(), stats_pages.size() * sizeof(int32_t));
+  }
   st = append_scratch_.reserve(scratch_at + static_cast<size_t>(scratch_bytes));
   if (!st.ok()) return st;
   auto* dev = append_scratch_.as<uint8_t>();
@@ -1269,6 +1286,18 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   if (!st.ok()) return st;
   if (image_bytes > 0)
     WM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dev + staging_at, 0, static_cast<size_t>(image_bytes), stream_));
+  if (!weight_jobs.empty()) {  // after the write pass's queries were added to the sums, before the coder reads them
+    QsacWeightsArgs wa;
+    wa.jobs = reinterpret_cast<const QsacWeightsJob*>(dev + weight_jobs_at);
+    wa.n_jobs = static_cast<int32_t>(weight_jobs.size());
+    wa.head_dim = D;
+    wa.pages = reinterpret_cast<const int32_t*>(dev + stats_pages_at);
+    wa.pool = pool_memory_.as<uint8_t>();
+    wa.page_bytes = page_bytes_;
+    wa.out = reinterpret_cast<float*>(dev + params_at);
+    WM_CUDA_RETURN_IF_ERROR(launch_qsac_weights(wa, stream_));
+    ++qsac_weight_launches_;
+  }
   rounds.push_back(static_cast<int32_t>(jobs.size()));
   for (size_t r = 0; r + 1 < rounds.size(); ++r) {
     if (rounds[r + 1] == rounds[r]) continue;
@@ -1419,7 +1448,8 @@ absl::Status CudaBackend::download_statistics(int32_t layer, std::span<const KvW
   // doubles from its (layer, head 0), wherever its pages put them
   std::vector<const KvWriteRequest*> who;
   for (const KvWriteRequest& w : writes)
-    if (w.frames > 0 && w.kv->span != nullptr && w.kv->span->observes_queries()) who.push_back(&w);
+    if (w.frames > 0 && w.kv->span != nullptr && w.kv->span->needs_statistics(layer, w.first_frame, w.frames))
+      who.push_back(&w);
   if (who.empty()) return absl::OkStatus();
   if (recording_) return absl::FailedPreconditionError("a download while a graph is recorded");
   const int32_t H = who[0]->kv->geometry.heads, D = who[0]->kv->geometry.head_dim;

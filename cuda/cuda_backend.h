@@ -281,7 +281,7 @@ class CudaBackend {
   // downloaded into its coder (the append reads them)
   absl::Status download_statistics(int32_t layer, std::span<const KvWriteRequest> writes);
   std::vector<double> gram_host_;  // that download
-  int64_t gram_launches_ = 0, gram_downloads_ = 0;
+  int64_t gram_launches_ = 0, gram_downloads_ = 0, qsac_weight_launches_ = 0;
   std::vector<uint8_t> span_upload_;          // the write pass's upload
   // uploads of the step path go through pinned memory (staging_ring.h);
   // without it (cudaHostAlloc refused) they copy from pageable memory

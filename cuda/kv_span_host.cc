@@ -45,18 +45,35 @@ void SpanHostCoder::set_statistics(int32_t layer, int32_t head, const double* lo
   stats_[static_cast<size_t>(head)].set_gram(lower, rows);
 }
 
+bool SpanHostCoder::needs_statistics(int32_t layer, int64_t first_frame, int32_t frames) const {
+  if (!observes_queries() || layer < 0 || layer >= g_.layers) return false;
+  const Layer& L = layers_[static_cast<size_t>(layer)];
+  if (!L.seen) return true;
+  if (!psac_) return false;
+  // the append on a copy of the ledger (a window's spans): does it open a basis?
+  SpanLedger next = L.ledger;
+  for (int32_t f = 0; f < frames; ++f) next.add_frame(first_frame + f);
+  return next.end_append(true).new_basis;
+}
+
 absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t frames) {
   if (layer < 0 || layer >= g_.layers) return absl::InvalidArgumentError("span coder: bad layer");
   Layer& L = layers_[static_cast<size_t>(layer)];
   if (first_frame != L.ledger.frames_appended())
     return absl::FailedPreconditionError(absl::StrCat("span coder: layer ", layer, " expects frame ",
                                                       L.ledger.frames_appended(), " next, got ", first_frame));
-  if (observes_queries() && stats_layer_ != layer)
+  const bool have = stats_layer_ == layer;
+  stats_layer_ = -1;  // this append's only
+  const auto unset = [layer] {
     return absl::FailedPreconditionError(absl::StrCat("span coder: layer ", layer, "'s query statistics were not set"));
+  };
+  if (observes_queries() && !L.seen) {
+    if (!have) return unset();
+    L.seen = std::any_of(stats_.begin(), stats_.end(), [](const QueryStats& s) { return s.count() > 0; });
+  }
+  if (psac_ && L.seen && !have && needs_statistics(layer, first_frame, frames)) return unset();
   for (int32_t f = 0; f < frames; ++f) L.ledger.add_frame(first_frame + f);
-  const bool seen =
-      observes_queries() && std::any_of(stats_.begin(), stats_.end(), [](const QueryStats& s) { return s.count() > 0; });
-  const SpanLedger::AppendResult res = L.ledger.end_append(seen);
+  const SpanLedger::AppendResult res = L.ledger.end_append(L.seen);
   const auto& spans = L.ledger.spans();
   const int H = g_.heads, D = g_.head_dim;
   if (res.new_basis) {  // the CPU's compute_basis: fp16 rows, zero for a head with no finite query yet
@@ -82,15 +99,12 @@ absl::Status SpanHostCoder::append(int32_t layer, int64_t first_frame, int32_t f
       return absl::InternalError("span coder: a span outside its append (span_frames must be 0 or 1)");
     if (ls.basis >= 0) s.basis = L.basis;
     s.seeds.resize(static_cast<size_t>(H) * 2);
-    s.weights.assign(static_cast<size_t>(H), {});
+    s.qsac = qsac_;
     if (qsac_) s.candidates = o_.qsac_candidates;
     for (int h = 0; h < H; ++h) {
       const size_t hs = static_cast<size_t>(h);
       s.seeds[2 * hs] = span_seed(o_.kmeans_seed, layer, h, 0, ls.first_frame);
       s.seeds[2 * hs + 1] = span_seed(o_.kmeans_seed, layer, h, 1, ls.first_frame);
-      if (!qsac_) continue;
-      std::vector<float> w(static_cast<size_t>(D));
-      if (stats_[hs].channel_weights(o_.qsac_weight_floor, w.data())) s.weights[hs] = std::move(w);
     }
   }
   return absl::OkStatus();

@@ -1,7 +1,8 @@
 // The host half of a QVG-2 / QuantWM-2 cache on the device: the CPU cache's
 // bookkeeping (one SpanLedger per layer), QuantWM's query statistics and
 // its PSAC bases, which decide what each append codes and with what seeds,
-// QSAC weights and bases. The coder itself runs on the device
+// bases (QSAC's weights are made on the device, cuda/query_gram.cuh). The
+// coder itself runs on the device
 // (span_encode.cuh), as the CPU's (quant/span_codec.h) does, so that the
 // codes the device stores are the CPU's (quant/kv_span.cc) bit for bit.
 // Pure host code.
@@ -35,7 +36,7 @@ struct SpanCoding {
   int32_t centroids = 1;
   int32_t iters = 0;                         // Lloyd iterations
   std::vector<uint64_t> seeds;               // [heads][2]: the keys' and the values' k-means seeds
-  std::vector<std::vector<float>> weights;   // [heads]: the keys' QSAC channel weights [head_dim]; empty: uniform
+  bool qsac = false;                         // the keys are weighed by QSAC's channel weights (made on the device)
   int32_t candidates = 1;                    // the keys' QSAC candidates (values: 1)
   std::shared_ptr<const std::vector<std::vector<uint16_t>>> basis;  // [heads][8 * head_dim] fp16; null: none
 };
@@ -45,11 +46,19 @@ class SpanHostCoder {
 
   const SpanPlan& plan() const { return plan_; }
   bool observes_queries() const { return qsac_ || psac_; }
+  float qsac_weight_floor() const { return o_.qsac_weight_floor; }
+  // whether the next append to `layer` (frames [first_frame, first_frame +
+  // frames)) reads the query statistics: until the layer has seen a finite
+  // query (every span's basis and PSAC depend on it) and where it makes a
+  // new PSAC basis. Most appends do not, so the device need not stop for
+  // them
+  bool needs_statistics(int32_t layer, int64_t first_frame, int32_t frames) const;
   // the statistics of a head's queries attended at `layer` so far: the
   // device's running sums (cuda/query_gram.cuh: the lower triangle, over
-  // `rows` finite rows), set for every head before each append of that
-  // layer, which reads them (FAILED_PRECONDITION if they were not). The
-  // device keeps every layer's; the host only the layer in hand
+  // `rows` finite rows), set for every head before an append of that layer
+  // that needs them (FAILED_PRECONDITION if they were not), and good for
+  // that append only. The device keeps every layer's; the host only the
+  // layer in hand
   void set_statistics(int32_t layer, int32_t head, const double* lower, int64_t rows);
 
   // books frames [first_frame, first_frame + frames) of a layer as the
@@ -80,6 +89,7 @@ class SpanHostCoder {
     std::shared_ptr<const std::vector<std::vector<uint16_t>>> basis;  // the current one
     std::vector<SpanCoding> last;   // the spans the last append opened
     int64_t spans_coded = 0;
+    bool seen = false;  // a finite query was attended at this layer (the sums only grow: for good)
   };
 
   KvGeometry g_;
@@ -88,7 +98,7 @@ class SpanHostCoder {
   bool qsac_ = false, psac_ = false;
   std::vector<Layer> layers_;
   std::vector<QueryStats> stats_;  // [heads]: the statistics of layer stats_layer_
-  int32_t stats_layer_ = -1;
+  int32_t stats_layer_ = -1;       // -1: none set for the next append
   std::vector<std::vector<bool>> has_basis_;  // [layers][window slots]
 };
 

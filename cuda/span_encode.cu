@@ -401,7 +401,7 @@ __device__ void finish_centroids(const SpanEncodeArgs& a, const SpanEncodeJob& J
 }
 
 __device__ __forceinline__ const float* job_weights(const SpanEncodeArgs& a, const SpanEncodeJob& J) {
-  return J.weights >= 0 ? a.params + J.weights : nullptr;
+  return J.weights >= 0 && a.params[J.weights + a.head_dim] != 0.0f ? a.params + J.weights : nullptr;
 }
 
 // the clean rows and the k-means++ seeding, one CTA per job; a job without
@@ -458,7 +458,7 @@ __global__ void span_code_kernel(const SpanEncodeArgs a) {
   const int bb = 1 + B / 4;  // bytes of one residual block
   Scratch s;
   scratch_layout(n, d, a.scratch + J.scratch, &s);
-  const float* w = J.weights >= 0 ? a.params + J.weights : nullptr;
+  const float* w = job_weights(a, J);
   const float* basis = J.basis >= 0 ? a.params + J.basis : nullptr;
   const int k = job_centroids(J);
   const int m = J.candidates < k ? J.candidates : k;

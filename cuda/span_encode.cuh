@@ -14,7 +14,8 @@
 // record) into the image of the frame that holds it, and the span's table
 // (fp16 centroids; the fp16 basis for keys with PSAC) into the image of
 // its first stored frame. The host still runs the bookkeeping that decides
-// spans, seeds, QSAC weights and bases (kv_span_host.h).
+// spans, seeds and bases (kv_span_host.h); the QSAC weights are made on
+// the device from the query statistics (query_gram.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,7 +41,8 @@ struct SpanEncodeJob {
   int32_t head = 0;
   int32_t first_image = 0;   // index in frame_images of the span's first frame
   uint64_t seed = 0;
-  int64_t weights = -1;      // offset in params of [head_dim] QSAC weights; -1: uniform
+  int64_t weights = -1;      // offset in params of [head_dim] QSAC weights and their flag (query_gram.cuh:
+                             // QsacWeightsJob); -1, or a flag of 0: uniform
   int64_t basis = -1;        // offset in params of [8][head_dim] fp16-valued PSAC basis; -1: none
   int64_t scratch = 0;       // byte offset of this job's scratch (span_encode_scratch_bytes, 16-aligned)
 };

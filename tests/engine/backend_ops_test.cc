@@ -1340,9 +1340,11 @@ TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
 }
 
 // QuantWM-2's query statistics are summed in each session's own pool pages,
-// a launch per attention call, and come down at the write pass only. A
-// session that ends hands its pages back: the other session's codes stay
-// the CPU's, and sessions that take those pages next start from zero
+// a launch per attention call; the write pass makes the QSAC weights from
+// them on the device, and they come down only for the host's bookkeeping:
+// before a layer has seen a query, and for a new PSAC basis. A session that
+// ends hands its pages back: the other session's codes stay the CPU's, and
+// sessions that take those pages next start from zero
 TEST(CudaSpan, StatisticsPagesOfAnEndedSessionStartAgainFromZero) {
   WM_REQUIRE_CUDA();
   AttnSpec a;
@@ -1352,10 +1354,10 @@ TEST(CudaSpan, StatisticsPagesOfAnEndedSessionStartAgainFromZero) {
   a.observe = true;
   AppendBatch b(a, {2, 2}, 29);
   ASSERT_TRUE(b.ok());
-  const int64_t launches = counter("query.gram_launches"), downloads = counter("query.gram_downloads");
+  const int64_t launches = counter("query.gram_launches"), downloads = counter("query.gram_downloads"),
+                weights = counter("query.qsac_weight_launches");
   b.attend(93);
   EXPECT_EQ(counter("query.gram_launches") - launches, a.layers) << "one launch per call";
-  EXPECT_EQ(counter("query.gram_downloads"), downloads) << "nothing comes down before the write pass";
   b.cpu[0].reset();
   b.cuda[0].reset();
   for (int l = 0; l < a.layers; ++l) {
@@ -1364,7 +1366,8 @@ TEST(CudaSpan, StatisticsPagesOfAnEndedSessionStartAgainFromZero) {
     const absl::Status st = backends().cuda->kv_append(l, {&b.cuda_slices[1], 1}, first, a.tokens_per_frame, b.gk, b.gv);
     ASSERT_TRUE(st.ok()) << st;
   }
-  EXPECT_EQ(counter("query.gram_downloads") - downloads, a.layers) << "one download per layer's write pass";
+  EXPECT_EQ(counter("query.gram_downloads"), downloads) << "queries seen, frames 3 and 4 in the first basis' epoch";
+  EXPECT_EQ(counter("query.qsac_weight_launches") - weights, a.layers) << "one per layer's write pass";
   b.expect_same_caches();
   b.cpu.clear();
   b.cuda.clear();

@@ -16,6 +16,7 @@
 #include "cuda/attention_plan.h"
 #include "cuda/kv_layout.h"
 #include "cuda/kv_pages.h"
+#include "cuda/kv_span_host.h"
 #include "cuda/mma_layout.h"
 #include "cuda/page_pool.h"
 #include "cuda/staging_ring.h"
@@ -239,6 +240,88 @@ TEST(KvPages, FollowsTheCachePolicyAcrossEviction) {
   }
   EXPECT_LE(kv.pages_held(), g.reservation_pages());
   EXPECT_EQ(kv.pages_held(), g.reservation_pages());  // the window is full: every page is in use
+}
+
+// the host half of a QuantWM-2 cache on the device asks for the query
+// statistics only where its books read them: until a layer has seen a
+// finite query, and at appends that open a PSAC basis (every
+// psac_refresh_frames frames); an append that needs them without them is
+// refused before anything is booked
+TEST(SpanHostCoder, ReadsTheStatisticsOnlyWhereItsBooksNeedThem) {
+  KvGeometry g;
+  g.layers = 2;
+  g.heads = 2;
+  g.head_dim = 64;
+  g.tokens_per_frame = 64;
+  g.window_frames = 8;
+  g.sink_frames = 1;
+  KvFormatOptions o;
+  o.psac_refresh_frames = 4;
+  const int64_t per = g.head_dim * (g.head_dim + 1) / 2;
+  std::vector<double> none(static_cast<size_t>(per), 0.0), some(static_cast<size_t>(per), 0.0);
+  for (int c = 0; c < g.head_dim; ++c) some[static_cast<size_t>(c) * (c + 1) / 2 + c] = 1.0 + c;
+  const auto set = [&](SpanHostCoder& coder, int32_t layer, const std::vector<double>& lower, int64_t rows) {
+    for (int32_t h = 0; h < g.heads; ++h) coder.set_statistics(layer, h, lower.data(), rows);
+  };
+  SpanHostCoder coder(g, o, true);
+  ASSERT_TRUE(coder.observes_queries());
+  // frame 0 (a sink), with statistics of no finite query: the layer has still seen none
+  EXPECT_TRUE(coder.needs_statistics(0, 0, 1));
+  set(coder, 0, none, 0);
+  ASSERT_TRUE(coder.append(0, 0, 1).ok());
+  EXPECT_TRUE(coder.needs_statistics(0, 1, 1));
+  // without them: refused, nothing booked; the same append with them then goes through
+  absl::Status st = coder.append(0, 1, 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  set(coder, 0, some, 10);
+  ASSERT_TRUE(coder.append(0, 1, 1).ok());
+  ASSERT_EQ(coder.coded(0).size(), 1u);
+  const auto first_basis = coder.coded(0)[0].basis;
+  EXPECT_NE(first_basis, nullptr) << "the first seen queries make a basis";
+  EXPECT_TRUE(coder.coded(0)[0].qsac);
+  // frames 2 and 3 are in its epoch: no statistics, and the span keeps the basis
+  for (int64_t f = 2; f < 4; ++f) {
+    EXPECT_FALSE(coder.needs_statistics(0, f, 1)) << f;
+    st = coder.append(0, f, 1);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(coder.coded(0)[0].basis, first_basis);
+  }
+  // frame 4 opens the next epoch's basis: it needs them again, set for that append only
+  EXPECT_TRUE(coder.needs_statistics(0, 4, 1));
+  EXPECT_EQ(coder.append(0, 4, 1).code(), absl::StatusCode::kFailedPrecondition);
+  set(coder, 0, some, 20);
+  ASSERT_TRUE(coder.append(0, 4, 1).ok());
+  EXPECT_NE(coder.coded(0)[0].basis, first_basis);
+  EXPECT_FALSE(coder.needs_statistics(0, 5, 1));
+  // layer 1 keeps books of its own: nothing seen there yet
+  EXPECT_TRUE(coder.needs_statistics(1, 0, 1));
+  EXPECT_EQ(coder.append(1, 0, 1).code(), absl::StatusCode::kFailedPrecondition);
+  // statistics set for another layer do not count for this one
+  set(coder, 0, some, 20);
+  EXPECT_EQ(coder.append(1, 0, 1).code(), absl::StatusCode::kFailedPrecondition);
+
+  // QSAC without PSAC: until the layer has seen a query; QVG-2, and QuantWM-2 without either: never
+  KvFormatOptions qsac_only = o;
+  qsac_only.psac = false;
+  SpanHostCoder weights_only(g, qsac_only, true);
+  set(weights_only, 0, some, 10);
+  ASSERT_TRUE(weights_only.append(0, 0, 1).ok());
+  for (int64_t f = 1; f < 12; ++f) {
+    EXPECT_FALSE(weights_only.needs_statistics(0, f, 1)) << f;
+    ASSERT_TRUE(weights_only.append(0, f, 1).ok());
+  }
+  KvFormatOptions neither = o;
+  neither.psac = false;
+  neither.qsac = false;
+  for (const auto& [quantwm, options] : {std::pair{false, o}, std::pair{true, neither}}) {
+    SpanHostCoder plain(g, options, quantwm);
+    EXPECT_FALSE(plain.observes_queries());
+    for (int64_t f = 0; f < 6; ++f) {
+      EXPECT_FALSE(plain.needs_statistics(0, f, 1));
+      ASSERT_TRUE(plain.append(0, f, 1).ok());
+      for (const SpanCoding& c : plain.coded(0)) EXPECT_FALSE(c.qsac);
+    }
+  }
 }
 
 TEST(KvPages, RejectsOutOfOrderFramesAndSkipsFramesAnAppendEvicts) {
