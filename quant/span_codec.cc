@@ -108,6 +108,13 @@ void encode_impl(const float* x, int n, int d, int stride, const SpanCodecParams
   out->coeffs.assign(psac ? static_cast<size_t>(n) * rec : 0, 0);
 
   const int m = std::max(1, std::min(p.candidates, k));
+  // every token's distance to every (stored) centroid at once, in vector lanes where there are
+  // several; nearest_centroids' order and ties
+  std::vector<float> to(k > 1 ? static_cast<size_t>(k) * n : 0);
+  if (k > 1) {
+    const RowDistances rows(clean.data(), n, d, d, p.weights);
+    for (int j = 0; j < k; ++j) rows.to_one(cen.data() + static_cast<size_t>(j) * d, to.data() + static_cast<size_t>(j) * n);
+  }
   std::vector<int> cand(static_cast<size_t>(m));
   std::vector<float> cdist(static_cast<size_t>(m));
   std::vector<float> resid(static_cast<size_t>(d));
@@ -115,7 +122,8 @@ void encode_impl(const float* x, int n, int d, int stride, const SpanCodecParams
   std::vector<float> err_vec(static_cast<size_t>(d)), alpha(kPsacRank), deq(static_cast<size_t>(B));
   for (int i = 0; i < n; ++i) {
     const float* xi = clean.data() + static_cast<size_t>(i) * d;
-    const int have = nearest_centroids(xi, d, p.weights, cen.data(), k, m, cand.data(), cdist.data());
+    const int have = k > 1 ? nearest_of(to.data() + i, n, k, m, cand.data(), cdist.data())
+                           : nearest_centroids(xi, d, p.weights, cen.data(), k, m, cand.data(), cdist.data());
     float best_err = std::numeric_limits<float>::infinity();
     int best_id = cand[0];
     for (int t = 0; t < have; ++t) {

@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <random>
 #include <set>
+
+#include "quant/kmeans_ops.h"
 
 #include "tests/quant/test_util.h"
 
@@ -107,6 +111,63 @@ TEST(Kmeans, WeightsChangeTheGeometry) {
   kmeans(x.data(), 40, 2, 2, w, 2, 10, 3, &cen, &a);
   for (int i = 1; i < 20; ++i) EXPECT_EQ(a[static_cast<size_t>(i)], a[0]);
   for (int i = 20; i < 40; ++i) EXPECT_NE(a[static_cast<size_t>(i)], a[0]);
+}
+
+// the distances in vector lanes are wdist's (kmeans_ops.h) bit for bit:
+// odd row counts and widths, weights or none, ties, values whose squares
+// overflow, NaN and infinities among the rows and the centroids
+TEST(Kmeans, RowDistancesAreWdistsBitForBit) {
+  std::mt19937 rng(11);
+  for (const int d : {2, 3, 64, 128})
+    for (const int n : {1, 7, 8, 9, 37, 100}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " n " + std::to_string(n));
+      const int stride = d + 3, k = 13;
+      std::vector<float> x = testing_util::randn(static_cast<size_t>(n) * stride, rng, 3.0f);
+      std::vector<float> cen = testing_util::randn(static_cast<size_t>(k) * d, rng, 3.0f);
+      std::copy(cen.begin(), cen.begin() + d, cen.begin() + 2 * d);  // centroids 0 and 2 tie
+      std::copy(x.begin(), x.begin() + d, cen.begin() + 5 * d);      // row 0 sits on centroid 5
+      if (n > 3) {
+        x[static_cast<size_t>(stride) + 1] = 1e30f;  // row 1: its square overflows
+        x[2 * static_cast<size_t>(stride)] = NAN;
+        x[3 * static_cast<size_t>(stride) + d - 1] = -INFINITY;
+      }
+      cen[7 * static_cast<size_t>(d)] = INFINITY;
+      std::vector<float> w = testing_util::randn(static_cast<size_t>(d), rng);
+      for (float& v : w) v = std::abs(v) + 0.01f;
+      for (const float* weights : {static_cast<const float*>(nullptr), static_cast<const float*>(w.data())}) {
+        const RowDistances rows(x.data(), n, d, stride, weights);
+        for (int j = 0; j < k; ++j) {
+          std::vector<float> got(static_cast<size_t>(n));
+          rows.to_one(cen.data() + static_cast<size_t>(j) * d, got.data());
+          for (int i = 0; i < n; ++i) {
+            const float want = kmeans_ops::finite_or_max(
+                kmeans_ops::wdist(x.data() + static_cast<size_t>(i) * stride, cen.data() + static_cast<size_t>(j) * d,
+                                  weights, d));
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(want))
+                << "row " << i << " centroid " << j << (weights ? " weighted" : "");
+          }
+        }
+        for (const int kk : {1, 4, 5, k}) {
+          std::vector<int> best(static_cast<size_t>(n), -1);
+          std::vector<float> dist(static_cast<size_t>(n));
+          rows.nearest(cen.data(), kk, best.data(), dist.data());
+          for (int i = 0; i < n; ++i) {
+            int b = 0;
+            float bd = INFINITY;
+            for (int j = 0; j < kk; ++j) {
+              const float dj = kmeans_ops::finite_or_max(kmeans_ops::wdist(
+                  x.data() + static_cast<size_t>(i) * stride, cen.data() + static_cast<size_t>(j) * d, weights, d));
+              if (dj < bd) {
+                bd = dj;
+                b = j;
+              }
+            }
+            ASSERT_EQ(best[static_cast<size_t>(i)], b) << "row " << i << " of " << kk << (weights ? " weighted" : "");
+            ASSERT_EQ(std::bit_cast<uint32_t>(dist[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(bd));
+          }
+        }
+      }
+    }
 }
 
 TEST(Kmeans, NearestCentroidsSortedWithTies) {
