@@ -368,7 +368,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   // and its K/V stages (3 with 128 keys a step, whatever attention.stages says)
   if (name == "attention.ws_stages.block_q_128") return int64_t{attention_sm90_ws_stages(overlap_stages(), ws_keys(128))};
   if (name == "attention.ws_stages.block_q_64") return int64_t{attention_sm90_ws_stages(overlap_stages(), ws_keys(64))};
-  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped), 0 if none
+  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped, 4 warp-specialised), 0 if none
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
     int32_t hd = 0;
     if (!absl::SimpleAtoi(name, &hd)) return absl::NotFoundError("attention.kernel.head_dim_N: N is a number");
