@@ -248,13 +248,7 @@ TEST(KvPages, FollowsTheCachePolicyAcrossEviction) {
 // psac_refresh_frames frames); an append that needs them without them is
 // refused before anything is booked
 TEST(SpanHostCoder, ReadsTheStatisticsOnlyWhereItsBooksNeedThem) {
-  KvGeometry g;
-  g.layers = 2;
-  g.heads = 2;
-  g.head_dim = 64;
-  g.tokens_per_frame = 64;
-  g.window_frames = 8;
-  g.sink_frames = 1;
+  const KvGeometry g{.layers = 2, .heads = 2, .head_dim = 64, .tokens_per_frame = 64, .window_frames = 8, .sink_frames = 1};
   KvFormatOptions o;
   o.psac_refresh_frames = 4;
   const int64_t per = g.head_dim * (g.head_dim + 1) / 2;
