@@ -5,7 +5,7 @@
 # compute-sanitizer memcheck. Leak checking is off: a launch the emulator
 # fails on purpose (SimtChecks) abandons its threads' stacks.
 #
-#   bash tools/simt-asan.sh [BUILD_DIR]     (default build-asan; ~10 minutes on 2 cores)
+#   bash tools/simt-asan.sh [BUILD_DIR]     (default build-asan; ~45 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-asan}
