@@ -3,6 +3,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/query_gram.cuh"
+#include "quant/qsac_ops.h"
 
 namespace wm::cuda {
 namespace {
@@ -58,7 +59,10 @@ __global__ void query_gram_kernel(const QueryGramArgs a) {
   *gram_sum(a, J, e) += s;
 }
 
-// one thread per job, its channels in order (the host's loop)
+// the span coder's widest head (device_span_support)
+constexpr int32_t kQsacMaxHeadDim = 128;
+
+// one thread per job: its diagonal from the pages, then the host's arithmetic (quant/qsac_ops.h)
 __global__ void qsac_weights_kernel(const QsacWeightsArgs a) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= a.n_jobs) return;
@@ -71,28 +75,16 @@ __global__ void qsac_weights_kernel(const QsacWeightsArgs a) {
                                                         a.page_bytes)[i % per_page];
   };
   float* w = a.out + J.out;
-  const double count = sum(static_cast<int64_t>(D) * (D + 1) / 2);
-  if (count == 0) {
-    w[D] = 0.0f;
-    return;
-  }
-  const auto diag = [&](int32_t c) { return sum(static_cast<int64_t>(c) * (c + 1) / 2 + c); };
-  double mean = 0;
-  for (int32_t c = 0; c < D; ++c) mean += diag(c) / count;
-  mean /= D;
-  for (int32_t c = 0; c < D; ++c) {
-    const double v = mean > 0 ? diag(c) / count / mean : 1.0;
-    const double floor = J.floor;
-    w[c] = static_cast<float>(floor < v ? v : floor);  // std::max(floor, v)
-  }
-  w[D] = 1.0f;
+  double diag[kQsacMaxHeadDim];
+  for (int32_t c = 0; c < D; ++c) diag[c] = sum(static_cast<int64_t>(c) * (c + 1) / 2 + c);
+  w[D] = qsac_ops::channel_weights(diag, sum(static_cast<int64_t>(D) * (D + 1) / 2), D, J.floor, w) ? 1.0f : 0.0f;
 }
 
 }  // namespace
 
 cudaError_t launch_qsac_weights(const QsacWeightsArgs& a, cudaStream_t stream) {
   if (a.n_jobs <= 0) return cudaSuccess;
-  if (a.head_dim <= 0 || a.head_dim > 1024 || a.page_bytes < 8 || a.page_bytes % 8 != 0)
+  if (a.head_dim <= 0 || a.head_dim > kQsacMaxHeadDim || a.page_bytes < 8 || a.page_bytes % 8 != 0)
     return cudaErrorInvalidValue;
   return launch_kernel(qsac_weights_kernel, dim3(static_cast<unsigned>((a.n_jobs + kThreads - 1) / kThreads)), kThreads,
                        0, stream, a);

@@ -44,7 +44,7 @@ struct QueryGramArgs {
 };
 
 // QSAC's channel weights of a (session, layer, head) from its running
-// sums, where an append codes its keys: QueryStats::channel_weights' own
+// sums, where an append codes its keys: quant/qsac_ops.h, QueryStats::channel_weights'
 // arithmetic in double (w_c = max(floor, G_cc / count / mean_c(G_cc /
 // count))), so the weights are the host's bit for bit, but made on the
 // device in stream order, after the write pass's own queries were added,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "quant/qsac_ops.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -77,16 +78,9 @@ void QueryStats::set_gram(const double* lower, int64_t rows) {
 }
 
 bool QueryStats::channel_weights(float floor, float* w) const {
-  if (count_ == 0) return false;
-  const auto diag = [this](int c) { return lower_[static_cast<size_t>(c) * (c + 1) / 2 + c]; };
-  double mean = 0;
-  for (int c = 0; c < d_; ++c) mean += diag(c) / static_cast<double>(count_);
-  mean /= d_;
-  for (int c = 0; c < d_; ++c) {
-    const double v = mean > 0 ? diag(c) / static_cast<double>(count_) / mean : 1.0;
-    w[c] = static_cast<float>(std::max(static_cast<double>(floor), v));
-  }
-  return true;
+  std::vector<double> diag(static_cast<size_t>(d_));
+  for (int c = 0; c < d_; ++c) diag[static_cast<size_t>(c)] = lower_[static_cast<size_t>(c) * (c + 1) / 2 + c];
+  return qsac_ops::channel_weights(diag.data(), static_cast<double>(count_), d_, floor, w);
 }
 
 bool QueryStats::principal_basis(int r, float* u, double* energy) const {
