@@ -7,13 +7,18 @@
 
 namespace wm {
 
-double psnr_rgb8(const uint8_t* a, const uint8_t* b, size_t bytes) {
-  if (bytes == 0) return 0.0;
+double squared_error_u8(const uint8_t* a, const uint8_t* b, size_t bytes) {
   double se = 0;
   for (size_t i = 0; i < bytes; ++i) {
     const double d = static_cast<double>(a[i]) - b[i];
     se += d * d;
   }
+  return se;
+}
+
+double psnr_rgb8(const uint8_t* a, const uint8_t* b, size_t bytes) {
+  if (bytes == 0) return 0.0;
+  const double se = squared_error_u8(a, b, bytes);
   if (se == 0) return std::numeric_limits<double>::infinity();
   return 10.0 * std::log10(255.0 * 255.0 / (se / static_cast<double>(bytes)));
 }

@@ -7,6 +7,8 @@
 
 namespace wm {
 
+// the sum of squared differences of two 8-bit images' values
+double squared_error_u8(const uint8_t* a, const uint8_t* b, size_t bytes);
 // identical images give +infinity; callers cap it for averages
 double psnr_rgb8(const uint8_t* a, const uint8_t* b, size_t bytes);
 double ssim_rgb8(const uint8_t* a, const uint8_t* b, int width, int height);

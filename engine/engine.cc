@@ -23,6 +23,15 @@ uint8_t to_u8(float x) {
   return static_cast<uint8_t>(std::lround((c + 1.0f) * 127.5f));
 }
 
+// a frame's first three channels, [H, W, C] in [-1, 1], as 8-bit RGB
+std::vector<uint8_t> frame_rgb(const float* src, const ModelConfig& c) {
+  const int64_t pixels = static_cast<int64_t>(c.width) * c.height;
+  std::vector<uint8_t> rgb(static_cast<size_t>(pixels) * 3);
+  for (int64_t p = 0; p < pixels; ++p)
+    for (int ch = 0; ch < 3; ++ch) rgb[static_cast<size_t>(p * 3 + ch)] = to_u8(src[p * c.channels + ch]);
+  return rgb;
+}
+
 }  // namespace
 
 // "cpu", "cuda" or "auto" (engine.h, EngineOptions::device)
@@ -83,6 +92,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineOptions& opti
     WM_ASSIGN_OR_RETURN(weights, load_host_weights(config, *file));
   }
   if (options.kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv budget must be positive");
+  if (!(options.audit_block_fraction >= 0 && options.audit_block_fraction <= 1))
+    return absl::InvalidArgumentError(
+        absl::StrCat("audit block fraction ", options.audit_block_fraction, " must be in [0, 1]"));
   WM_ASSIGN_OR_RETURN(e->backend_, make_backend(options, config, &e->device_, &e->device_note_));
   e->plugin_ = dynamic_cast<PluginBackend*>(e->backend_.get());
   // on a device the KV budget is the page pool: admission counts its real bytes
@@ -181,14 +193,19 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   // audit mode: a full-precision shadow beside the cache measures drift
   // (quant/kv_audit.h; its bytes are part of the session's reservation); on
   // a device the shadow and the probes read K/V and queries through downloads
+  const SessionId id = next_id_++;
   if (options.audit) {
     DeviceReader reader;
     if (device_ != "cpu")
       reader = [b = backend_.get()](void* host, const void* device, size_t bytes) { b->download(host, device, bytes); };
-    s.cache = make_audited_cache(std::move(s.cache), AuditOptions{}, std::move(reader));
+    AuditOptions ao;
+    ao.block_fraction = options_.audit_block_fraction;
+    ao.block_seed = options.seed ^ (id * 0x9E3779B97F4A7C15ull);  // sessions sample different blocks
+    auto audited = std::make_unique<AuditedKvCache>(std::move(s.cache), ao, std::move(reader));
+    s.audit = audited.get();
+    s.cache = std::move(audited);
   }
   if (options.wrap_cache) s.cache = options.wrap_cache(std::move(s.cache));
-  const SessionId id = next_id_++;
   Session* sp = &sessions_.emplace(id, std::move(s)).first->second;
   reserved_ += need;
   // the prompt goes in block by block, exactly as generated frames would
@@ -277,6 +294,86 @@ absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::denoise(ForwardInput& in, std::span<const uint64_t> seeds, bool graphs, OpTimes* ops,
+                             const TraceFn* trace, std::vector<float>* host) {
+  const ModelConfig& c = config();
+  const int frames = static_cast<int>(in.frame_index.size());
+  const int64_t fv = c.frame_values();
+  const FrameShape shape{c.height, c.width, c.channels, c.patch};
+  backend_->noise_frames(seeds, in.frame_index, fv, pixels_);
+  backend_->patchify(pixels_, frames, shape, x_);
+  in.tokens = x_;
+
+  const size_t steps = c.sigmas.size();
+  std::vector<float> dt(static_cast<size_t>(frames));
+  // the denoising passes differ only in what prepare_forward uploads: the
+  // first is recorded, the others run the recording (options_.device_graphs)
+  graphs = graphs && steps > 1;
+  bool recorded = false;
+  for (size_t i = 0; i < steps; ++i) {
+    in.sigma.assign(static_cast<size_t>(frames), c.sigmas[i]);
+    WM_RETURN_IF_ERROR(model_->prepare_forward(in, ops, trace));
+    bool ran = false;
+    if (graphs && i == 0) {
+      if (backend_->prepare_recording(in.sessions, c.tokens_per_frame()) && backend_->graph_begin()) {
+        const absl::Status pass = model_->run_forward(in, v_, ops, nullptr);
+        const absl::Status ended = backend_->graph_end(/*keep=*/pass.ok());
+        // not recorded: nothing ran, so the pass runs below as usual
+        ran = recorded = pass.ok() && ended.ok();
+      }
+    } else if (recorded) {
+      const auto t0 = std::chrono::steady_clock::now();
+      WM_RETURN_IF_ERROR(backend_->graph_launch());
+      ops->other += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ran = true;
+    }
+    if (!ran) WM_RETURN_IF_ERROR(model_->run_forward(in, v_, ops, trace));
+    const float next = i + 1 < steps ? c.sigmas[i + 1] : 0.0f;
+    std::fill(dt.begin(), dt.end(), next - c.sigmas[i]);
+    backend_->upload(dt_, dt.data(), dt.size() * sizeof(float));
+    backend_->euler_step(x_, v_, dt_, frames, fv, /*clamp=*/i + 1 == steps);
+  }
+  backend_->unpatchify(x_, frames, shape, pixels_);
+  host->resize(static_cast<size_t>(frames) * fv);
+  backend_->download(host->data(), pixels_, host->size() * sizeof(float));
+  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::shadow_frames(std::span<Session* const> sessions, std::span<const StepRequest> requests,
+                                   const std::vector<StepResult>& results, OpTimes* ops) {
+  const ModelConfig& c = config();
+  const int B = c.frames_per_block;
+  std::vector<size_t> picked;
+  for (size_t r = 0; r < sessions.size(); ++r)
+    if (sessions[r]->audit != nullptr && sessions[r]->audit->shadow_block(sessions[r]->generated)) picked.push_back(r);
+  if (picked.empty()) return absl::OkStatus();
+  // the same block (seed, frame indices, actions: the same initial noise and
+  // conditioning) with the shadow as each session's history; nothing is
+  // written into any cache, and the shadow's attention changes nothing
+  ForwardInput in;
+  std::vector<uint64_t> seeds;
+  for (size_t i = 0; i < picked.size(); ++i) {
+    const Session& s = *sessions[picked[i]];
+    in.sessions.push_back({&s.audit->shadow(), static_cast<int>(i) * B, B, s.batch_invariant});
+    for (int b = 0; b < B; ++b) {
+      seeds.push_back(s.seed);
+      in.actions.push_back(requests[picked[i]].actions[static_cast<size_t>(b)]);
+      in.frame_index.push_back(s.generated + b);
+    }
+  }
+  std::vector<float> host;
+  WM_RETURN_IF_ERROR(denoise(in, seeds, /*graphs=*/false, ops, nullptr, &host));
+  const int64_t fv = c.frame_values();
+  for (size_t i = 0; i < picked.size(); ++i)
+    for (int b = 0; b < B; ++b) {
+      const std::vector<uint8_t>& served = results[picked[i]].frames[static_cast<size_t>(b)].rgb;
+      const std::vector<uint8_t> shadow = frame_rgb(host.data() + (i * B + b) * fv, c);
+      sessions[picked[i]]->audit->add_frame(served.data(), shadow.data(), served.size());
+    }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest> requests, StepStats* stats,
                                                      bool keep_values, const TraceFn* trace) {
   const auto t_start = std::chrono::steady_clock::now();
@@ -308,7 +405,6 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   WM_RETURN_IF_ERROR(flush_writes(&ops));
   WM_RETURN_IF_ERROR(reserve_buffers(frames));
   const int64_t fv = c.frame_values();
-  const FrameShape shape{c.height, c.width, c.channels, c.patch};
 
   // initial noise, a pure function of (seed, frame index), made by the backend
   ForwardInput in;
@@ -316,49 +412,13 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
   for (size_t r = 0; r < requests.size(); ++r) {
     in.sessions.push_back({sess[r]->cache.get(), static_cast<int>(r) * B, B, sess[r]->batch_invariant});
     for (int b = 0; b < B; ++b) {
-      const int64_t index = sess[r]->generated + b;
       seeds.push_back(sess[r]->seed);
       in.actions.push_back(requests[r].actions[static_cast<size_t>(b)]);
-      in.frame_index.push_back(index);
+      in.frame_index.push_back(sess[r]->generated + b);
     }
   }
-  backend_->noise_frames(seeds, in.frame_index, fv, pixels_);
-  backend_->patchify(pixels_, frames, shape, x_);
-  in.tokens = x_;
-
-  const size_t steps = c.sigmas.size();
-  std::vector<float> dt(static_cast<size_t>(frames));
-  // the denoising passes differ only in what prepare_forward uploads: the
-  // first is recorded, the others run the recording (options_.device_graphs)
-  const bool graphs = options_.device_graphs && trace == nullptr && steps > 1;
-  bool recorded = false;
-  for (size_t i = 0; i < steps; ++i) {
-    in.sigma.assign(static_cast<size_t>(frames), c.sigmas[i]);
-    WM_RETURN_IF_ERROR(model_->prepare_forward(in, &ops, trace));
-    bool ran = false;
-    if (graphs && i == 0) {
-      if (backend_->prepare_recording(in.sessions, c.tokens_per_frame()) && backend_->graph_begin()) {
-        const absl::Status pass = model_->run_forward(in, v_, &ops, nullptr);
-        const absl::Status ended = backend_->graph_end(/*keep=*/pass.ok());
-        // not recorded: nothing ran, so the pass runs below as usual
-        ran = recorded = pass.ok() && ended.ok();
-      }
-    } else if (recorded) {
-      const auto t0 = std::chrono::steady_clock::now();
-      WM_RETURN_IF_ERROR(backend_->graph_launch());
-      ops.other += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ran = true;
-    }
-    if (!ran) WM_RETURN_IF_ERROR(model_->run_forward(in, v_, &ops, trace));
-    const float next = i + 1 < steps ? c.sigmas[i + 1] : 0.0f;
-    std::fill(dt.begin(), dt.end(), next - c.sigmas[i]);
-    backend_->upload(dt_, dt.data(), dt.size() * sizeof(float));
-    backend_->euler_step(x_, v_, dt_, frames, fv, /*clamp=*/i + 1 == steps);
-  }
-  backend_->unpatchify(x_, frames, shape, pixels_);
-  std::vector<float> host(static_cast<size_t>(frames) * fv);
-  backend_->download(host.data(), pixels_, host.size() * sizeof(float));
-  if (plugin_ != nullptr) WM_RETURN_IF_ERROR(plugin_->status());
+  std::vector<float> host;
+  WM_RETURN_IF_ERROR(denoise(in, seeds, options_.device_graphs && trace == nullptr, &ops, trace, &host));
 
   std::vector<StepResult> results(requests.size());
   for (size_t r = 0; r < requests.size(); ++r) {
@@ -370,14 +430,15 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
       fr.width = c.width;
       fr.height = c.height;
       const float* src = host.data() + (r * B + b) * fv;
-      fr.rgb.resize(static_cast<size_t>(c.width) * c.height * 3);
-      const int C = c.channels;
-      for (int64_t p = 0; p < static_cast<int64_t>(c.width) * c.height; ++p)
-        for (int ch = 0; ch < 3; ++ch) fr.rgb[static_cast<size_t>(p * 3 + ch)] = to_u8(src[p * C + ch]);
+      fr.rgb = frame_rgb(src, c);
       if (keep_values) fr.values.assign(src, src + fv);
       results[r].frames.push_back(std::move(fr));
     }
   }
+
+  // audited sessions: some blocks made again against the full-precision
+  // shadow (which holds the same history as the cache, before this block)
+  if (plugin_ == nullptr) WM_RETURN_IF_ERROR(shadow_frames(sess, requests, results, &ops));
 
   // the block's clean frames (or the ones the request forces) go into the caches
   if (any_forced) {

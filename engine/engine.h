@@ -25,6 +25,7 @@
 
 namespace wm {
 
+class AuditedKvCache;
 class PluginBackend;
 
 using SessionId = uint64_t;
@@ -60,6 +61,12 @@ struct EngineOptions {
   // how many rows it has), and on a device its attention too (the plan, how
   // its keys are split across blocks, would depend on the batch)
   bool batch_invariant = false;
+  // audited sessions (SessionOptions::audit): the fraction of their blocks
+  // made a second time with the full-precision shadow as the history, whose
+  // frames' PSNR against the served ones DriftStats keeps (0..1; 0: none).
+  // On the CPU backend only: a device attends to its own pages, not to the
+  // shadow in host memory (docs/QUANT.md, "Audit mode")
+  double audit_block_fraction = 0.125;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
   uint64_t random_seed = 0;
@@ -190,12 +197,22 @@ class Engine {
     int64_t generated = 0;  // frames produced; those of `pending` are not in the cache yet
     int64_t reserved = 0;
     std::unique_ptr<KvCache> cache;
+    AuditedKvCache* audit = nullptr;  // inside `cache` when the session is audited
     std::optional<PendingWrite> pending;
     bool batch_invariant = false;
   };
   Engine() = default;
   absl::Status write_frames(std::span<Session* const> sessions, std::span<const std::vector<Rgb8Image>* const> images);
   absl::Status validate_image(const Rgb8Image& img) const;
+  // the denoising passes of one block for every session of `in` (its
+  // sessions, actions and frame indices set; seeds per frame) from their
+  // initial noise; the clean frames, [frames][H, W, C], into *host
+  absl::Status denoise(ForwardInput& in, std::span<const uint64_t> seeds, bool graphs, OpTimes* ops,
+                       const TraceFn* trace, std::vector<float>* host);
+  // audit mode: the blocks of `results` whose session samples them made
+  // again against its shadow, and the frames' differences added to its drift
+  absl::Status shadow_frames(std::span<Session* const> sessions, std::span<const StepRequest> requests,
+                             const std::vector<StepResult>& results, OpTimes* ops);
 
   EngineOptions options_;
   std::string device_;

@@ -49,6 +49,12 @@ absl::Status AuditedKvCache::append(int layer, const float* k, const float* v, i
   return shadow_->append(layer, on_host(k, values, &host_k_), on_host(v, values, &host_v_), first_frame, frames);
 }
 
+bool AuditedKvCache::shadow_block(int64_t first_frame) const {
+  const uint64_t f = static_cast<uint64_t>(first_frame);
+  const double u = static_cast<double>(mix64(options_.block_seed ^ mix64(f)) >> 11) * 0x1.0p-53;
+  return u < options_.block_fraction;
+}
+
 void AuditedKvCache::observe_queries(int layer, const float* q, int n) { primary_->observe_queries(layer, q, n); }
 
 std::unique_ptr<KvCache> make_audited_cache(std::unique_ptr<KvCache> primary, const AuditOptions& options,

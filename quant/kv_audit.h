@@ -2,7 +2,10 @@
 // session's format) plus a full-precision fp32 shadow fed the same K/V and
 // queries. Attention returns the primary's result; for a sampled fraction of
 // calls it also probes a few queries per head against the shadow
-// (probe.h) and accumulates DriftStats, exposed through drift().
+// (probe.h) and accumulates DriftStats, exposed through drift(). The engine
+// also makes a sampled fraction of blocks a second time with the shadow as
+// the history (shadow_block(), shadow()) and adds the frames' differences
+// (add_frame()).
 //
 // Cost, bounded by AuditOptions: the shadow's memory (fp32, all frames of
 // the window: shadow_bytes(), NOT part of bytes(), which stays the
@@ -25,6 +28,10 @@ struct AuditOptions {
   int queries_per_head = 4;     // queries probed per head in a probed call
   int topk = 8;
   uint64_t seed = 1;
+  // blocks the engine makes again against the shadow (the frame PSNR); 0:
+  // none. Which ones: a hash of (block_seed, the block's first frame)
+  double block_fraction = 0.125;
+  uint64_t block_seed = 0;
 };
 
 // copies device memory to the host (Backend::download). An audited cache
@@ -50,6 +57,18 @@ class AuditedKvCache final : public KvCache {
   const DriftStats* drift() const override { return &drift_; }
 
   KvBytes shadow_bytes() const { return shadow_->bytes(); }
+  // the full-precision cache: attended as a session's history, it gives the
+  // frames the session would get without its format's error (never appended
+  // to but through this cache)
+  KvCache& shadow() { return *shadow_; }
+  // whether the session's block that starts at frame `first_frame` is made
+  // again against the shadow: a pure function of (block_seed, first_frame),
+  // block_fraction of the blocks
+  bool shadow_block(int64_t first_frame) const;
+  // a served frame and the same frame made against the shadow (8-bit RGB)
+  void add_frame(const uint8_t* served, const uint8_t* shadow, size_t values) {
+    drift_.add_frame(served, shadow, values);
+  }
   int64_t probed_calls() const { return probed_calls_; }
   const KvCache& primary() const { return *primary_; }
 

@@ -5,6 +5,7 @@
 // Threading: a KvCache is used by one thread at a time (the engine thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -77,15 +78,28 @@ struct KvFormatOptions {
 };
 
 // fidelity of a quantized cache against a full-precision shadow of the same
-// history, over sampled (layer, head, query) tuples (docs/QUANT.md)
+// history, over sampled (layer, head, query) tuples, and over frames made
+// again with the shadow as the history (docs/QUANT.md, "Audit mode")
 struct DriftStats {
+  // PSNR of identical frames, and the most any frame or pool of frames counts for
+  static constexpr double kPsnrCapDb = 60.0;
+
   int64_t queries = 0;            // sampled tuples
   int64_t top1_mismatches = 0;    // argmax over cached tokens differs
   double topk_overlap_sum = 0;    // sum of |top-k ∩ top-k_ref| / k
   double logit_sq_err_sum = 0;    // sum of squared logit errors
   int64_t logits = 0;             // logits compared
   double output_rel_err_sum = 0;  // sum of ||o - o_ref|| / ||o_ref||
+  int64_t frames = 0;             // served frames compared with their shadow frame
+  double frame_sq_err_sum = 0;    // sum of squared 8-bit RGB differences over them
+  int64_t frame_values = 0;       // 8-bit values compared
+  double frame_psnr_min = kPsnrCapDb;  // the lowest PSNR of one frame, dB (capped)
   double drift() const { return queries > 0 ? static_cast<double>(top1_mismatches) / queries : 0.0; }
+  // PSNR of the pooled squared error of every frame compared, dB (capped;
+  // the cap too when none was compared)
+  double frame_psnr() const;
+  // adds one served frame and its shadow frame (8-bit RGB, `values` bytes each)
+  void add_frame(const uint8_t* served, const uint8_t* shadow, size_t values);
   DriftStats& operator+=(const DriftStats& o) {
     queries += o.queries;
     top1_mismatches += o.top1_mismatches;
@@ -93,6 +107,10 @@ struct DriftStats {
     logit_sq_err_sum += o.logit_sq_err_sum;
     logits += o.logits;
     output_rel_err_sum += o.output_rel_err_sum;
+    frames += o.frames;
+    frame_sq_err_sum += o.frame_sq_err_sum;
+    frame_values += o.frame_values;
+    frame_psnr_min = frame_psnr_min < o.frame_psnr_min ? frame_psnr_min : o.frame_psnr_min;
     return *this;
   }
 };

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/image_metrics.h"
+
 namespace wm {
 namespace {
 
@@ -51,6 +53,24 @@ void attention_output(const std::vector<double>& s, const std::vector<double>& s
 }
 
 }  // namespace
+
+double DriftStats::frame_psnr() const {
+  if (frame_values == 0 || frame_sq_err_sum == 0) return kPsnrCapDb;
+  const double mse = frame_sq_err_sum / static_cast<double>(frame_values);
+  return std::min(kPsnrCapDb, 10.0 * std::log10(255.0 * 255.0 / mse));
+}
+
+void DriftStats::add_frame(const uint8_t* served, const uint8_t* shadow, size_t values) {
+  if (values == 0) return;
+  const double se = squared_error_u8(served, shadow, values);
+  const double psnr =
+      se == 0 ? kPsnrCapDb
+              : std::min(kPsnrCapDb, 10.0 * std::log10(255.0 * 255.0 * static_cast<double>(values) / se));
+  ++frames;
+  frame_sq_err_sum += se;
+  frame_values += static_cast<int64_t>(values);
+  frame_psnr_min = std::min(frame_psnr_min, psnr);
+}
 
 std::vector<ProbeQuery> probe_sample(int n, int heads, int per_head, uint64_t seed) {
   std::vector<ProbeQuery> out;

@@ -470,7 +470,7 @@ void EngineWorker::publish_gauges(int queued) {
   if (now - last_drift_publish_ >= std::chrono::seconds(1)) {
     last_drift_publish_ = now;
     for (const auto& [format, d] : engine_->drift_by_format())
-      metrics()->set_drift(format, d.drift(), static_cast<double>(d.queries));
+      metrics()->set_drift(format, d);
     const BackendMemory mem = engine_->device_memory();
     metrics()->set_gpu_memory(mem.device_total, mem.device_free);
     if (const PluginBackend* p = engine_->device_plugin(); p != nullptr) {

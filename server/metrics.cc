@@ -75,6 +75,20 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
                                .Name("wm_token_selection_drift_queries")
                                .Help("sampled queries behind wm_token_selection_drift_ratio, by cache format")
                                .Register(r);
+  shadow_psnr_family_ = &pm::BuildGauge()
+                            .Name("wm_shadow_frame_psnr_db")
+                            .Help("PSNR of audited sessions' served frames against the same blocks made with their "
+                                  "full-precision shadow as the history, pooled over the frames compared, by cache "
+                                  "format (dB; identical frames count as 60)")
+                            .Register(r);
+  shadow_psnr_min_family_ = &pm::BuildGauge()
+                                .Name("wm_shadow_frame_psnr_min_db")
+                                .Help("the lowest PSNR of one frame behind wm_shadow_frame_psnr_db, by cache format")
+                                .Register(r);
+  shadow_frames_family_ = &pm::BuildGauge()
+                              .Name("wm_shadow_frames")
+                              .Help("frames behind wm_shadow_frame_psnr_db, by cache format")
+                              .Register(r);
 
   gpu_memory_family_ = &pm::BuildGauge()
                             .Name("wm_gpu_memory_bytes")
@@ -187,9 +201,13 @@ void Metrics::set_device_graphs(int64_t recorded, int64_t recording_failed, int6
   }
 }
 
-void Metrics::set_drift(const std::string& format, double ratio, double queries) {
-  drift_family_->Add({{"format", format}}).Set(ratio);
-  drift_queries_family_->Add({{"format", format}}).Set(queries);
+void Metrics::set_drift(const std::string& format, const DriftStats& drift) {
+  drift_family_->Add({{"format", format}}).Set(drift.drift());
+  drift_queries_family_->Add({{"format", format}}).Set(static_cast<double>(drift.queries));
+  if (drift.frames == 0) return;
+  shadow_psnr_family_->Add({{"format", format}}).Set(drift.frame_psnr());
+  shadow_psnr_min_family_->Add({{"format", format}}).Set(drift.frame_psnr_min);
+  shadow_frames_family_->Add({{"format", format}}).Set(static_cast<double>(drift.frames));
 }
 
 }  // namespace wm::server

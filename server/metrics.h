@@ -17,6 +17,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "quant/kv_cache.h"
 #include "server/served_model.h"
 
 namespace wm::server {
@@ -40,7 +41,9 @@ class Metrics {
   prometheus::Gauge* admitting;             // 1 while a new default-format session would be admitted
   prometheus::Gauge* sessions_parked;       // sessions whose stream broke, waiting for a resume
   prometheus::Gauge* connections_open;      // gRPC connections open (as of the listener's last sweep)
-  void set_drift(const std::string& format, double ratio, double queries);
+  // what the audited sessions of a format measured so far: token-selection
+  // drift, and (once frames were made against the shadow) their PSNR
+  void set_drift(const std::string& format, const DriftStats& drift);
   // the accelerator's memory (no series on the CPU, which reports none)
   void set_gpu_memory(int64_t total, int64_t free);
   // the device's graph totals so far (EngineOptions::device_graphs): the
@@ -84,6 +87,9 @@ class Metrics {
   std::map<std::string, prometheus::Counter*, std::less<>> refused_connections_;
   prometheus::Family<prometheus::Gauge>* drift_family_;
   prometheus::Family<prometheus::Gauge>* drift_queries_family_;
+  prometheus::Family<prometheus::Gauge>* shadow_psnr_family_;
+  prometheus::Family<prometheus::Gauge>* shadow_psnr_min_family_;
+  prometheus::Family<prometheus::Gauge>* shadow_frames_family_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_family_;
   prometheus::Family<prometheus::Counter>* graph_family_;
   std::array<int64_t, 3> graph_seen_{};  // recorded, recording_failed, launched at the last call

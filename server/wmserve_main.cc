@@ -94,7 +94,11 @@ ABSL_FLAG(int, client_prompt_burst, 32,
 ABSL_FLAG(double, audit_fraction, 0.0,
           "fraction of sessions (0..1) that keep a full-precision shadow of their cache and feed "
           "wm_token_selection_drift_ratio{format}; each reserves one more fp32 cache of the KV budget "
-          "and costs a probe (CPU backend only: ignored on a GPU)");
+          "and costs probes (on a GPU too: the shadow is host memory)");
+ABSL_FLAG(double, audit_blocks, 0.125,
+          "fraction (0..1) of an audited session's blocks made a second time with its full-precision shadow as "
+          "the history, for wm_shadow_frame_psnr_db{format}: such a block costs its denoising passes twice (CPU "
+          "backend only; on a GPU none are)");
 ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
 ABSL_FLAG(int, max_connections, 4096,
           "gRPC connections open at once at most; more are closed at accept (0: only the open-file limit, less a "
@@ -269,6 +273,7 @@ int main(int argc, char** argv) {
   o.worker.engine.device = absl::GetFlag(FLAGS_device);
   o.worker.engine.device_graphs = absl::GetFlag(FLAGS_device_graphs);
   o.worker.engine.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  o.worker.engine.audit_block_fraction = absl::GetFlag(FLAGS_audit_blocks);
   o.worker.engine.cuda_plugin = absl::GetFlag(FLAGS_cuda_plugin);
   o.worker.engine.threads = absl::GetFlag(FLAGS_threads);
   o.worker.engine.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_bytes);
@@ -300,6 +305,8 @@ int main(int argc, char** argv) {
     return fail("--max_batch_wait_ms must be 0..1000");
   if (!(absl::GetFlag(FLAGS_audit_fraction) >= 0 && absl::GetFlag(FLAGS_audit_fraction) <= 1))
     return fail("--audit_fraction must be in [0, 1]");
+  if (!(absl::GetFlag(FLAGS_audit_blocks) >= 0 && absl::GetFlag(FLAGS_audit_blocks) <= 1))
+    return fail("--audit_blocks must be in [0, 1]");
   if (o.max_concurrent_streams < 0) return fail("--max_concurrent_streams must be >= 0");
   {
     const int64_t total = absl::GetFlag(FLAGS_max_connections), per = absl::GetFlag(FLAGS_max_connections_per_client);

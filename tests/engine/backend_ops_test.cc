@@ -2300,6 +2300,7 @@ TEST(CudaEndToEnd, AuditedSessionsMeasureDriftOnTheDevice) {
     EXPECT_GT(g.queries, 0) << format;
     EXPECT_EQ(g.queries, c.queries) << format << ": the same calls are probed";
     EXPECT_NEAR(g.drift(), c.drift(), 0.1) << format;
+    EXPECT_EQ(g.frames, 0) << format << ": a device makes no shadow frames (its attention reads only its pages)";
   }
   EXPECT_GT(dg.at("kivi2").drift(), dg.at("fp16").drift()) << "2-bit keys move the top-1 token, fp16 hardly";
   EXPECT_LT(dg.at("fp16").drift(), 0.05);

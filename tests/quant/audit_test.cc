@@ -1,7 +1,10 @@
 // Probes, the audited cache, capture/replay, and the engine's audit mode.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
 #include <random>
+#include <string>
 
 #include "engine/engine.h"
 #include "quant/kv_audit.h"
@@ -161,6 +164,135 @@ TEST(EngineAudit, AuditedSessionsReportDriftByFormat) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->cache_format, "quantwm2");
   EXPECT_LE(info->kv.total(), info->kv_reserved);
+}
+
+TEST(DriftStats, PoolsFramePsnrAndKeepsTheWorstFrame) {
+  DriftStats d;
+  EXPECT_EQ(d.frame_psnr(), DriftStats::kPsnrCapDb);  // nothing compared yet
+  std::vector<uint8_t> a(300, 100), b = a, c = a;
+  d.add_frame(a.data(), b.data(), a.size());  // identical: the cap
+  EXPECT_EQ(d.frames, 1);
+  EXPECT_EQ(d.frame_psnr(), DriftStats::kPsnrCapDb);
+  EXPECT_EQ(d.frame_psnr_min, DriftStats::kPsnrCapDb);
+  for (auto& x : c) x = 101;  // every value off by one: MSE 1, PSNR 20 log10(255)
+  DriftStats e;
+  e.add_frame(a.data(), c.data(), a.size());
+  EXPECT_NEAR(e.frame_psnr(), 20 * std::log10(255.0), 1e-9);
+  EXPECT_NEAR(e.frame_psnr_min, 20 * std::log10(255.0), 1e-9);
+  d += e;
+  EXPECT_EQ(d.frames, 2);
+  EXPECT_EQ(d.frame_values, 600);
+  // pooled: MSE 0.5 over both frames; the worst frame is the second
+  EXPECT_NEAR(d.frame_psnr(), 10 * std::log10(255.0 * 255.0 / 0.5), 1e-9);
+  EXPECT_NEAR(d.frame_psnr_min, 20 * std::log10(255.0), 1e-9);
+}
+
+namespace {
+
+std::unique_ptr<Engine> tiny_engine(double block_fraction) {
+  EngineOptions o;
+  o.random_weights = true;
+  o.random_seed = 5;
+  o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
+  o.threads = 1;
+  o.audit_block_fraction = block_fraction;
+  auto e = Engine::create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// one session of `format` (audited or not) stepped alone for `blocks` blocks
+// of varied actions; its frames, concatenated
+std::vector<uint8_t> play_alone(Engine& e, const std::string& format, bool audit, int blocks) {
+  SessionOptions so;
+  so.cache_format = format;
+  so.audit = audit;
+  so.seed = 11;
+  auto id = e.open_session(so);
+  EXPECT_TRUE(id.ok()) << id.status();
+  std::vector<uint8_t> frames;
+  for (int i = 0; i < blocks; ++i) {
+    StepRequest r;
+    r.session = *id;
+    r.actions.resize(static_cast<size_t>(e.config().frames_per_block));
+    for (auto& a : r.actions) {
+      a.keys = (i % 3 == 0) ? 1u : 4u;
+      a.mouse[0] = static_cast<float>(i % 5) - 2.0f;
+    }
+    auto out = e.step(std::span<const StepRequest>(&r, 1));
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) break;
+    for (const auto& f : (*out)[0].frames) frames.insert(frames.end(), f.rgb.begin(), f.rgb.end());
+  }
+  return frames;
+}
+
+}  // namespace
+
+// the blocks made again against the shadow change nothing a player sees,
+// and their PSNR ranks the formats: fp16 against fp32 nearly identical,
+// 2-bit keys and values visibly worse
+TEST(EngineAudit, ShadowFramesMeasurePsnrWithoutTouchingTheServedFrames) {
+  const int blocks = 10;
+  std::map<std::string, DriftStats> drift;
+  for (const std::string format : {"fp16", "kivi2", "quantwm2"}) {
+    auto plain = tiny_engine(1.0), audited = tiny_engine(1.0);
+    ASSERT_NE(plain, nullptr);
+    ASSERT_NE(audited, nullptr);
+    const auto want = play_alone(*plain, format, /*audit=*/false, blocks);
+    const auto got = play_alone(*audited, format, /*audit=*/true, blocks);
+    EXPECT_EQ(got, want) << format << ": the audit changed the served frames";
+    const auto d = audited->drift_by_format();
+    ASSERT_EQ(d.count(format), 1u) << format;
+    drift[format] = d.at(format);
+    EXPECT_EQ(plain->drift_by_format().count(format), 0u);
+  }
+  const int B = tiny_engine(0)->config().frames_per_block;
+  for (const auto& [format, d] : drift) {
+    EXPECT_EQ(d.frames, blocks * B) << format;  // every block (fraction 1)
+    EXPECT_EQ(d.frame_values, d.frames * 32 * 32 * 3) << format;
+    EXPECT_LE(d.frame_psnr_min, d.frame_psnr()) << format;
+  }
+  // the first block has an empty history: the same frames either way, so
+  // no format is below the cap on every frame, but 2-bit ones are overall
+  EXPECT_LT(drift["kivi2"].frame_psnr(), DriftStats::kPsnrCapDb);
+  EXPECT_LT(drift["quantwm2"].frame_psnr(), DriftStats::kPsnrCapDb);
+  EXPECT_GT(drift["fp16"].frame_psnr(), drift["kivi2"].frame_psnr());
+  EXPECT_GT(drift["fp16"].frame_psnr(), drift["quantwm2"].frame_psnr());
+  EXPECT_GT(drift["fp16"].frame_psnr(), 40.0);
+}
+
+// which blocks are made again is a pure function of the session: the same
+// on a second engine, none at fraction 0, about the fraction's share of many
+TEST(EngineAudit, ShadowBlocksAreASampleOfTheFraction) {
+  const int blocks = 40;
+  auto a = tiny_engine(0.25), b = tiny_engine(0.25), none = tiny_engine(0.0);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(none, nullptr);
+  play_alone(*a, "quantwm2", true, blocks);
+  play_alone(*b, "quantwm2", true, blocks);
+  play_alone(*none, "quantwm2", true, blocks);
+  const DriftStats da = a->drift_by_format().at("quantwm2"), db = b->drift_by_format().at("quantwm2");
+  EXPECT_EQ(da.frames, db.frames);
+  EXPECT_EQ(da.frame_sq_err_sum, db.frame_sq_err_sum);
+  EXPECT_GE(da.frames, 3);
+  EXPECT_LE(da.frames, 20);
+  EXPECT_EQ(none->drift_by_format().at("quantwm2").frames, 0);
+  EXPECT_GT(none->drift_by_format().at("quantwm2").queries, 0);  // the probes still run
+}
+
+TEST(EngineAudit, RejectsABlockFractionOutsideZeroToOne) {
+  for (double f : {-0.1, 1.5, std::nan("")}) {
+    EngineOptions o;
+    o.random_weights = true;
+    o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
+    o.audit_block_fraction = f;
+    auto e = Engine::create(o);
+    ASSERT_FALSE(e.ok()) << f;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("audit block fraction"), std::string::npos) << e.status();
+  }
 }
 
 }  // namespace

@@ -2129,9 +2129,11 @@ namespace wm {
 namespace {
 
 // --audit_fraction 1: every session keeps a full-precision shadow; its drift
-// reaches /metrics as wm_token_selection_drift_ratio{format}, a rate in [0, 1]
+// reaches /metrics as wm_token_selection_drift_ratio{format}, a rate in [0, 1],
+// and (--audit_blocks 1: every block made again against the shadow) the
+// frames' PSNR as wm_shadow_frame_psnr_db{format}
 TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
-  auto server = ServerProcess::start(tiny_model(), {"--audit_fraction=1"});
+  auto server = ServerProcess::start(tiny_model(), {"--audit_fraction=1", "--audit_blocks=1"});
   ASSERT_NE(server, nullptr);
   PlayConfig pc = per_action(3, script_actions());
   pc.start.set_cache_format("quantwm2");
@@ -2152,7 +2154,9 @@ TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
   const std::string queries = "wm_token_selection_drift_queries{format=\"quantwm2\"}";
   std::map<std::string, double> m;
   // the gauges are refreshed about once a second by the engine thread
-  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0); ++i) {
+  const std::string shadow_frames = "wm_shadow_frames{format=\"quantwm2\"}";
+  const auto played = static_cast<double>(r.frames.size());
+  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0 || m[shadow_frames] != played); ++i) {
     m = scrape(*server);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -2160,17 +2164,29 @@ TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
   EXPECT_GT(m[queries], 0);
   EXPECT_GE(m[key], 0.0);
   EXPECT_LE(m[key], 1.0);
+  const std::string psnr = "wm_shadow_frame_psnr_db{format=\"quantwm2\"}";
+  const std::string psnr_min = "wm_shadow_frame_psnr_min_db{format=\"quantwm2\"}";
+  ASSERT_TRUE(m.count(psnr) && m.count(psnr_min)) << "no shadow PSNR gauges";
+  EXPECT_EQ(m[shadow_frames], played);  // every block, all its frames
+  EXPECT_GT(m[psnr], 0.0);
+  EXPECT_LE(m[psnr], 60.0);
+  EXPECT_LE(m[psnr_min], m[psnr]);
   // fp16 sessions are audited too, and their drift against fp32 is tiny
   PlayConfig pf = per_action(4, script_actions());
   pf.start.set_cache_format("fp16");
-  ASSERT_TRUE(client::play(channel(*server), pf).status.ok());
+  const PlayResult rf = client::play(channel(*server), pf);
+  ASSERT_TRUE(rf.status.ok());
   const std::string fkey = "wm_token_selection_drift_ratio{format=\"fp16\"}";
-  for (int i = 0; i < 50 && !m.count(fkey); ++i) {
+  const std::string fframes = "wm_shadow_frames{format=\"fp16\"}";
+  for (int i = 0; i < 50 && m[fframes] != static_cast<double>(rf.frames.size()); ++i) {
     m = scrape(*server);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(m.count(fkey));
   EXPECT_LE(m[fkey], m[key]);
+  const std::string fpsnr = "wm_shadow_frame_psnr_db{format=\"fp16\"}";
+  ASSERT_TRUE(m.count(fpsnr));
+  EXPECT_GE(m[fpsnr], m[psnr]);  // fp16 frames are at least as close to the shadow's
 }
 
 // --device cuda end to end: the real server on the CUDA plugin, here the
@@ -2269,7 +2285,9 @@ TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
     const std::string key = absl::StrCat("wm_token_selection_drift_ratio{format=\"", format, "\"}");
     const std::string queries = absl::StrCat("wm_token_selection_drift_queries{format=\"", format, "\"}");
     std::map<std::string, double> m;
-    for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0); ++i) {
+    const std::string shadow_frames = "wm_shadow_frames{format=\"quantwm2\"}";
+  const auto played = static_cast<double>(r.frames.size());
+  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0 || m[shadow_frames] != played); ++i) {
       m = scrape(*server);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
