@@ -296,6 +296,8 @@ void EngineWorker::loop() {
 
     for (auto& [key, e] : closing) {
       if (e.opened) {
+        if (const KvCache* cache = engine_->session_cache(e.engine_id); cache != nullptr)
+          if (const DriftStats* d = cache->drift(); d != nullptr) e.session->set_audit_result(*d);
         if (auto st = engine_->close_session(e.engine_id); !st.ok())
           std::fprintf(stderr, "wmserve: closing session %s: %s\n", e.session->id().c_str(), st.ToString().c_str());
       }

@@ -133,6 +133,16 @@ uint64_t ServerSession::frames_sent() const {
   return frames_sent_;
 }
 
+void ServerSession::set_audit_result(const DriftStats& drift) {
+  std::lock_guard<std::mutex> lk(mu_);
+  audit_result_ = drift;
+}
+
+std::optional<DriftStats> ServerSession::audit_result() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return audit_result_;
+}
+
 void ServerSession::on_write_done(bool ok) {
   {
     std::lock_guard<std::mutex> lk(mu_);

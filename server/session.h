@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,11 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   bool finishing() const;
   uint64_t frames_dropped() const;
   uint64_t frames_sent() const;
+  // what the audit measured of this session (audited sessions only: the
+  // engine thread sets it as it closes the session; the session log's end
+  // event reads it)
+  void set_audit_result(const DriftStats& drift);
+  std::optional<DriftStats> audit_result() const;
 
  private:
   void pump();
@@ -145,6 +151,7 @@ class ServerSession : public std::enable_shared_from_this<ServerSession> {
   bool stream_cancelled_ = false;
   std::function<void(bool)> on_stream_done_;  // when_stream_done's
   bool any_frame_written_ = false;
+  std::optional<DriftStats> audit_result_;
   TimePoint last_frame_write_;
 };
 

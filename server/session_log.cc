@@ -246,6 +246,17 @@ void SessionLog::ended(const ServerSession& s, EndReason reason, double seconds)
   j["seconds"] = std::round(seconds * 1000) / 1000;
   j["frames_sent"] = s.frames_sent();
   j["frames_dropped"] = s.frames_dropped();
+  // an audited session: what its full-precision shadow measured (the
+  // metrics of the same names pool every session of the format)
+  if (const std::optional<DriftStats> d = s.audit_result(); d.has_value()) {
+    j["drift"] = d->drift();
+    j["drift_queries"] = d->queries;
+    if (d->frames > 0) {
+      j["shadow_frame_psnr_db"] = d->frame_psnr();
+      j["shadow_frame_psnr_min_db"] = d->frame_psnr_min;
+      j["shadow_frames"] = d->frames;
+    }
+  }
   enqueue(text(j));
 }
 

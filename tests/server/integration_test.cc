@@ -2133,7 +2133,9 @@ namespace {
 // and (--audit_blocks 1: every block made again against the shadow) the
 // frames' PSNR as wm_shadow_frame_psnr_db{format}
 TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
-  auto server = ServerProcess::start(tiny_model(), {"--audit_fraction=1", "--audit_blocks=1"});
+  const std::string session_log = testing::fresh_dir("audit_log") + "/sessions.jsonl";
+  auto server =
+      ServerProcess::start(tiny_model(), {"--audit_fraction=1", "--audit_blocks=1", "--session_log=" + session_log});
   ASSERT_NE(server, nullptr);
   PlayConfig pc = per_action(3, script_actions());
   pc.start.set_cache_format("quantwm2");
@@ -2187,6 +2189,20 @@ TEST(ServerIntegration, AuditedSessionsExportTokenSelectionDrift) {
   const std::string fpsnr = "wm_shadow_frame_psnr_db{format=\"fp16\"}";
   ASSERT_TRUE(m.count(fpsnr));
   EXPECT_GE(m[fpsnr], m[psnr]);  // fp16 frames are at least as close to the shadow's
+  // each session's own numbers close its line in the session log; one
+  // session per format here, so they are the gauges'
+  std::map<std::string, nlohmann::json> end_of;
+  for (const nlohmann::json& j : session_log_lines(session_log, 4))
+    if (j["event"] == "end") end_of[j["session"].get<std::string>()] = j;
+  ASSERT_EQ(end_of.size(), 2u) << *read_file(session_log);
+  const nlohmann::json &qe = end_of[r.started.session_id()], &fe = end_of[rf.started.session_id()];
+  EXPECT_NEAR(qe["drift"].get<double>(), m[key], 1e-9) << qe;
+  EXPECT_EQ(qe["drift_queries"].get<double>(), m[queries]) << qe;
+  EXPECT_NEAR(qe["shadow_frame_psnr_db"].get<double>(), m[psnr], 1e-9) << qe;
+  EXPECT_NEAR(qe["shadow_frame_psnr_min_db"].get<double>(), m[psnr_min], 1e-9) << qe;
+  EXPECT_EQ(qe["shadow_frames"], r.frames.size()) << qe;
+  EXPECT_NEAR(fe["shadow_frame_psnr_db"].get<double>(), m[fpsnr], 1e-9) << fe;
+  EXPECT_EQ(fe["shadow_frames"], rf.frames.size()) << fe;
 }
 
 // --device cuda end to end: the real server on the CUDA plugin, here the
