@@ -118,11 +118,12 @@ KvGeometry Engine::kv_geometry() const { return kv_geometry_of(config()); }
 
 int64_t Engine::session_reservation(absl::string_view format, bool audit) const {
   const int64_t bytes = backend_->kv_reservation_bytes(format, kv_geometry(), options_.kv_options);
-  // the audit shadow is a full-precision cache beside the session's own, in
-  // host memory on any backend; on a device it still counts against the KV
-  // budget, which so bounds the host memory that audited sessions take
-  if (audit && bytes > 0) return bytes + kv_format_max_bytes("fp32", kv_geometry(), options_.kv_options);
-  return bytes;
+  if (!audit || bytes <= 0) return bytes;
+  // the audit shadow is a full-precision cache beside the session's own: on
+  // the CPU an fp32 cache, on a device an fp16 cache in the device's pages
+  // (whose appends stay on the device)
+  if (plugin_ != nullptr) return bytes + backend_->kv_reservation_bytes("fp16", kv_geometry(), options_.kv_options);
+  return bytes + kv_format_max_bytes("fp32", kv_geometry(), options_.kv_options);
 }
 
 bool Engine::audit_supported() const { return true; }
@@ -192,16 +193,21 @@ absl::StatusOr<SessionId> Engine::open_session(const SessionOptions& options) {
   WM_ASSIGN_OR_RETURN(s.cache, backend_->make_kv_cache(options.cache_format, kv_geometry(), options_.kv_options));
   // audit mode: a full-precision shadow beside the cache measures drift
   // (quant/kv_audit.h; its bytes are part of the session's reservation); on
-  // a device the shadow and the probes read K/V and queries through downloads
+  // a device the shadow is an fp16 cache of the device's, and the probes
+  // read queries and K/V through downloads
   const SessionId id = next_id_++;
   if (options.audit) {
     DeviceReader reader;
-    if (device_ != "cpu")
+    std::unique_ptr<KvCache> device_shadow;
+    if (plugin_ != nullptr) {
       reader = [b = backend_.get()](void* host, const void* device, size_t bytes) { b->download(host, device, bytes); };
+      WM_ASSIGN_OR_RETURN(device_shadow, backend_->make_kv_cache("fp16", kv_geometry(), options_.kv_options));
+    }
     AuditOptions ao;
     ao.block_fraction = options_.audit_block_fraction;
     ao.block_seed = options.seed ^ (id * 0x9E3779B97F4A7C15ull);  // sessions sample different blocks
-    auto audited = std::make_unique<AuditedKvCache>(std::move(s.cache), ao, std::move(reader));
+    auto audited =
+        std::make_unique<AuditedKvCache>(std::move(s.cache), ao, std::move(reader), std::move(device_shadow));
     s.audit = audited.get();
     s.cache = std::move(audited);
   }
@@ -438,7 +444,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
 
   // audited sessions: some blocks made again against the full-precision
   // shadow (which holds the same history as the cache, before this block)
-  if (plugin_ == nullptr) WM_RETURN_IF_ERROR(shadow_frames(sess, requests, results, &ops));
+  WM_RETURN_IF_ERROR(shadow_frames(sess, requests, results, &ops));
 
   // the block's clean frames (or the ones the request forces) go into the caches
   if (any_forced) {

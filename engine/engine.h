@@ -63,9 +63,8 @@ struct EngineOptions {
   bool batch_invariant = false;
   // audited sessions (SessionOptions::audit): the fraction of their blocks
   // made a second time with the full-precision shadow as the history, whose
-  // frames' PSNR against the served ones DriftStats keeps (0..1; 0: none).
-  // On the CPU backend only: a device attends to its own pages, not to the
-  // shadow in host memory (docs/QUANT.md, "Audit mode")
+  // frames' PSNR against the served ones DriftStats keeps (0..1; 0: none;
+  // docs/QUANT.md, "Audit mode")
   double audit_block_fraction = 0.125;
   // random weights instead of a checkpoint (benchmarks of scale configs)
   bool random_weights = false;
@@ -176,7 +175,8 @@ class Engine {
   int64_t session_reservation(absl::string_view format, bool audit = false) const;
   // OK when this engine's backend can hold the format with these options, else why not
   absl::Status kv_format_status(absl::string_view format, const KvFormatOptions& options) const;
-  // whether sessions can be audited on this engine's device (every backend: the shadow is host memory)
+  // whether sessions can be audited on this engine's device (every backend:
+  // the shadow is an fp32 cache on the CPU, an fp16 cache of a device's own)
   bool audit_supported() const;
   // EngineOptions::batch_invariant: every session is
   bool all_batch_invariant() const { return options_.batch_invariant; }

@@ -15,11 +15,15 @@ inline uint64_t mix64(uint64_t x) {
 
 }  // namespace
 
-AuditedKvCache::AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader)
+AuditedKvCache::AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader,
+                               std::unique_ptr<KvCache> device_shadow)
     : primary_(std::move(primary)),
-      shadow_(make_fp32_cache(primary_->geometry())),
+      shadow_(std::move(device_shadow)),
+      shadow_on_device_(shadow_ != nullptr),
       options_(options),
-      reader_(std::move(reader)) {}
+      reader_(std::move(reader)) {
+  if (shadow_ == nullptr) shadow_ = make_fp32_cache(primary_->geometry());
+}
 
 const float* AuditedKvCache::on_host(const float* p, size_t values, std::vector<float>* buf) const {
   if (!reader_) return p;
@@ -46,6 +50,7 @@ absl::Status AuditedKvCache::append(int layer, const float* k, const float* v, i
   if (auto st = primary_->append(layer, k, v, first_frame, frames); !st.ok()) return st;
   const KvGeometry& g = primary_->geometry();
   const size_t values = static_cast<size_t>(frames) * g.tokens_per_frame * g.heads * g.head_dim;
+  if (shadow_on_device_) return shadow_->append(layer, k, v, first_frame, frames);
   return shadow_->append(layer, on_host(k, values, &host_k_), on_host(v, values, &host_v_), first_frame, frames);
 }
 

@@ -1,15 +1,16 @@
 // The audited cache (server audit mode, DESIGN §6): a primary cache (the
-// session's format) plus a full-precision fp32 shadow fed the same K/V and
-// queries. Attention returns the primary's result; for a sampled fraction of
+// session's format) plus a full-precision shadow fed the same K/V and
+// queries: an fp32 cache in host memory, or (on a device) an fp16 cache of
+// the device's own. Attention returns the primary's result; for a sampled fraction of
 // calls it also probes a few queries per head against the shadow
 // (probe.h) and accumulates DriftStats, exposed through drift(). The engine
 // also makes a sampled fraction of blocks a second time with the shadow as
 // the history (shadow_block(), shadow()) and adds the frames' differences
 // (add_frame()).
 //
-// Cost, bounded by AuditOptions: the shadow's memory (fp32, all frames of
-// the window: shadow_bytes(), NOT part of bytes(), which stays the
-// session's KV bytes as its format holds them), one fp32 append per append,
+// Cost, bounded by AuditOptions: the shadow's memory (all frames of the
+// window: shadow_bytes(), NOT part of bytes(), which stays the session's KV
+// bytes as its format holds them), one shadow append per append,
 // and per sampled call one reconstruction of the layer in both caches plus
 // heads x queries_per_head probes.
 #pragma once
@@ -36,13 +37,17 @@ struct AuditOptions {
 
 // copies device memory to the host (Backend::download). An audited cache
 // with one takes device pointers for its K/V and queries, as a device
-// backend's cache does: the shadow and the probes get host copies (the
-// shadow lives in host memory), the primary the device pointers.
+// backend's cache does: the probes get host copies, the primary the device
+// pointers, and the shadow the device pointers too when it is a device
+// cache (`device_shadow`), else host copies.
 using DeviceReader = std::function<void(void* host, const void* device, size_t bytes)>;
 
 class AuditedKvCache final : public KvCache {
  public:
-  AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader = {});
+  // `device_shadow`: the shadow, a cache of the device that holds the
+  // primary (with a reader); null: an fp32 cache in host memory
+  AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader = {},
+                 std::unique_ptr<KvCache> device_shadow = nullptr);
 
   absl::string_view format() const override { return primary_->format(); }
   const KvGeometry& geometry() const override { return primary_->geometry(); }
@@ -57,9 +62,9 @@ class AuditedKvCache final : public KvCache {
   const DriftStats* drift() const override { return &drift_; }
 
   KvBytes shadow_bytes() const { return shadow_->bytes(); }
-  // the full-precision cache: attended as a session's history, it gives the
-  // frames the session would get without its format's error (never appended
-  // to but through this cache)
+  // the full-precision cache: attended as a session's history (on the
+  // primary's device), it gives the frames the session would get without
+  // its format's error (never appended to but through this cache)
   KvCache& shadow() { return *shadow_; }
   // whether the session's block that starts at frame `first_frame` is made
   // again against the shadow: a pure function of (block_seed, first_frame),
@@ -77,6 +82,7 @@ class AuditedKvCache final : public KvCache {
   const float* on_host(const float* p, size_t values, std::vector<float>* buf) const;
 
   std::unique_ptr<KvCache> primary_, shadow_;
+  bool shadow_on_device_ = false;
   AuditOptions options_;
   DeviceReader reader_;
   std::vector<float> host_q_, host_k_, host_v_;

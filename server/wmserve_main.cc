@@ -93,12 +93,11 @@ ABSL_FLAG(int, client_prompt_burst, 32,
           "what a client may spend at once on Starts and prompt frames (at least --max_prompt_frames)");
 ABSL_FLAG(double, audit_fraction, 0.0,
           "fraction of sessions (0..1) that keep a full-precision shadow of their cache and feed "
-          "wm_token_selection_drift_ratio{format}; each reserves one more fp32 cache of the KV budget "
-          "and costs probes (on a GPU too: the shadow is host memory)");
+          "wm_token_selection_drift_ratio{format}; each reserves a shadow cache of the KV budget "
+          "and costs probes (the shadow: fp32 on the CPU, fp16 pages on a GPU)");
 ABSL_FLAG(double, audit_blocks, 0.125,
           "fraction (0..1) of an audited session's blocks made a second time with its full-precision shadow as "
-          "the history, for wm_shadow_frame_psnr_db{format}: such a block costs its denoising passes twice (CPU "
-          "backend only; on a GPU none are)");
+          "the history, for wm_shadow_frame_psnr_db{format}: such a block costs its denoising passes twice");
 ABSL_FLAG(int, encoder_threads, 2, "JPEG encoder threads");
 ABSL_FLAG(int, max_connections, 4096,
           "gRPC connections open at once at most; more are closed at accept (0: only the open-file limit, less a "

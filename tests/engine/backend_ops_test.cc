@@ -2133,8 +2133,9 @@ std::string block_config_path() {
 }
 
 std::unique_ptr<Engine> engine_on(const std::string& device, const std::string& config, bool defer_writes = false,
-                                  bool graphs = false) {
+                                  bool graphs = false, double audit_blocks = 0.125) {
   EngineOptions o;
+  o.audit_block_fraction = audit_blocks;
   o.defer_writes = defer_writes;
   o.device_graphs = graphs;
   o.random_weights = true;
@@ -2256,8 +2257,9 @@ TEST(CudaEndToEnd, SpanSessionsMatchTheCpu) {
 }
 
 // audit mode on the device: a kivi2 and an fp16 session audited against
-// their host fp32 shadows (K/V and queries downloaded), the drift alike on
-// both devices (the same sessions, K/V apart by rounding), fp16's near none
+// their fp16 shadows in the device's pages (the probes download queries and
+// K/V), the drift alike on both devices (the same sessions, K/V apart by
+// rounding; the CPU's shadow is fp32), fp16's none
 TEST(CudaEndToEnd, AuditedSessionsMeasureDriftOnTheDevice) {
   WM_REQUIRE_CUDA();
   const std::string config = short_window_config_path();
@@ -2265,8 +2267,10 @@ TEST(CudaEndToEnd, AuditedSessionsMeasureDriftOnTheDevice) {
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(cuda, nullptr);
   EXPECT_TRUE(cuda->audit_supported());
-  // the shadow is counted against the budget: an fp32 cache's bytes on top of the format's
+  // the shadow is counted against the budget: an fp16 cache's pages on top of the format's
   EXPECT_EQ(cuda->session_reservation("kivi2", true) - cuda->session_reservation("kivi2"),
+            cuda->session_reservation("fp16"));
+  EXPECT_EQ(cpu->session_reservation("kivi2", true) - cpu->session_reservation("kivi2"),
             cpu->session_reservation("fp32"));
   std::vector<SessionId> ci, gi;
   for (const char* format : {"kivi2", "fp16"}) {
@@ -2300,10 +2304,59 @@ TEST(CudaEndToEnd, AuditedSessionsMeasureDriftOnTheDevice) {
     EXPECT_GT(g.queries, 0) << format;
     EXPECT_EQ(g.queries, c.queries) << format << ": the same calls are probed";
     EXPECT_NEAR(g.drift(), c.drift(), 0.1) << format;
-    EXPECT_EQ(g.frames, 0) << format << ": a device makes no shadow frames (its attention reads only its pages)";
   }
   EXPECT_GT(dg.at("kivi2").drift(), dg.at("fp16").drift()) << "2-bit keys move the top-1 token, fp16 hardly";
   EXPECT_LT(dg.at("fp16").drift(), 0.05);
+}
+
+// shadow frames on the device (every block, --audit_blocks 1): an audited
+// session is served the frames an unaudited one gets, and the blocks made
+// again against its fp16 device shadow rank the formats as on the CPU:
+// fp16 identical to its shadow, kivi2 visibly not
+TEST(CudaEndToEnd, ShadowFramesOnTheDeviceLeaveTheServedFramesAlone) {
+  WM_REQUIRE_CUDA();
+  const std::string config = short_window_config_path();
+  const int blocks = 6;
+  std::map<std::string, std::map<std::string, DriftStats>> drift;  // device -> format -> stats
+  for (const std::string device : {"cpu", "cuda"}) {
+    auto plain = engine_on(device, config), audited = engine_on(device, config, false, false, /*audit_blocks=*/1.0);
+    ASSERT_NE(plain, nullptr);
+    ASSERT_NE(audited, nullptr);
+    for (const std::string format : {"fp16", "kivi2"}) {
+      std::vector<std::vector<uint8_t>> served[2];
+      Engine* engines[2] = {plain.get(), audited.get()};
+      for (int k = 0; k < 2; ++k) {
+        SessionOptions so;
+        so.seed = 21;
+        so.cache_format = format;
+        so.audit = k == 1;
+        auto id = engines[k]->open_session(so);
+        ASSERT_TRUE(id.ok()) << id.status();
+        for (int step = 0; step < blocks; ++step) {
+          const StepRequest r{*id, std::vector<Action>(static_cast<size_t>(engines[k]->config().frames_per_block),
+                                                       act(step)), {}};
+          auto out = engines[k]->step(std::span<const StepRequest>(&r, 1));
+          ASSERT_TRUE(out.ok()) << out.status();
+          for (const Frame& f : (*out)[0].frames) served[k].push_back(f.rgb);
+        }
+      }
+      EXPECT_EQ(served[0], served[1]) << device << " " << format << ": the audit changed the served frames";
+      const auto d = audited->drift_by_format();
+      ASSERT_EQ(d.count(format), 1u);
+      drift[device][format] = d.at(format);
+      EXPECT_EQ(d.at(format).frames, blocks * audited->config().frames_per_block) << device << " " << format;
+    }
+  }
+  for (const auto& [device, formats] : drift)
+    for (const auto& [format, d] : formats)
+      std::printf("shadow frames %s %s: %lld frames, PSNR %.2f dB (worst %.2f), drift %.3f\n", device.c_str(),
+                  format.c_str(), static_cast<long long>(d.frames), d.frame_psnr(), d.frame_psnr_min, d.drift());
+  // the device's shadow is its own fp16 cache: an fp16 session's blocks come out the same
+  EXPECT_EQ(drift["cuda"]["fp16"].frame_psnr_min, DriftStats::kPsnrCapDb);
+  EXPECT_LT(drift["cuda"]["kivi2"].frame_psnr(), drift["cuda"]["fp16"].frame_psnr());
+  EXPECT_LT(drift["cpu"]["kivi2"].frame_psnr(), drift["cpu"]["fp16"].frame_psnr());
+  EXPECT_NEAR(drift["cuda"]["kivi2"].frame_psnr(), drift["cpu"]["kivi2"].frame_psnr(), 3.0)
+      << "the same format's one-block cost on both devices";
 }
 
 TEST(CudaEndToEnd, MultiFrameBlocksMatchTheCpu) {

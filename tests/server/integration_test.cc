@@ -2270,7 +2270,9 @@ TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
   const std::string model = tiny_patch4_model();
   const std::vector<std::string> device = {"--device=cuda", "--cuda_plugin=" WM_CUDA_SIMT_PLUGIN,
                                            "--kv_budget_bytes=67108864"};
-  auto server = ServerProcess::start(model, device);
+  std::vector<std::string> audited = device;
+  audited.push_back("--audit_blocks=1");
+  auto server = ServerProcess::start(model, audited);
   ASSERT_NE(server, nullptr);
   v1::ListModelsResponse models;
   {
@@ -2297,13 +2299,15 @@ TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
     ASSERT_TRUE(r.status.ok()) << r.status.error_message() << server->log();
     ASSERT_EQ(r.frames.size(), script_actions().size());
     EXPECT_EQ(r.started.kv_reserved_bytes(), info[format].session_bytes() + models.models(0).audit_bytes());
-    EXPECT_GT(models.models(0).audit_bytes(), 0) << "the fp32 shadow, in host memory, still counted";
+    EXPECT_EQ(models.models(0).audit_bytes(), info["fp16"].session_bytes()) << "the shadow: fp16 device pages";
     const std::string key = absl::StrCat("wm_token_selection_drift_ratio{format=\"", format, "\"}");
     const std::string queries = absl::StrCat("wm_token_selection_drift_queries{format=\"", format, "\"}");
     std::map<std::string, double> m;
-    const std::string shadow_frames = "wm_shadow_frames{format=\"quantwm2\"}";
-  const auto played = static_cast<double>(r.frames.size());
-  for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0 || m[shadow_frames] != played); ++i) {
+    // every block made again against the device shadow (--audit_blocks 1)
+    const std::string shadow_frames = absl::StrCat("wm_shadow_frames{format=\"", format, "\"}");
+    const std::string psnr = absl::StrCat("wm_shadow_frame_psnr_db{format=\"", format, "\"}");
+    const auto played = static_cast<double>(r.frames.size());
+    for (int i = 0; i < 50 && (!m.count(key) || m[queries] <= 0 || m[shadow_frames] != played); ++i) {
       m = scrape(*server);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -2311,6 +2315,10 @@ TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
     EXPECT_GT(m[queries], 0);
     EXPECT_GE(m[key], 0.0);
     EXPECT_LE(m[key], 1.0);
+    EXPECT_EQ(m[shadow_frames], played);
+    ASSERT_TRUE(m.count(psnr)) << "no shadow PSNR on the device";
+    EXPECT_GT(m[psnr], 0.0);
+    EXPECT_LT(m[psnr], 60.0) << "2-bit frames differ from the fp16 shadow's";
   }
   server->signal(SIGTERM);
   EXPECT_EQ(server->wait_exit(10), std::optional<int>(0)) << server->log();
