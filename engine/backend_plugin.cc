@@ -369,13 +369,21 @@ std::vector<int64_t> PluginKvCache::frames(int layer) const {
 }
 
 void PluginKvCache::reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const {
-  int64_t values = 0;
-  owner_->check(owner_->api().kv_reconstruct(owner_->handle(), kv_, layer, nullptr, nullptr, 0, &values),
-                "kv_reconstruct");
-  k->assign(static_cast<size_t>(values), 0.0f);
-  v->assign(static_cast<size_t>(values), 0.0f);
-  owner_->check(owner_->api().kv_reconstruct(owner_->handle(), kv_, layer, k->data(), v->data(), values, &values),
-                "kv_reconstruct");
+  // sized from the frames held, so that the layer is downloaded and decoded
+  // once (asking the plugin for the size would do it twice); a size that
+  // disagrees is the plugin's, and then the call runs again with it
+  const KvGeometry& g = geometry();
+  int64_t values = static_cast<int64_t>(frames(layer).size()) * g.tokens_per_frame * g.heads * g.head_dim;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int64_t capacity = values;
+    k->resize(static_cast<size_t>(capacity));
+    v->resize(static_cast<size_t>(capacity));
+    owner_->check(owner_->api().kv_reconstruct(owner_->handle(), kv_, layer, k->data(), v->data(), capacity, &values),
+                  "kv_reconstruct");
+    if (values <= capacity) break;
+  }
+  k->resize(static_cast<size_t>(values));
+  v->resize(static_cast<size_t>(values));
 }
 
 }  // namespace
