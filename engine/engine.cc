@@ -267,6 +267,12 @@ absl::Status Engine::flush_writes(OpTimes* times, const TraceFn* trace) {
   std::vector<Session*> pending;
   pending.swap(pending_);
   if (pending.empty()) return absl::OkStatus();
+  // after the frames went out (defer_writes: the server has them already),
+  // before the write: the audited blocks made again against the shadow
+  if (absl::Status st = shadow_frames(pending, times); !st.ok()) {
+    for (Session* s : pending) s->pending.reset();
+    return st;
+  }
   int frames = 0;
   for (const Session* s : pending) frames += static_cast<int>(s->pending->actions.size());
   const ModelConfig& c = config();
@@ -346,36 +352,40 @@ absl::Status Engine::denoise(ForwardInput& in, std::span<const uint64_t> seeds, 
   return absl::OkStatus();
 }
 
-absl::Status Engine::shadow_frames(std::span<Session* const> sessions, std::span<const StepRequest> requests,
-                                   const std::vector<StepResult>& results, OpTimes* ops) {
+absl::Status Engine::shadow_frames(std::span<Session* const> sessions, OpTimes* ops) {
   const ModelConfig& c = config();
-  const int B = c.frames_per_block;
-  std::vector<size_t> picked;
-  for (size_t r = 0; r < sessions.size(); ++r)
-    if (sessions[r]->audit != nullptr && sessions[r]->audit->shadow_block(sessions[r]->generated)) picked.push_back(r);
+  std::vector<Session*> picked;
+  int frames = 0;
+  for (Session* s : sessions)
+    if (s->audit != nullptr && !s->pending->shadow_served.empty()) {
+      picked.push_back(s);
+      frames += static_cast<int>(s->pending->actions.size());
+    }
   if (picked.empty()) return absl::OkStatus();
+  WM_RETURN_IF_ERROR(reserve_buffers(frames));
   // the same block (seed, frame indices, actions: the same initial noise and
   // conditioning) with the shadow as each session's history; nothing is
   // written into any cache, and the shadow's attention changes nothing
   ForwardInput in;
   std::vector<uint64_t> seeds;
-  for (size_t i = 0; i < picked.size(); ++i) {
-    const Session& s = *sessions[picked[i]];
-    in.sessions.push_back({&s.audit->shadow(), static_cast<int>(i) * B, B, s.batch_invariant});
-    for (int b = 0; b < B; ++b) {
-      seeds.push_back(s.seed);
-      in.actions.push_back(requests[picked[i]].actions[static_cast<size_t>(b)]);
-      in.frame_index.push_back(s.generated + b);
+  for (Session* s : picked) {
+    const PendingWrite& w = *s->pending;
+    const int n = static_cast<int>(w.actions.size());
+    in.sessions.push_back({&s->audit->shadow(), static_cast<int>(in.frame_index.size()), n, s->batch_invariant});
+    for (int b = 0; b < n; ++b) {
+      seeds.push_back(s->seed);
+      in.actions.push_back(w.actions[static_cast<size_t>(b)]);
+      in.frame_index.push_back(w.first + b);
     }
   }
   std::vector<float> host;
   WM_RETURN_IF_ERROR(denoise(in, seeds, /*graphs=*/false, ops, nullptr, &host));
   const int64_t fv = c.frame_values();
-  for (size_t i = 0; i < picked.size(); ++i)
-    for (int b = 0; b < B; ++b) {
-      const std::vector<uint8_t>& served = results[picked[i]].frames[static_cast<size_t>(b)].rgb;
-      const std::vector<uint8_t> shadow = frame_rgb(host.data() + (i * B + b) * fv, c);
-      sessions[picked[i]]->audit->add_frame(served.data(), shadow.data(), served.size());
+  size_t f = 0;
+  for (Session* s : picked)
+    for (const std::vector<uint8_t>& served : s->pending->shadow_served) {
+      const std::vector<uint8_t> shadow = frame_rgb(host.data() + f++ * fv, c);
+      s->audit->add_frame(served.data(), shadow.data(), served.size());
     }
   return absl::OkStatus();
 }
@@ -442,10 +452,6 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
     }
   }
 
-  // audited sessions: some blocks made again against the full-precision
-  // shadow (which holds the same history as the cache, before this block)
-  WM_RETURN_IF_ERROR(shadow_frames(sess, requests, results, &ops));
-
   // the block's clean frames (or the ones the request forces) go into the caches
   if (any_forced) {
     for (size_t r = 0; r < requests.size(); ++r)
@@ -461,6 +467,10 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(std::span<const StepRequest
     w.values.assign(host.begin() + static_cast<std::ptrdiff_t>(r * B * fv),
                     host.begin() + static_cast<std::ptrdiff_t>((r + 1) * B * fv));
     w.actions = requests[r].actions;
+    // audited sessions: some blocks made again against the full-precision
+    // shadow before their write (flush_writes), from the same history
+    if (sess[r]->audit != nullptr && sess[r]->audit->shadow_block(w.first))
+      for (const Frame& fr : results[r].frames) w.shadow_served.push_back(fr.rgb);
     sess[r]->pending = std::move(w);
     pending_.push_back(sess[r]);
     sess[r]->generated += B;

@@ -191,6 +191,9 @@ class Engine {
     std::vector<float> values;   // [frames][frame_values], in [-1, 1]
     std::vector<Action> actions;  // the conditioning of each frame
     int64_t first = 0;           // the first frame's index
+    // audit mode: the block's frames as served (8-bit RGB), when the block
+    // is to be made again against the shadow before its write (empty: not)
+    std::vector<std::vector<uint8_t>> shadow_served;
   };
   struct Session {
     uint64_t seed = 0;
@@ -209,10 +212,11 @@ class Engine {
   // initial noise; the clean frames, [frames][H, W, C], into *host
   absl::Status denoise(ForwardInput& in, std::span<const uint64_t> seeds, bool graphs, OpTimes* ops,
                        const TraceFn* trace, std::vector<float>* host);
-  // audit mode: the blocks of `results` whose session samples them made
-  // again against its shadow, and the frames' differences added to its drift
-  absl::Status shadow_frames(std::span<Session* const> sessions, std::span<const StepRequest> requests,
-                             const std::vector<StepResult>& results, OpTimes* ops);
+  // audit mode: the pending blocks that carry their served frames made
+  // again against their session's shadow, which holds the history they
+  // were made from (their write has not run), and the frames' differences
+  // added to its drift
+  absl::Status shadow_frames(std::span<Session* const> sessions, OpTimes* ops);
 
   EngineOptions options_;
   std::string device_;

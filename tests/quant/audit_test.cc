@@ -282,6 +282,57 @@ TEST(EngineAudit, ShadowBlocksAreASampleOfTheFraction) {
   EXPECT_GT(none->drift_by_format().at("quantwm2").queries, 0);  // the probes still run
 }
 
+// with deferred writes (the server's way) a block is made again against the
+// shadow at flush_writes, after its frames went out and before its write:
+// the same history, so the same numbers as without; a session closed with
+// such a block pending drops it
+TEST(EngineAudit, DeferredWritesMakeTheShadowBlockAfterTheFramesAreOut) {
+  auto engine = [](bool defer) {
+    EngineOptions o;
+    o.random_weights = true;
+    o.random_seed = 5;
+    o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
+    o.threads = 1;
+    o.audit_block_fraction = 1.0;
+    o.defer_writes = defer;
+    auto e = Engine::create(o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  };
+  auto now = engine(false), deferred = engine(true);
+  ASSERT_NE(now, nullptr);
+  ASSERT_NE(deferred, nullptr);
+  SessionOptions so;
+  so.cache_format = "quantwm2";
+  so.audit = true;
+  so.seed = 3;
+  auto a = now->open_session(so), b = deferred->open_session(so);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const int B = now->config().frames_per_block;
+  for (int i = 0; i < 6; ++i) {
+    StepRequest ra{*a, std::vector<Action>(static_cast<size_t>(B)), {}}, rb{*b, ra.actions, {}};
+    for (auto& x : ra.actions) x.keys = 1u << (i % 4);
+    rb.actions = ra.actions;
+    ASSERT_TRUE(now->step(std::span<const StepRequest>(&ra, 1)).ok());
+    ASSERT_TRUE(deferred->step(std::span<const StepRequest>(&rb, 1)).ok());
+    EXPECT_EQ(now->session_cache(*a)->drift()->frames, (i + 1) * B);
+    EXPECT_EQ(deferred->session_cache(*b)->drift()->frames, i * B) << "made at the flush, not in the step";
+    ASSERT_TRUE(deferred->flush_writes().ok());
+    EXPECT_EQ(deferred->session_cache(*b)->drift()->frames, (i + 1) * B);
+  }
+  const DriftStats &x = *now->session_cache(*a)->drift(), &y = *deferred->session_cache(*b)->drift();
+  EXPECT_EQ(x.frame_sq_err_sum, y.frame_sq_err_sum);
+  EXPECT_EQ(x.frame_psnr_min, y.frame_psnr_min);
+  // a block pending at close is dropped with the session
+  StepRequest last{*b, std::vector<Action>(static_cast<size_t>(B)), {}};
+  ASSERT_TRUE(deferred->step(std::span<const StepRequest>(&last, 1)).ok());
+  EXPECT_TRUE(deferred->writes_pending());
+  ASSERT_TRUE(deferred->close_session(*b).ok());
+  EXPECT_FALSE(deferred->writes_pending());
+  ASSERT_TRUE(deferred->flush_writes().ok());
+  EXPECT_EQ(deferred->drift_by_format().at("quantwm2").frames, 6 * B);
+}
+
 TEST(EngineAudit, RejectsABlockFractionOutsideZeroToOne) {
   for (double f : {-0.1, 1.5, std::nan("")}) {
     EngineOptions o;
