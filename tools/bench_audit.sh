@@ -40,7 +40,7 @@ run() {  # name, wmserve flags...
   metrics "$mport" | grep -E '^wm_shadow|^wm_token_selection' >"$out/$name.metrics" || true
   kill -TERM "$pid"
   wait "$pid" || true
-  echo "bench_audit: $name: $(grep -E '"frames_per_second"' "$out/$name.json" | tr -d ' \n') $(tr '\n' ' ' <"$out/$name.metrics")"
+  echo "bench_audit: $name: $(grep -E '"frames_per_second"|"p50"|"p99"' "$out/$name.json" | tr -d ' \n') $(tr '\n' ' ' <"$out/$name.metrics")"
 }
 
 for _ in 1 2; do
