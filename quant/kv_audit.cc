@@ -1,19 +1,13 @@
 #include "quant/kv_audit.h"
 
+#include "quant/kmeans_ops.h"
 #include "quant/kv_fp.h"
 #include "quant/probe.h"
 
 namespace wm {
-namespace {
 
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
+using kmeans_ops::mix64;
+using kmeans_ops::uniform01;
 
 AuditedKvCache::AuditedKvCache(std::unique_ptr<KvCache> primary, const AuditOptions& options, DeviceReader reader,
                                std::unique_ptr<KvCache> device_shadow)
@@ -35,8 +29,7 @@ const float* AuditedKvCache::on_host(const float* p, size_t values, std::vector<
 void AuditedKvCache::attend(int layer, const float* q, const float* k_cur, const float* v_cur, int n, float* out) {
   primary_->attend(layer, q, k_cur, v_cur, n, out);
   const uint64_t call = calls_++;
-  const double u = static_cast<double>(mix64(options_.seed ^ mix64(call)) >> 11) * 0x1.0p-53;
-  if (u >= options_.call_fraction) return;
+  if (uniform01(options_.seed, call) >= options_.call_fraction) return;
   const KvGeometry& g = primary_->geometry();
   const auto samples = probe_sample(n, g.heads, options_.queries_per_head, mix64(options_.seed + call));
   const size_t values = static_cast<size_t>(n) * g.heads * g.head_dim;
@@ -55,9 +48,7 @@ absl::Status AuditedKvCache::append(int layer, const float* k, const float* v, i
 }
 
 bool AuditedKvCache::shadow_block(int64_t first_frame) const {
-  const uint64_t f = static_cast<uint64_t>(first_frame);
-  const double u = static_cast<double>(mix64(options_.block_seed ^ mix64(f)) >> 11) * 0x1.0p-53;
-  return u < options_.block_fraction;
+  return uniform01(options_.block_seed, static_cast<uint64_t>(first_frame)) < options_.block_fraction;
 }
 
 void AuditedKvCache::observe_queries(int layer, const float* q, int n) { primary_->observe_queries(layer, q, n); }

@@ -189,13 +189,14 @@ TEST(DriftStats, PoolsFramePsnrAndKeepsTheWorstFrame) {
 
 namespace {
 
-std::unique_ptr<Engine> tiny_engine(double block_fraction) {
+std::unique_ptr<Engine> tiny_engine(double block_fraction, bool defer_writes = false) {
   EngineOptions o;
   o.random_weights = true;
   o.random_seed = 5;
   o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
   o.threads = 1;
   o.audit_block_fraction = block_fraction;
+  o.defer_writes = defer_writes;
   auto e = Engine::create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
@@ -287,19 +288,7 @@ TEST(EngineAudit, ShadowBlocksAreASampleOfTheFraction) {
 // the same history, so the same numbers as without; a session closed with
 // such a block pending drops it
 TEST(EngineAudit, DeferredWritesMakeTheShadowBlockAfterTheFramesAreOut) {
-  auto engine = [](bool defer) {
-    EngineOptions o;
-    o.random_weights = true;
-    o.random_seed = 5;
-    o.config_path = std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json";
-    o.threads = 1;
-    o.audit_block_fraction = 1.0;
-    o.defer_writes = defer;
-    auto e = Engine::create(o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(*e) : nullptr;
-  };
-  auto now = engine(false), deferred = engine(true);
+  auto now = tiny_engine(1.0), deferred = tiny_engine(1.0, /*defer_writes=*/true);
   ASSERT_NE(now, nullptr);
   ASSERT_NE(deferred, nullptr);
   SessionOptions so;
