@@ -22,6 +22,7 @@
 #include "cuda/gated_residual.cuh"
 #include "cuda/gelu.cuh"
 #include "cuda/kv_append.cuh"
+#include "cuda/kv_probe.cuh"
 #include "cuda/layer_norm_modulate.cuh"
 #include "cuda/noise.cuh"
 #include "cuda/patchify.cuh"
@@ -339,6 +340,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.realigned_outputs") return gemm_ != nullptr ? gemm_->realigned_outputs() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "kv.append_launches") return append_launches_;
+  if (name == "kv.probe_launches") return probe_launches_;
   if (name == "attention.kivi_launches") return kivi_attention_launches_;
   if (name == "attention.span_launches") return span_attention_launches_;
   if (name == "kv.span_frames_coded") return span_appends_;
@@ -1627,6 +1629,167 @@ absl::Status CudaBackend::kv_reconstruct(const DeviceKvCache& kv, int32_t layer,
 
 // ---- attention ------------------------------------------------------------
 
+PagedKvFp16View CudaBackend::fp16_view(const int32_t* page_table, const PagedGeometry& g) const {
+  PagedKvFp16View v;
+  v.pool = pool_memory_.as<uint16_t>();
+  v.page_table = page_table;
+  v.page_elems = page_bytes_ / 2;
+  v.page_tokens = g.page_tokens;
+  v.head_dim = g.head_dim;
+  return v;
+}
+
+PagedKvKiviView CudaBackend::kivi_view(const int32_t* page_table, const PagedGeometry& g) const {
+  PagedKvKiviView v;
+  v.pool = pool_memory_.as<uint8_t>();
+  v.page_table = page_table;
+  v.page_bytes = page_bytes_;
+  v.row = g.kivi;
+  return v;
+}
+
+PagedKvSpanView CudaBackend::span_view(const int32_t* page_table, const PagedGeometry& g) const {
+  PagedKvSpanView v;
+  v.pool = pool_memory_.as<uint8_t>();
+  v.page_table = page_table;
+  v.page_bytes = page_bytes_;
+  v.row = g.span;
+  return v;
+}
+
+absl::Status CudaBackend::kv_probe(const DeviceKvCache& ref, const DeviceKvCache& cand, int32_t layer, const float* q,
+                                   const float* k_cur, const float* v_cur, int32_t n, std::span<const int32_t> samples,
+                                   int32_t topk, ProbeOutcome* out) {
+  const PagedGeometry& g = cand.pages.geometry();
+  const PagedGeometry& rg = ref.pages.geometry();
+  if (layer < 0 || layer >= g.layers) return absl::InvalidArgumentError("kv probe: bad layer");
+  if (rg.layers != g.layers || rg.heads != g.heads || rg.head_dim != g.head_dim ||
+      rg.tokens_per_frame != g.tokens_per_frame)
+    return absl::InvalidArgumentError("kv probe: the caches differ in geometry");
+  if (recording_) return absl::FailedPreconditionError("kv probe: a download while a graph is recorded");
+  if (n <= 0 || samples.size() % 2 != 0) return absl::InvalidArgumentError("kv probe: no rows, or a half sample");
+  if (topk < 1 || topk > kProbeMaxTopK)
+    return absl::InvalidArgumentError(absl::StrCat("kv probe: top-k ", topk, " outside 1..", kProbeMaxTopK));
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k_cur), static_cast<const void*>(v_cur)})
+    if (absl::Status s = need(p, "kv probe argument"); !s.ok()) return s;
+  const int32_t count = static_cast<int32_t>(samples.size() / 2), H = g.heads, Dh = g.head_dim;
+  if (count > 4096) return absl::InvalidArgumentError("kv probe: more than 4096 samples");
+  for (int32_t i = 0; i < count; ++i)
+    if (samples[2 * i] < 0 || samples[2 * i] >= H || samples[2 * i + 1] < 0 || samples[2 * i + 1] >= n)
+      return absl::InvalidArgumentError(absl::StrCat("kv probe: sample ", i, " is (head ", samples[2 * i], ", query ",
+                                                     samples[2 * i + 1], ") of ", H, " heads and ", n, " queries"));
+  if (Dh != 32 && Dh != 64 && Dh != 128) return absl::UnimplementedError("kv probe: head_dim other than 32, 64, 128");
+  if (ref.pages.frames(layer) != cand.pages.frames(layer))
+    return absl::FailedPreconditionError("kv probe: the caches hold different frames");
+  *out = ProbeOutcome{};
+  const int32_t cached = cand.pages.used_tokens(layer), T = g.tokens_per_frame;
+  if (count == 0 || cached == 0) return absl::OkStatus();
+  const int32_t k = std::min(topk, cached);
+
+  // on the device: the samples, then per cache its page-table rows and its
+  // slots' frame ranks; then per cache the logits, the tiles' partials and
+  // the outputs; then the ranks
+  std::vector<int32_t> inputs(samples.begin(), samples.end());
+  size_t rows_at[2], ranks_at[2];
+  const DeviceKvCache* caches[2] = {&ref, &cand};
+  for (int c = 0; c < 2; ++c) {
+    const KvPages& pages = caches[c]->pages;
+    rows_at[c] = inputs.size();
+    const int32_t pph = pages.pages_per_head(layer);
+    for (int32_t h = 0; h < H; ++h) {
+      inputs.insert(inputs.end(), pages.pages(layer, h).begin(), pages.pages(layer, h).end());
+      inputs.insert(inputs.end(), static_cast<size_t>(pph) - pages.pages(layer, h).size(), -1);
+    }
+    ranks_at[c] = inputs.size();
+    const std::vector<int64_t> frame_of = pages.slot_frames(layer);
+    std::vector<int32_t> order(frame_of.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return frame_of[x] < frame_of[y]; });
+    std::vector<int32_t> rank(order.size());
+    for (size_t r = 0; r < order.size(); ++r) rank[static_cast<size_t>(order[r])] = static_cast<int32_t>(r);
+    inputs.insert(inputs.end(), rank.begin(), rank.end());
+  }
+  const auto round16 = [](size_t bytes) { return (bytes + 15) / 16 * 16; };
+  const size_t input_bytes = round16(inputs.size() * sizeof(int32_t));
+  const size_t logit_bytes = round16(static_cast<size_t>(count) * cached * 4);
+  const size_t partial_bytes = round16(static_cast<size_t>(count) * probe_tiles(cached, n) * (Dh + 2) * 4);
+  const size_t out_bytes = round16(static_cast<size_t>(count) * Dh * 4);
+  // the results, one block to download: sq_err [count], ref_top, cand_top [count][k], ref_nonfinite [count]
+  const size_t result_bytes = static_cast<size_t>(count) * (8 + 4 * (2 * k + 1));
+  const size_t per_cache = logit_bytes + out_bytes;
+  absl::Status s = probe_memory_.reserve(input_bytes + 2 * per_cache + partial_bytes + result_bytes);
+  if (!s.ok()) return s;
+  auto* base = probe_memory_.as<uint8_t>();
+  s = copy_to_device(base, inputs.data(), inputs.size() * sizeof(int32_t));
+  if (!s.ok()) return s;
+  const auto* dev_inputs = reinterpret_cast<const int32_t*>(base);
+  uint8_t* cache_memory = base + input_bytes;
+  float* partial = reinterpret_cast<float*>(cache_memory + 2 * per_cache);
+  uint8_t* results = cache_memory + 2 * per_cache + partial_bytes;
+  for (int c = 0; c < 2; ++c) {
+    const PagedGeometry& cg = caches[c]->pages.geometry();
+    ProbeArgs a;
+    a.q = q;
+    a.k_cur = k_cur;
+    a.v_cur = v_cur;
+    a.n = n;
+    a.heads = H;
+    a.samples = dev_inputs;
+    a.n_samples = count;
+    a.page_rows = dev_inputs + rows_at[c];
+    a.pages_per_head = caches[c]->pages.pages_per_head(layer);
+    a.slot_rank = dev_inputs + ranks_at[c];
+    a.tokens_per_frame = T;
+    a.cached = cached;
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+    a.logits = reinterpret_cast<float*>(cache_memory + c * per_cache);
+    a.partial = partial;  // combined into out before the next cache's tiles run (one stream)
+    a.out = reinterpret_cast<float*>(cache_memory + c * per_cache + logit_bytes);
+    if (cg.span.block > 0) {
+      WM_CUDA_RETURN_IF_ERROR(launch_kv_probe(a, span_view(a.page_rows, cg), Dh, stream_));
+    } else if (cg.kivi.group > 0) {
+      WM_CUDA_RETURN_IF_ERROR(launch_kv_probe(a, kivi_view(a.page_rows, cg), Dh, stream_));
+    } else {
+      WM_CUDA_RETURN_IF_ERROR(launch_kv_probe(a, fp16_view(a.page_rows, cg), Dh, stream_));
+    }
+  }
+  RankArgs r;
+  r.ref = reinterpret_cast<const float*>(cache_memory);
+  r.cand = reinterpret_cast<const float*>(cache_memory + per_cache);
+  r.n_samples = count;
+  r.tokens = cached;
+  r.k = k;
+  r.sq_err = reinterpret_cast<double*>(results);
+  r.ref_top = reinterpret_cast<int32_t*>(results + static_cast<size_t>(count) * 8);
+  r.cand_top = r.ref_top + static_cast<size_t>(count) * k;
+  r.ref_nonfinite = r.cand_top + static_cast<size_t>(count) * k;
+  WM_CUDA_RETURN_IF_ERROR(launch_probe_rank(r, stream_));
+  ++probe_launches_;
+
+  std::vector<uint8_t> host(result_bytes);
+  out->ref_out.resize(static_cast<size_t>(count) * Dh);
+  out->cand_out.resize(out->ref_out.size());
+  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), results, result_bytes, cudaMemcpyDeviceToHost, stream_));
+  for (int c = 0; c < 2; ++c)
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync((c == 0 ? out->ref_out : out->cand_out).data(),
+                                            cache_memory + c * per_cache + logit_bytes,
+                                            out->ref_out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  s = synchronize();
+  if (!s.ok()) return s;
+  out->tokens = cached;
+  out->k = k;
+  out->sq_err.resize(static_cast<size_t>(count));
+  out->ref_top.resize(static_cast<size_t>(count) * k);
+  out->cand_top.resize(out->ref_top.size());
+  out->ref_nonfinite.resize(static_cast<size_t>(count));
+  std::memcpy(out->sq_err.data(), host.data(), out->sq_err.size() * 8);
+  const uint8_t* tops = host.data() + static_cast<size_t>(count) * 8;
+  std::memcpy(out->ref_top.data(), tops, out->ref_top.size() * 4);
+  std::memcpy(out->cand_top.data(), tops + out->ref_top.size() * 4, out->cand_top.size() * 4);
+  std::memcpy(out->ref_nonfinite.data(), tops + 2 * out->ref_top.size() * 4, out->ref_nonfinite.size() * 4);
+  return absl::OkStatus();
+}
+
 const AttentionPlan& CudaBackend::last_plan() const {
   static const AttentionPlan kNone;
   return last_plan_ != nullptr ? last_plan_->plan : kNone;
@@ -1852,21 +2015,12 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
   a.pingpong = pingpong();
-  PagedKvFp16View view;
-  view.pool = pool_memory_.as<uint16_t>();
-  view.page_table = reinterpret_cast<const int32_t*>(base + plan_layout.page_tables);
-  view.page_elems = page_bytes_ / 2;
-  view.page_tokens = p.page_tokens;
-  view.head_dim = p.head_dim;
+  const PagedKvFp16View view = fp16_view(reinterpret_cast<const int32_t*>(base + plan_layout.page_tables), g);
   const auto items = static_cast<int32_t>(p.items.size());
   if (g.span.block > 0) {
     // QVG-2 / QuantWM-2: the kernels decode their tiles (kv_format_span.cuh);
     // as for KIVI-2, the overlapped kernel where fp16 would run the warp-specialised one
-    PagedKvSpanView span;
-    span.pool = pool_memory_.as<uint8_t>();
-    span.page_table = view.page_table;
-    span.page_bytes = page_bytes_;
-    span.row = g.span;
+    const PagedKvSpanView span = span_view(view.page_table, g);
     ++span_attention_launches_;
     const int32_t kernel = span_sm90_ready_ ? kernel_for(p.head_dim) : kMma;
     if (kernel == kMma) {
@@ -1879,11 +2033,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     }
   } else if (g.kivi.group > 0) {
     // KIVI-2: the mma.sync kernel decodes its tiles (kv_format_kivi.cuh)
-    PagedKvKiviView kivi;
-    kivi.pool = pool_memory_.as<uint8_t>();
-    kivi.page_table = view.page_table;
-    kivi.page_bytes = page_bytes_;
-    kivi.row = g.kivi;
+    const PagedKvKiviView kivi = kivi_view(view.page_table, g);
     ++kivi_attention_launches_;
     // the kernel the fp16 cache would run, but the warp-specialised one: its
     // producer warps hold too few registers to decode, so the overlapped one

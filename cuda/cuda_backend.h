@@ -60,6 +60,16 @@ struct KvWriteRequest {
   int32_t frames = 0;
 };
 
+// what kv_probe returns per sample, host memory
+struct ProbeOutcome {
+  int64_t tokens = 0;  // cached tokens ranked (0: none, nothing else is set)
+  int32_t k = 0;       // tokens ranked per sample and cache: min(topk, tokens)
+  std::vector<int32_t> ref_top, cand_top;  // [count][k], descending
+  std::vector<double> sq_err;              // [count]: sum of (cand - ref)^2 over the tokens
+  std::vector<int32_t> ref_nonfinite;      // [count]: reference logits that are not finite
+  std::vector<float> ref_out, cand_out;    // [count][head_dim]
+};
+
 // the RoPE frequency of every channel pair, on the device (rms_norm_rope.cuh's RopeFreq [head_dim / 2])
 struct RopeFreqTable {
   DeviceBuffer freqs;
@@ -136,6 +146,14 @@ class CudaBackend {
   }
   // host k, v [tokens, heads, head_dim] in frame order
   absl::Status kv_reconstruct(const DeviceKvCache& kv, int32_t layer, std::vector<float>* k, std::vector<float>* v);
+  // audit mode's drift probes (kv_probe.cuh) for one attention call (q,
+  // k_cur, v_cur: device [n, heads, head_dim]) of a candidate cache and a
+  // reference holding the same frames, for `samples` (head, query) pairs
+  // [count][2]: per sample, each cache's top `topk` tokens (frame order)
+  // and attention output, and the squared logit differences
+  absl::Status kv_probe(const DeviceKvCache& ref, const DeviceKvCache& cand, int32_t layer, const float* q,
+                        const float* k_cur, const float* v_cur, int32_t n, std::span<const int32_t> samples,
+                        int32_t topk, ProbeOutcome* out);
 
   // caches[i] owns rows [rows[i].row0, + rows[i].rows) (rows[i].cache is not read)
   absl::Status attention(int32_t layer, std::span<DeviceKvCache* const> caches, std::span<const WmSessionRows> rows,
@@ -198,6 +216,10 @@ class CudaBackend {
 
   CudaBackend() = default;
   absl::Status init(const WmPluginOptions& options);
+  // the pool's pages of one format, for a kernel, through page_table
+  PagedKvFp16View fp16_view(const int32_t* page_table, const PagedGeometry& g) const;
+  PagedKvKiviView kivi_view(const int32_t* page_table, const PagedGeometry& g) const;
+  PagedKvSpanView span_view(const int32_t* page_table, const PagedGeometry& g) const;
   // the page layout of a format (fp16, kivi2, qvg2 or quantwm2) for g, or why the device cannot hold it
   absl::StatusOr<PagedGeometry> paged_geometry(absl::string_view format, const WmKvGeometry& g) const;
   // the write pass of span caches (their codes made on the host): downloads
@@ -250,6 +272,7 @@ class CudaBackend {
   DeviceBuffer append_scratch_;
   DeviceBuffer noise_scratch_;  // a batch's seeds and frame indices
   int64_t append_launches_ = 0;
+  int64_t probe_launches_ = 0;  // kv_probe calls that ran the kernels
   int64_t kivi_attention_launches_ = 0, span_attention_launches_ = 0;
   int64_t span_appends_ = 0;                  // window frames coded
   int64_t span_encode_launches_ = 0;
@@ -319,6 +342,7 @@ class CudaBackend {
   std::vector<std::tuple<int32_t, bool, int32_t, int32_t>> recorded_attention_;  // the recording's calls (GraphKey): rows, split, query tile, KIVI group (0: fp16)
   DeviceBuffer qkv16_;
   DeviceBuffer partials_;
+  DeviceBuffer probe_memory_;  // the drift probes' inputs, logits, partials and outputs (audit mode only)
   // kept plans: at least kPlanSlots, and all of the current pass's; when a
   // new one needs a slot the least recently used that the pass has not used goes
   static constexpr size_t kPlanSlots = 64;

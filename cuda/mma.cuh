@@ -36,6 +36,14 @@ __device__ __forceinline__ void st_shared_16(uint32_t dst, const uint4& v) {
                : "memory");
 }
 
+// 16 bytes shared -> registers (a 16-byte aligned address)
+__device__ __forceinline__ uint4 ld_shared_16(uint32_t src) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(src)
+               : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N>

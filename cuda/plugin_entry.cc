@@ -374,6 +374,35 @@ int32_t api_kv_reconstruct(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, fl
   });
 }
 
+int32_t api_kv_probe(WmPluginBackend* b, WmPluginKv* reference, WmPluginKv* candidate, int32_t layer, const float* q,
+                     const float* k_cur, const float* v_cur, int32_t n, const int32_t* samples, int32_t count,
+                     int32_t topk, WmProbeResults* r) {
+  return guarded(b, false, [&](CudaBackend& c) {
+    if (reference == nullptr || reference->impl == nullptr || candidate == nullptr || candidate->impl == nullptr ||
+        r == nullptr || (count > 0 && samples == nullptr))
+      return absl::InvalidArgumentError("null argument");
+    if (count < 0) return absl::InvalidArgumentError("kv probe: negative sample count");
+    wm::cuda::ProbeOutcome o;
+    absl::Status s = c.kv_probe(*reference->impl, *candidate->impl, layer, q, k_cur, v_cur, n,
+                                std::span<const int32_t>(samples, static_cast<size_t>(count) * 2), topk, &o);
+    if (!s.ok()) return s;
+    r->tokens = o.tokens;
+    r->k = o.k;
+    if (o.tokens == 0) return absl::OkStatus();
+    for (const void* p : {static_cast<const void*>(r->ref_top), static_cast<const void*>(r->cand_top),
+                          static_cast<const void*>(r->sq_err), static_cast<const void*>(r->ref_nonfinite),
+                          static_cast<const void*>(r->ref_out), static_cast<const void*>(r->cand_out)})
+      if (p == nullptr) return absl::InvalidArgumentError("kv probe: a null result array");
+    std::memcpy(r->ref_top, o.ref_top.data(), o.ref_top.size() * sizeof(int32_t));
+    std::memcpy(r->cand_top, o.cand_top.data(), o.cand_top.size() * sizeof(int32_t));
+    std::memcpy(r->sq_err, o.sq_err.data(), o.sq_err.size() * sizeof(double));
+    std::memcpy(r->ref_nonfinite, o.ref_nonfinite.data(), o.ref_nonfinite.size() * sizeof(int32_t));
+    std::memcpy(r->ref_out, o.ref_out.data(), o.ref_out.size() * sizeof(float));
+    std::memcpy(r->cand_out, o.cand_out.data(), o.cand_out.size() * sizeof(float));
+    return absl::OkStatus();
+  });
+}
+
 // the device caches behind a session list
 absl::StatusOr<std::vector<wm::cuda::DeviceKvCache*>> caches_of(const WmSessionRows* sessions, int32_t count) {
   if (count < 0 || (count > 0 && sessions == nullptr)) return absl::InvalidArgumentError("bad session list");
@@ -481,6 +510,7 @@ const WmPluginApi* build_api() {
   api.kv_bytes = api_kv_bytes;
   api.kv_frames = api_kv_frames;
   api.kv_reconstruct = api_kv_reconstruct;
+  api.kv_probe = api_kv_probe;
   api.attention = api_attention;
   api.ffn = api_ffn;
   return &api;

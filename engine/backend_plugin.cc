@@ -39,6 +39,8 @@ class PluginKvCache final : public KvCache {
   KvBytes bytes() const override;
   std::vector<int64_t> frames(int layer) const override;
   void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const override;
+  bool probe_against(const KvCache& reference, int layer, const float* q, const float* k_cur, const float* v_cur,
+                     int n, const std::vector<ProbeQuery>& samples, int topk, ProbeRanks* out) const override;
 
   WmPluginKv* handle() const { return kv_; }
 
@@ -47,6 +49,7 @@ class PluginKvCache final : public KvCache {
   WmPluginKv* kv_;
   std::string format_;
   KvGeometry g_;
+  mutable bool probe_failed_ = false;  // a probe failed (said once)
 };
 
 class PluginBackendImpl final : public PluginBackend {
@@ -384,6 +387,51 @@ void PluginKvCache::reconstruct(int layer, std::vector<float>* k, std::vector<fl
   }
   k->resize(static_cast<size_t>(values));
   v->resize(static_cast<size_t>(values));
+}
+
+bool PluginKvCache::probe_against(const KvCache& reference, int layer, const float* q, const float* k_cur,
+                                  const float* v_cur, int n, const std::vector<ProbeQuery>& samples, int topk,
+                                  ProbeRanks* out) const {
+  const auto* ref = dynamic_cast<const PluginKvCache*>(&reference);
+  if (ref == nullptr || ref->owner_ != owner_) return false;  // not a pair of this device
+  std::vector<int32_t> pairs;
+  pairs.reserve(samples.size() * 2);
+  for (const ProbeQuery& s : samples) {
+    pairs.push_back(s.head);
+    pairs.push_back(s.query);
+  }
+  const size_t count = samples.size(), k = static_cast<size_t>(std::max(topk, 0)),
+               d = static_cast<size_t>(g_.head_dim);
+  out->ref_top.resize(count * k);
+  out->cand_top.resize(count * k);
+  out->sq_err.resize(count);
+  out->ref_nonfinite.resize(count);
+  out->ref_out.resize(count * d);
+  out->cand_out.resize(count * d);
+  WmProbeResults r{};
+  r.ref_top = out->ref_top.data();
+  r.cand_top = out->cand_top.data();
+  r.sq_err = out->sq_err.data();
+  r.ref_nonfinite = out->ref_nonfinite.data();
+  r.ref_out = out->ref_out.data();
+  r.cand_out = out->cand_out.data();
+  const absl::Status s = owner_->result(
+      owner_->api().kv_probe(owner_->handle(), ref->kv_, kv_, layer, q, k_cur, v_cur, n, pairs.data(),
+                             static_cast<int32_t>(count), topk, &r),
+      "kv_probe");
+  if (!s.ok()) {
+    // a probe is a sample: it is skipped, and the session goes on
+    if (!probe_failed_)
+      std::fprintf(stderr, "wmserve: drift probes of a %s cache skipped: %s\n", format_.c_str(), s.ToString().c_str());
+    probe_failed_ = true;
+    return false;
+  }
+  out->tokens = r.tokens;
+  out->k = r.k;
+  // the plugin ranked k <= topk tokens a sample: the arrays hold count x k
+  out->ref_top.resize(count * static_cast<size_t>(std::max(r.k, 0)));
+  out->cand_top.resize(out->ref_top.size());
+  return true;
 }
 
 }  // namespace

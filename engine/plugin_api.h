@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define WM_PLUGIN_ABI_VERSION 6u
+#define WM_PLUGIN_ABI_VERSION 7u
 #define WM_PLUGIN_ENTRY_SYMBOL "wm_plugin_entry"
 
 /* absl::StatusCode numbering */
@@ -116,6 +116,21 @@ typedef struct WmMemoryStats {
   int64_t kv_pool_used;               /* bytes of pages holding data */
   int64_t kv_page_bytes;
 } WmMemoryStats;
+
+/* kv_probe's results (version 7), per sample: host arrays the caller
+ * sizes for `count` samples and `topk` tokens. Logits are q.k / sqrt(head_dim)
+ * against the layer's cached tokens in frame order; the plugin sets tokens
+ * (the cached tokens, 0: nothing else written) and k = min(topk, tokens) */
+typedef struct WmProbeResults {
+  int32_t* ref_top;       /* [count][k]: the reference's top k tokens, descending, the earlier first on ties */
+  int32_t* cand_top;      /* [count][k]: the candidate's */
+  double* sq_err;         /* [count]: sum over the tokens of (candidate - reference logit)^2, finite terms */
+  int32_t* ref_nonfinite; /* [count]: reference logits that are not finite */
+  float* ref_out;         /* [count][head_dim]: attention output over the cache and the block */
+  float* cand_out;        /* [count][head_dim] */
+  int64_t tokens;
+  int32_t k;
+} WmProbeResults;
 
 typedef struct WmPluginApi {
   uint32_t abi_version; /* WM_PLUGIN_ABI_VERSION the plugin was built with */
@@ -232,6 +247,14 @@ typedef struct WmPluginApi {
   /* out[b, r, :] = rows[r, :] + per_block[b, :] (version 4) */
   int32_t (*add_rows)(WmPluginBackend* b, const float* rows, const float* per_block, int32_t n_rows, int32_t blocks,
                       int32_t width, float* out);
+
+  /* audit mode's drift probes (version 7): one attention call's sampled
+   * queries against a reference cache and a candidate holding the same
+   * frames (q, k_cur, v_cur device [n, heads, head_dim], as attention's;
+   * samples host [count][2], (head, query)); results as WmProbeResults says */
+  int32_t (*kv_probe)(WmPluginBackend* b, WmPluginKv* reference, WmPluginKv* candidate, int32_t layer,
+                      const float* q, const float* k_cur, const float* v_cur, int32_t n, const int32_t* samples,
+                      int32_t count, int32_t topk, WmProbeResults* results);
 } WmPluginApi;
 
 typedef const WmPluginApi* (*WmPluginEntryFn)(void);

@@ -43,6 +43,7 @@ absl::Status check_table(const WmPluginApi& a, const std::string& path) {
       reinterpret_cast<const void*>(a.prepare_attention), reinterpret_cast<const void*>(a.graph_begin),
       reinterpret_cast<const void*>(a.graph_end),      reinterpret_cast<const void*>(a.graph_launch),
       reinterpret_cast<const void*>(a.noise_frames),   reinterpret_cast<const void*>(a.add_rows),
+      reinterpret_cast<const void*>(a.kv_probe),
   };
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); ++i)
     if (fns[i] == nullptr)

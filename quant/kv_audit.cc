@@ -32,6 +32,15 @@ void AuditedKvCache::attend(int layer, const float* q, const float* k_cur, const
   if (uniform01(options_.seed, call) >= options_.call_fraction) return;
   const KvGeometry& g = primary_->geometry();
   const auto samples = probe_sample(n, g.heads, options_.queries_per_head, mix64(options_.seed + call));
+  if (shadow_on_device_) {
+    // on the device, where both caches are: only each sample's top tokens,
+    // squared logit error and outputs come back (docs/CUDA.md)
+    if (shadow_->frames(layer) != primary_->frames(layer)) return;
+    if (primary_->probe_against(*shadow_, layer, q, k_cur, v_cur, n, samples, options_.topk, &probe_ranks_) &&
+        probe_ranks_stats(probe_ranks_, samples.size(), g.head_dim, &drift_))
+      ++probed_calls_;
+    return;
+  }
   const size_t values = static_cast<size_t>(n) * g.heads * g.head_dim;
   q = on_host(q, values, &host_q_);
   k_cur = on_host(k_cur, values, &host_k_);

@@ -12,7 +12,8 @@
 // window: shadow_bytes(), NOT part of bytes(), which stays the session's KV
 // bytes as its format holds them), one shadow append per append,
 // and per sampled call one reconstruction of the layer in both caches plus
-// heads x queries_per_head probes.
+// heads x queries_per_head probes (with a device shadow: the probes run
+// on the device, probe_against).
 #pragma once
 
 #include <cstdint>
@@ -86,6 +87,7 @@ class AuditedKvCache final : public KvCache {
   AuditOptions options_;
   DeviceReader reader_;
   std::vector<float> host_q_, host_k_, host_v_;
+  ProbeRanks probe_ranks_;  // a device shadow's probes
   DriftStats drift_;
   uint64_t calls_ = 0;
   int64_t probed_calls_ = 0;

@@ -115,6 +115,27 @@ struct DriftStats {
   }
 };
 
+// one sampled query of an attention call: query row `query` of head `head`
+struct ProbeQuery {
+  int head = 0;
+  int query = 0;
+};
+
+// a drift probe's results per sample, computed where the caches live
+// (KvCache::probe_against): of the logits q.k / sqrt(head_dim) against the
+// layer's `tokens` cached tokens in frame order, the k largest in the
+// reference and in the candidate (descending, the earlier token first on
+// ties), the sum of squared differences and the reference's non-finite
+// count; and both attention outputs over the cache and the block's own keys
+struct ProbeRanks {
+  int64_t tokens = 0;  // 0: nothing cached, nothing else is set
+  int k = 0;           // min(topk, tokens)
+  std::vector<int32_t> ref_top, cand_top;  // [samples][k]
+  std::vector<double> sq_err;              // [samples]
+  std::vector<int32_t> ref_nonfinite;      // [samples]
+  std::vector<float> ref_out, cand_out;    // [samples][head_dim]
+};
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -141,6 +162,17 @@ class KvCache {
   // reconstruction of the cached K/V of one layer, [tokens, heads, head_dim]
   // in frame order: for probes and tests, never on the attention path
   virtual void reconstruct(int layer, std::vector<float>* k, std::vector<float>* v) const = 0;
+  // the drift probes of sampled queries of one attention call (arguments
+  // as attend's) of this cache against `reference`, a full-precision cache
+  // of the same frames, computed where both live: a device pair ranks the
+  // logits on the device and only the results come back (docs/CUDA.md).
+  // False: not for this pair (host caches are probed from reconstruct()),
+  // or it failed (the probe is then skipped)
+  virtual bool probe_against(const KvCache& reference, int layer, const float* q, const float* k_cur,
+                             const float* v_cur, int n, const std::vector<ProbeQuery>& samples, int topk,
+                             ProbeRanks* out) const {
+    return false;
+  }
   // drift measured so far, for audited caches (others: null)
   virtual const DriftStats* drift() const { return nullptr; }
 };

@@ -22,15 +22,22 @@ double dot(const float* a, const float* b, int d) {
   return s;
 }
 
-// indices of the k largest, descending, smaller index first on ties
-std::vector<int> top_indices(const std::vector<double>& s, int k) {
-  std::vector<int> idx(s.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
-    return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)] ||
-           (s[static_cast<size_t>(a)] == s[static_cast<size_t>(b)] && a < b);
-  });
-  idx.resize(static_cast<size_t>(k));
+// indices of the k largest, descending, smaller index first on ties, NaN
+// last (the device probe's rule, cuda/kv_probe.cu): one pass that keeps
+// the k best so far in order (k is a handful, s up to some 10^5 logits)
+std::vector<int32_t> top_indices(const std::vector<double>& s, int k) {
+  const auto at_ = [&](size_t j) { return std::isnan(s[j]) ? -INFINITY : s[j]; };
+  std::vector<int32_t> idx;
+  idx.reserve(static_cast<size_t>(k) + 1);
+  for (size_t j = 0; j < s.size(); ++j) {
+    const double x = at_(j);
+    if (idx.size() == static_cast<size_t>(k) && !(x > at_(static_cast<size_t>(idx.back())))) continue;
+    // behind every kept one at least as large: an equal one came first
+    size_t at = idx.size();
+    while (at > 0 && x > at_(static_cast<size_t>(idx[at - 1]))) --at;
+    idx.insert(idx.begin() + static_cast<std::ptrdiff_t>(at), static_cast<int32_t>(j));
+    if (idx.size() > static_cast<size_t>(k)) idx.pop_back();
+  }
   return idx;
 }
 
@@ -50,6 +57,26 @@ void attention_output(const std::vector<double>& s, const std::vector<double>& s
   for (size_t j = 0; j < s.size(); ++j) add(s[j], v + j * stride);
   for (size_t j = 0; j < s_cur.size(); ++j) add(s_cur[j], v_cur + j * stride);
   for (double& x : *out) x /= z;
+}
+
+// one sample's statistics: both sides' top k, the squared logit errors
+// summed over its m logits, both attention outputs
+void add_ranked(const int32_t* tr, const int32_t* tq, int k, double sq_err, int64_t m, const double* orf,
+                const double* oq, int d, DriftStats* stats) {
+  stats->queries += 1;
+  stats->top1_mismatches += tr[0] != tq[0] ? 1 : 0;
+  int common = 0;
+  for (int a = 0; a < k; ++a) common += std::count(tq, tq + k, tr[a]) > 0 ? 1 : 0;
+  stats->topk_overlap_sum += static_cast<double>(common) / k;
+  stats->logit_sq_err_sum += sq_err;
+  stats->logits += m;
+  double num = 0, den = 0;
+  for (int c = 0; c < d; ++c) {
+    num += (oq[c] - orf[c]) * (oq[c] - orf[c]);
+    den += orf[c] * orf[c];
+  }
+  const double rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+  stats->output_rel_err_sum += std::isfinite(rel) ? rel : 0.0;
 }
 
 }  // namespace
@@ -113,27 +140,38 @@ void probe_attention(const float* q, const float* k_cur, const float* v_cur, int
       finite = finite && std::isfinite(sc[static_cast<size_t>(j)]);
     }
     if (!finite) continue;
-    const auto tr = top_indices(sr, k), tq = top_indices(sq, k);
-    stats->queries += 1;
-    stats->top1_mismatches += tr[0] != tq[0] ? 1 : 0;
-    int common = 0;
-    for (int a : tr) common += std::count(tq.begin(), tq.end(), a) > 0 ? 1 : 0;
-    stats->topk_overlap_sum += static_cast<double>(common) / k;
-    for (int j = 0; j < m; ++j) {
-      const double e = sq[static_cast<size_t>(j)] - sr[static_cast<size_t>(j)];
-      stats->logit_sq_err_sum += std::isfinite(e) ? e * e : 0.0;
-    }
-    stats->logits += m;
     attention_output(sr, sc, ref_v + off, v_cur + off, stride, head_dim, &orf);
     attention_output(sq, sc, quant_v + off, v_cur + off, stride, head_dim, &oq);
-    double num = 0, den = 0;
-    for (int c = 0; c < head_dim; ++c) {
-      num += (oq[static_cast<size_t>(c)] - orf[static_cast<size_t>(c)]) * (oq[static_cast<size_t>(c)] - orf[static_cast<size_t>(c)]);
-      den += orf[static_cast<size_t>(c)] * orf[static_cast<size_t>(c)];
+    const auto tr = top_indices(sr, k), tq = top_indices(sq, k);
+    double sq_err = 0;
+    for (int j = 0; j < m; ++j) {
+      const double e = sq[static_cast<size_t>(j)] - sr[static_cast<size_t>(j)];
+      sq_err += std::isfinite(e) ? e * e : 0.0;
     }
-    const double rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-    stats->output_rel_err_sum += std::isfinite(rel) ? rel : 0.0;
+    add_ranked(tr.data(), tq.data(), k, sq_err, m, orf.data(), oq.data(), head_dim, stats);
   }
+}
+
+bool probe_ranks_stats(const ProbeRanks& r, size_t samples, int head_dim, DriftStats* stats) {
+  if (r.tokens <= 0) return r.tokens == 0;
+  const auto k = static_cast<size_t>(r.k), d = static_cast<size_t>(head_dim);
+  if (r.k < 1 || r.ref_top.size() != samples * k || r.cand_top.size() != samples * k ||
+      r.sq_err.size() != samples || r.ref_nonfinite.size() != samples || r.ref_out.size() != samples * d ||
+      r.cand_out.size() != samples * d)
+    return false;
+  std::vector<double> orf(d), oq(d);
+  for (size_t i = 0; i < samples; ++i) {
+    bool finite = r.ref_nonfinite[i] == 0;
+    for (size_t c = 0; c < d; ++c) {
+      orf[c] = r.ref_out[i * d + c];
+      oq[c] = r.cand_out[i * d + c];
+      finite = finite && std::isfinite(orf[c]);
+    }
+    if (finite)
+      add_ranked(r.ref_top.data() + i * k, r.cand_top.data() + i * k, r.k, r.sq_err[i], r.tokens, orf.data(),
+                 oq.data(), head_dim, stats);
+  }
+  return true;
 }
 
 bool probe_caches(const KvCache& reference, const KvCache& candidate, int layer, const float* q, const float* k_cur,

@@ -13,11 +13,6 @@
 
 namespace wm {
 
-struct ProbeQuery {
-  int head = 0;
-  int query = 0;
-};
-
 // up to `per_head` distinct queries of every head, a pure function of the arguments
 std::vector<ProbeQuery> probe_sample(int n, int heads, int per_head, uint64_t seed);
 
@@ -36,5 +31,11 @@ void probe_attention(const float* q, const float* k_cur, const float* v_cur, int
 // (nothing counted) when the caches do not hold the same frames
 bool probe_caches(const KvCache& reference, const KvCache& candidate, int layer, const float* q, const float* k_cur,
                   const float* v_cur, int n, std::span<const ProbeQuery> samples, int topk, DriftStats* stats);
+
+// the same statistics from a device pair's ranks (KvCache::probe_against)
+// for `samples` samples; false (nothing counted) when the arrays are not of
+// that many. A sample whose reference logits or output are not finite is
+// skipped
+bool probe_ranks_stats(const ProbeRanks& ranks, size_t samples, int head_dim, DriftStats* stats);
 
 }  // namespace wm

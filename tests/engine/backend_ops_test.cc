@@ -39,6 +39,7 @@
 #include <iterator>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -49,6 +50,7 @@
 #include "engine/model_config.h"
 #include "engine/weights.h"
 #include "engine/plugin_loader.h"
+#include "quant/probe.h"
 #include "tests/engine/cuda_plugin_path.h"
 #include "tests/engine/source_file.h"
 
@@ -900,6 +902,160 @@ TEST(CudaKvCache, RoundTripsFramesAndValuesExactly) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+int64_t counter(const char* name);  // a plugin counter (below)
+
+// audit mode's probes on the device (cuda/kv_probe.cuh): each sample's
+// top tokens in a cache and in its fp16 reference (frame order), the summed
+// squared logit differences and both attention outputs over cache and
+// block are those of the layers' reconstructions, for every format with
+// device pages, head sizes 32 to 128, frames that end mid-tile and windows
+// that have wrapped (slots out of frame order); the statistics made from
+// them are those made from the reconstructions; a bad sample, layer or
+// top-k is an error that harms nothing, and a host reference is not a pair
+TEST(CudaKvCache, ProbesRankAsTheReconstructionsDo) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  struct Case {
+    const char* format;
+    int hd, T, sinks, window, frames;
+  };
+  for (const Case& cs : std::vector<Case>{{"fp16", 64, 17, 1, 4, 9},
+                                          {"fp16", 128, 70, 0, 3, 3},
+                                          {"kivi2", 64, 64, 1, 4, 9},
+                                          {"kivi2", 32, 128, 0, 3, 7},
+                                          {"qvg2", 32, 64, 1, 4, 7},
+                                          {"quantwm2", 128, 80, 0, 3, 8}}) {
+    SCOPED_TRACE(std::string(cs.format) + " head_dim " + std::to_string(cs.hd) + " T " + std::to_string(cs.T));
+    AttnSpec a;
+    a.heads = 3;
+    a.head_dim = cs.hd;
+    a.tokens_per_frame = cs.T;
+    a.sinks = cs.sinks;
+    a.window = cs.window;
+    a.format = cs.format;
+    a.options.block = std::min(cs.hd, 32);
+    a.options.tokens_per_centroid = 32;
+    a.options.psac_refresh_frames = 2;
+    a.observe = true;
+    a.cached = {cs.frames};
+    Buffers buf(b);
+    auto filled = filled_caches(b, buf, a, 5);
+    ASSERT_EQ(filled.size(), 1u);
+    const KvCache& c = *filled[0];
+    AttnSpec ref_spec = a;  // the same frames in fp16: the reference a device shadow is
+    ref_spec.format = "fp16";
+    auto ref_filled = filled_caches(b, buf, ref_spec, 5);
+    ASSERT_EQ(ref_filled.size(), 1u);
+    const KvCache& ref = *ref_filled[0];
+
+    const int n = 70, H = a.heads, Dh = cs.hd, topk = 8;  // a block past one key tile
+    const size_t vals = static_cast<size_t>(n) * H * Dh;
+    const auto q = randn(vals, 91, 1.5f), kc = randn(vals, 92), vc = randn(vals, 93);
+    const float *dq = buf.put(q), *dk = buf.put(kc), *dv = buf.put(vc);
+    const auto samples = probe_sample(n, H, 4, 7);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    for (int l = 0; l < a.layers; ++l) {
+      ProbeRanks r;
+      ASSERT_TRUE(c.probe_against(ref, l, dq, dk, dv, n, samples, topk, &r));
+      std::vector<float> rk, rv, ck, cv;
+      ref.reconstruct(l, &rk, &rv);
+      c.reconstruct(l, &ck, &cv);
+      const int64_t m = static_cast<int64_t>(rk.size()) / (H * Dh);
+      ASSERT_EQ(r.tokens, m);
+      ASSERT_EQ(r.tokens, static_cast<int64_t>(std::min(cs.frames, cs.window + cs.sinks)) * cs.T);
+      ASSERT_EQ(r.k, topk);
+      ASSERT_EQ(r.ref_top.size(), samples.size() * topk);
+      ASSERT_EQ(r.ref_out.size(), samples.size() * Dh);
+      int64_t bad = 0;
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const int h = samples[i].head;
+        const float* qi = q.data() + (static_cast<size_t>(samples[i].query) * H + h) * Dh;
+        auto logit = [&](const float* key) {
+          double dot = 0;
+          for (int d = 0; d < Dh; ++d) dot += static_cast<double>(qi[d]) * key[d];
+          return dot * scale;
+        };
+        std::vector<double> lr, lc, blk;
+        for (int64_t j = 0; j < m; ++j) {
+          lr.push_back(logit(rk.data() + (static_cast<size_t>(j) * H + h) * Dh));
+          lc.push_back(logit(ck.data() + (static_cast<size_t>(j) * H + h) * Dh));
+        }
+        for (int j = 0; j < n; ++j) blk.push_back(logit(kc.data() + (static_cast<size_t>(j) * H + h) * Dh));
+        // the top tokens: the host's, or one whose logit ties it within the
+        // device's fp16 decoding
+        for (auto [top, L] : {std::pair{r.ref_top.data(), &lr}, std::pair{r.cand_top.data(), &lc}}) {
+          std::vector<int32_t> want(static_cast<size_t>(m));
+          std::iota(want.begin(), want.end(), 0);
+          std::stable_sort(want.begin(), want.end(), [&](int32_t x, int32_t y) { return (*L)[x] > (*L)[y]; });
+          for (int e = 0; e < topk; ++e) {
+            const int32_t got = top[i * topk + e];
+            const bool ok = got >= 0 && got < m && std::fabs((*L)[got] - (*L)[want[e]]) <= 2e-3 * (1 + std::fabs((*L)[want[e]]));
+            if (!ok && bad++ < 3)
+              ADD_FAILURE() << "layer " << l << " sample " << i << " rank " << e << ": token " << got << ", want "
+                            << want[e];
+          }
+        }
+        double err = 0;
+        for (int64_t j = 0; j < m; ++j) err += (lc[j] - lr[j]) * (lc[j] - lr[j]);
+        EXPECT_NEAR(r.sq_err[i], err, 0.01 * err + 1e-4) << "layer " << l << " sample " << i;
+        EXPECT_EQ(r.ref_nonfinite[i], 0);
+        // the attention outputs over cache and block
+        for (auto [hist, v, got] : {std::tuple{&lr, &rv, r.ref_out.data()}, std::tuple{&lc, &cv, r.cand_out.data()}}) {
+          std::vector<double> s = *hist;
+          s.insert(s.end(), blk.begin(), blk.end());
+          const double mx = *std::max_element(s.begin(), s.end());
+          double z = 0;
+          std::vector<double> o(static_cast<size_t>(Dh), 0.0);
+          for (size_t j = 0; j < s.size(); ++j) {
+            const double w = std::exp(s[j] - mx);
+            z += w;
+            const float* row = j < static_cast<size_t>(m) ? v->data() + (j * H + h) * Dh
+                                                           : vc.data() + ((j - m) * H + h) * Dh;
+            for (int d = 0; d < Dh; ++d) o[static_cast<size_t>(d)] += w * row[d];
+          }
+          for (int d = 0; d < Dh; ++d) {
+            const double want = o[static_cast<size_t>(d)] / z, g = got[i * Dh + static_cast<size_t>(d)];
+            if (!(std::fabs(g - want) <= 5e-3 + 5e-3 * std::fabs(want)) && bad++ < 3)
+              ADD_FAILURE() << "layer " << l << " sample " << i << " channel " << d << ": " << g << " vs " << want;
+          }
+        }
+      }
+      // the audit's statistics from the device's ranks are those from the reconstructions
+      DriftStats on_device, on_host;
+      ASSERT_TRUE(probe_ranks_stats(r, samples.size(), Dh, &on_device));
+      std::vector<float> hq = q, hk = kc, hv = vc;
+      ASSERT_TRUE(probe_caches(ref, c, l, hq.data(), hk.data(), hv.data(), n, samples, topk, &on_host));
+      EXPECT_EQ(on_device.queries, static_cast<int64_t>(samples.size()));
+      EXPECT_EQ(on_device.queries, on_host.queries);
+      EXPECT_EQ(on_device.logits, on_host.logits);
+      EXPECT_LE(std::abs(on_device.top1_mismatches - on_host.top1_mismatches), 1) << "a near tie may go either way";
+      EXPECT_NEAR(on_device.topk_overlap_sum, on_host.topk_overlap_sum, 1.0);
+      EXPECT_NEAR(on_device.logit_sq_err_sum, on_host.logit_sq_err_sum, 0.01 * on_host.logit_sq_err_sum + 1e-3);
+      EXPECT_NEAR(on_device.output_rel_err_sum, on_host.output_rel_err_sum, 0.01 * on_host.output_rel_err_sum + 1e-2);
+      if (std::string(cs.format) == "fp16") {
+        EXPECT_EQ(on_device.top1_mismatches, 0);
+        EXPECT_EQ(on_device.logit_sq_err_sum, 0.0);
+      }
+    }
+    // bad arguments: an error, and the caches probe and attend on
+    ProbeRanks r;
+    std::vector<ProbeQuery> bad = samples;
+    bad.push_back({H, 0});
+    EXPECT_FALSE(c.probe_against(ref, 0, dq, dk, dv, n, bad, topk, &r));
+    bad.back() = {0, n};
+    EXPECT_FALSE(c.probe_against(ref, 0, dq, dk, dv, n, bad, topk, &r));
+    EXPECT_FALSE(c.probe_against(ref, a.layers, dq, dk, dv, n, samples, topk, &r));
+    EXPECT_FALSE(c.probe_against(ref, 0, dq, dk, dv, n, samples, 0, &r));
+    EXPECT_FALSE(c.probe_against(ref, 0, dq, dk, dv, n, samples, 17, &r));
+    auto host = backends().cpu->make_kv_cache("fp16", geometry_of(a), {});
+    ASSERT_TRUE(host.ok());
+    EXPECT_FALSE(c.probe_against(**host, 0, dq, dk, dv, n, samples, topk, &r)) << "not a pair of the device";
+    EXPECT_TRUE(c.probe_against(ref, 0, dq, dk, dv, n, samples, topk, &r));
+    ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+  }
+  EXPECT_GT(counter("kv.probe_launches"), 0);
+}
+
 TEST(CudaKvCache, ErrorsAreValues) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
@@ -958,8 +1114,6 @@ TEST(CudaKvCache, ErrorsAreValues) {
   EXPECT_EQ((*c)->append(7, kv, kv, 0, 1).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
-
-int64_t counter(const char* name);  // a plugin counter (below)
 
 // the caches of `a` filled alike on both backends, and one batch of
 // frames[s] more frames for session s (the same K/V uploaded to each);
@@ -2307,6 +2461,9 @@ TEST(CudaEndToEnd, AuditedSessionsMeasureDriftOnTheDevice) {
   }
   EXPECT_GT(dg.at("kivi2").drift(), dg.at("fp16").drift()) << "2-bit keys move the top-1 token, fp16 hardly";
   EXPECT_LT(dg.at("fp16").drift(), 0.05);
+  // the probes ran on the device (kv_probe.cuh), one launch set per probed call
+  ASSERT_NE(cuda->device_plugin(), nullptr);
+  EXPECT_GT(*cuda->device_plugin()->counter("kv.probe_launches"), 0);
 }
 
 // shadow frames on the device (every block, --audit_blocks 1): an audited

@@ -109,6 +109,11 @@ int32_t add_rows(WmPluginBackend*, const float*, const float*, int32_t, int32_t,
   return WM_UNIMPLEMENTED;
 }
 
+int32_t kv_probe(WmPluginBackend*, WmPluginKv*, WmPluginKv*, int32_t, const float*, const float*, const float*,
+                 int32_t, const int32_t*, int32_t, int32_t, WmProbeResults*) {
+  return WM_UNIMPLEMENTED;
+}
+
 WmPluginApi make_api() {
   WmPluginApi a{};
   a.abi_version = WM_FAKE_ABI;
@@ -158,6 +163,7 @@ WmPluginApi make_api() {
   a.graph_launch = graph_op;
   a.noise_frames = noise_frames;
   a.add_rows = add_rows;
+  a.kv_probe = kv_probe;
   return a;
 }
 

@@ -1,6 +1,7 @@
 // Probes, the audited cache, capture/replay, and the engine's audit mode.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -55,6 +56,58 @@ TEST(Probe, CountsASwappedTopToken) {
   DriftStats e;
   probe_attention(q, kc, vc, 1, 1, D, kr, v, kq, v, 0, p, 1, &e);
   EXPECT_EQ(e.queries, 0);
+}
+
+// ties: the earlier token ranks first, top-1 and top-k alike; a NaN logit last
+TEST(Probe, TiesGoToTheEarlierToken) {
+  const int D = 4;
+  const float q[] = {1, 0, 0, 0};
+  const float kc[] = {-9, 0, 0, 0}, vc[] = {0, 0, 0, 0};
+  // reference logits (x 1/2) 0, 5, 5, 5: top-2 tokens 1, 2; candidate NaN, 5, 5, 4.9: 1, 2
+  const float kr[] = {0, 0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0};
+  const float kq[] = {NAN, 0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 4.9f, 0, 0, 0};
+  const float v[16] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+  const ProbeQuery p[] = {{0, 0}};
+  DriftStats s;
+  probe_attention(q, kc, vc, 1, 1, D, kr, v, kq, v, 4, p, 2, &s);
+  EXPECT_EQ(s.queries, 1);
+  EXPECT_EQ(s.top1_mismatches, 0);
+  EXPECT_DOUBLE_EQ(s.topk_overlap_sum, 1.0);
+  EXPECT_NEAR(s.logit_sq_err_sum, 0.05 * 0.05, 1e-7) << "the NaN term left out";
+}
+
+// the statistics from a device pair's ranks; a sample with a non-finite
+// reference logit or output is skipped; arrays of the wrong size count nothing
+TEST(Probe, RanksGiveTheStatistics) {
+  ProbeRanks r;
+  r.tokens = 10;
+  r.k = 2;
+  r.ref_top = {3, 1, 2, 0};
+  r.cand_top = {3, 4, 0, 2};  // sample 0: same top-1, half the top-2; sample 1: top-1 moved, same top-2
+  r.sq_err = {0.5, 1.5};
+  r.ref_nonfinite = {0, 0};
+  r.ref_out = {1, 0, 0, 2};
+  r.cand_out = {1, 0, 0, 2.5f};  // relative errors 0 and 0.25
+  DriftStats s;
+  ASSERT_TRUE(probe_ranks_stats(r, 2, 2, &s));
+  EXPECT_EQ(s.queries, 2);
+  EXPECT_EQ(s.top1_mismatches, 1);
+  EXPECT_DOUBLE_EQ(s.topk_overlap_sum, 1.5);
+  EXPECT_DOUBLE_EQ(s.logit_sq_err_sum, 2.0);
+  EXPECT_EQ(s.logits, 20);
+  EXPECT_DOUBLE_EQ(s.output_rel_err_sum, 0.25);
+
+  ProbeRanks skip = r;
+  skip.ref_nonfinite[0] = 1;
+  skip.ref_out[3] = NAN;
+  DriftStats none;
+  ASSERT_TRUE(probe_ranks_stats(skip, 2, 2, &none));
+  EXPECT_EQ(none.queries, 0);
+  EXPECT_FALSE(probe_ranks_stats(r, 3, 2, &none));
+  EXPECT_FALSE(probe_ranks_stats(r, 2, 4, &none));
+  ProbeRanks empty;  // nothing cached
+  EXPECT_TRUE(probe_ranks_stats(empty, 2, 2, &none));
+  EXPECT_EQ(none.queries, 0);
 }
 
 TEST(AuditedCache, ReturnsThePrimaryResultAndMeasuresDrift) {

@@ -578,6 +578,12 @@ void st_shared_16(uint32_t dst, const void* src) {
   g_cur->unfenced.push_back(dst / 16);
 }
 
+void ld_shared_16(uint32_t src, void* dst) {
+  if (src % 16 != 0) fail(where() + "ld.shared.v4 source not 16-byte aligned");
+  check_read(src, 16, "ld.shared");
+  std::memcpy(dst, g_cta->smem.data() + src, 16);
+}
+
 void cp_async_commit() {
   g_cur->copy_groups.push_back(std::move(g_cur->open_copies));
   g_cur->open_copies.clear();

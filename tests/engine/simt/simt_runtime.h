@@ -100,6 +100,8 @@ uint32_t dynamic_smem_base();
 void cp_async_16(uint32_t dst, const void* src, bool valid);
 // st.shared.v4: 16 bytes at a 16-byte aligned address, visible at once to this thread (others: after a barrier)
 void st_shared_16(uint32_t dst, const void* src);
+// ld.shared.v4: 16 bytes at a 16-byte aligned address that a copy or store has landed in
+void ld_shared_16(uint32_t src, void* dst);
 void cp_async_commit();
 void cp_async_wait(int newest_left);
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);

@@ -15,6 +15,11 @@ inline uint32_t smem_addr(const void* p) { return simt::shared_address(p); }
 inline uint32_t dynamic_smem_addr() { return simt::dynamic_smem_base(); }
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) { simt::cp_async_16(dst, src, valid); }
 inline void st_shared_16(uint32_t dst, const uint4& v) { simt::st_shared_16(dst, &v); }
+inline uint4 ld_shared_16(uint32_t src) {
+  uint4 v;
+  simt::ld_shared_16(src, &v);
+  return v;
+}
 inline void cp_async_commit() { simt::cp_async_commit(); }
 template <int N>
 inline void cp_async_wait() {
