@@ -10,7 +10,7 @@
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
-//                   [--ws_keys=0,64,128] [--format=fp16|kivi2|qvg2|quantwm2]
+//                   [--ws_keys=0,64,128] [--format=fp16|kivi2|qvg2|quantwm2] [--probe=0|1]
 // append_ms: one append's wall time while the cache fills (a span
 // format's includes its k-means and coding, on the device, docs/PERFORMANCE.md).
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
@@ -20,6 +20,12 @@
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
+// --probe=1: audit mode's drift probe of one call (4 queries per head, top
+// 8) against an fp16 reference cache of the same frames: probe_ms, on the
+// device (KvCache::probe_against, cuda/kv_probe.cuh; wall time, with its
+// upload and download), and probe_host_ms, the host probe (probe_caches:
+// both caches' layer reconstructed on the host, as a device audit did until
+// 2026-12-03), once
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -27,6 +33,7 @@
 #include <random>
 
 #include "bench/bench_util.h"
+#include "quant/probe.h"
 
 namespace wm::bench {
 namespace {
@@ -50,10 +57,12 @@ int run(int argc, char** argv) {
   const std::vector<int> cached = f.list("cached", "1024,2048,4096,8192,16384,32768,65536");
   const std::vector<int> queries = f.list("queries", "64,2640");
   const std::string format = f.str("format", "fp16");
+  const bool probe = f.num("probe", 0) != 0;
   int max_cached = 0;
   for (int c : cached) max_cached = std::max(max_cached, c);
-  // one cache alive at a time; whole pages plus a frame of slack
-  const int64_t pool = (static_cast<int64_t>(max_cached) + 2 * 880) * heads * hd * 4 + (int64_t{256} << 20);
+  // one cache alive at a time (and its fp16 reference with --probe); whole pages plus a frame of slack
+  const int64_t pool = (probe ? 2 : 1) * (static_cast<int64_t>(max_cached) + 2 * 880) * heads * hd * 4 +
+                       (int64_t{256} << 20);
   Device dev = open_device(f, pool, int64_t{1} << 30);
   Backend& b = *dev.backend;
   // --kernel=auto|mma|wgmma|overlap|all: the CUDA attention kernel(s) to time ("attention.kernel")
@@ -113,9 +122,10 @@ int run(int argc, char** argv) {
       const size_t q_vals = static_cast<size_t>(tq) * heads * hd;
       DeviceArrays arrays(b);
       auto put = [&](const std::vector<float>& h) { return arrays.put(h); };
-      float* q = put(randn(q_vals, 1));
-      float* k = put(randn(q_vals, 2));
-      float* v = put(randn(q_vals, 3));
+      std::vector<float> host_q = randn(q_vals, 1), host_k = randn(q_vals, 2), host_v = randn(q_vals, 3);
+      float* q = put(host_q);
+      float* k = put(host_k);
+      float* v = put(host_v);
       float* out = put(std::vector<float>(q_vals, 0.0f));
       // random frames appended in chunks, as the write pass does
       const int chunk_frames = std::max(1, 4096 / T);
@@ -184,6 +194,34 @@ int run(int argc, char** argv) {
             ms = (now_s() - t0) * 1e3;
           }
           const double s = ms / 1e3 / n;
+          // --probe: the same frames in an fp16 reference, then one probed call on the device and on the host
+          double probe_ms = -1, probe_host_ms = -1;
+          if (probe && split < 0) {
+            auto ref = b.make_kv_cache("fp16", g, KvFormatOptions{});
+            if (!ref.ok()) {
+              std::fprintf(stderr, "reference cache: %s\n", ref.status().ToString().c_str());
+              return 1;
+            }
+            for (int fr = 0; fr < frames; fr += step)
+              if (const absl::Status st = (*ref)->append(0, chunk_k, chunk_v, fr, std::min(step, frames - fr));
+                  !st.ok()) {
+                std::fprintf(stderr, "reference append: %s\n", st.ToString().c_str());
+                return 1;
+              }
+            dev.sync();
+            const auto samples = probe_sample(tq, heads, 4, 1);
+            ProbeRanks ranks;
+            if ((*cache)->probe_against(**ref, 0, q, k, v, tq, samples, 8, &ranks)) {
+              const int probe_reps = std::max(1, std::min(reps, 5));
+              const double p0 = now_s();
+              for (int i = 0; i < probe_reps; ++i) (*cache)->probe_against(**ref, 0, q, k, v, tq, samples, 8, &ranks);
+              probe_ms = (now_s() - p0) * 1e3 / probe_reps;
+            }
+            DriftStats host_stats;
+            const double h0 = now_s();
+            probe_caches(**ref, **cache, 0, host_q.data(), host_k.data(), host_v.data(), tq, samples, 8, &host_stats);
+            probe_host_ms = (now_s() - h0) * 1e3;
+          }
           const int64_t tokens = static_cast<int64_t>(frames) * T;
           const double kv_bytes = 2.0 * heads * static_cast<double>(tokens) * hd * 2;
           const double flops = 4.0 * heads * tq * static_cast<double>(tokens + tq) * hd;
@@ -212,6 +250,11 @@ int run(int argc, char** argv) {
                               {"TFLOPs", std::round(flops / s / 1e11) / 10},
                               {"pct_bf16_790", std::round(flops / s / kBf16MeasuredFlops * 1000) / 10},
                               {"pct_bf16_989", std::round(flops / s / kBf16DatasheetFlops * 1000) / 10}};
+          if (probe && split < 0) {
+            j["probe_ms"] = probe_ms < 0 ? nlohmann::json() : nlohmann::json(std::round(probe_ms * 1000) / 1000);
+            j["probe_host_ms"] = std::round(probe_host_ms * 1000) / 1000;
+            if (probe_ms > 0) j["probe_speedup"] = std::round(probe_host_ms / probe_ms * 10) / 10;
+          }
           std::printf("%s\n", j.dump().c_str());
           std::fflush(stdout);
         }

@@ -37,6 +37,8 @@
 #   attention_quantwm2  the same over QuantWM-2 caches (CUDA.md, "Span pages")
 #   mg2_quantwm2  wm_mg2_bench over QuantWM-2 caches (1 and 8 sessions, window 6):
 #               span attention, and the write pass with the device coder
+#   audit_probe  wm_attention_bench --probe=1: audit mode's drift probe of one
+#               Matrix-Game-2 call, QuantWM-2 against fp16, on the device and on the host
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
@@ -201,6 +203,10 @@ stage attention_quantwm2 30 .gpu/bin/wm_attention_bench --format=quantwm2 --quer
 # Matrix-Game-2 shapes over QuantWM-2 caches: span attention and the device coder's write pass
 stage mg2_quantwm2 60 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --format=quantwm2 --sessions=1,8 \
   --windows=6 --reps=2 --blocks=2
+# audit mode's drift probe of one Matrix-Game-2 attention call (48 samples) at window 6 and 60, QuantWM-2
+# against its fp16 shadow: on the device (kv_probe.cuh) and the host's reconstruct-and-rank, side by side
+stage audit_probe 45 .gpu/bin/wm_attention_bench --format=quantwm2 --queries=2640 --cached=5280,52800 --probe=1 \
+  --reps=3
 # last, so that it is what a short budget drops: batch-invariant sessions beside mg2's B=8 W=6 row
 stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1
 

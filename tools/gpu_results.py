@@ -153,6 +153,7 @@ def collect(raw, out_path, build_info):
                             json_lines(os.path.join(raw, "attention_ws.out")))
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
+    results["audit_probe"] = json_lines(os.path.join(raw, "audit_probe.out"))
     results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
     results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
@@ -214,6 +215,11 @@ def summary(path):
         print("attention %s q=%s N=%s split=%s %s: %s us, %s GB/s of its own bytes (%s of them)%s" % (
             a.get("format"), a["query_tokens"], a["cached_tokens"], a["split"], a["kernel"], a["us"], a.get("cache_GBps"),
             a.get("cache_bytes"), " vs fp16 %s us: x%.2f" % (ref["us"], ref["us"] / a["us"]) if ref and a["us"] else ""))
+    for a in r.get("audit_probe", []):
+        if a.get("bench") == "attention" and "probe_host_ms" in a:
+            print("audit probe %s q=%s N=%s: device %s ms, host (reconstruct) %s ms: x%s" % (
+                a.get("format"), a["query_tokens"], a["cached_tokens"], a.get("probe_ms"), a["probe_host_ms"],
+                a.get("probe_speedup")))
     for m in r.get("comparison", {}).get("mg2", []):
         print("mg2 B=%(sessions)s W=%(window)s: ours %(ours_forward_ms)s ms/forward, %(ours_block_ms)s ms/block, "
               "%(ours_fps)s fps" % m + (" vs torch %(torch_forward_ms)s ms, %(torch_fps)s fps: x%(fps_ratio)s" % m
