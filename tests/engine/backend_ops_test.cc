@@ -2255,6 +2255,31 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
     const auto cuda = c.run(*backends().cuda, 99);
     EXPECT_TRUE(close(cpu, cuda, c.tol)) << c.name;
   }
+  // audit mode's probes (kv_probe.cuh): the fp16, KIVI-2 and QuantWM-2 tile decoders, the combine, the rank
+  for (const char* format : {"kivi2", "quantwm2"}) {
+    AttnSpec a;
+    a.tokens_per_frame = 64;
+    a.format = format;
+    if (std::string(format) == "quantwm2") {
+      a.head_dim = 128;
+      a.tokens_per_frame = 80;
+      a.sinks = 0;
+      a.observe = true;
+    }
+    a.cached = {6};
+    Buffers buf(*backends().cuda);
+    auto c = filled_caches(*backends().cuda, buf, a, 13);
+    a.format = "fp16";
+    auto ref = filled_caches(*backends().cuda, buf, a, 13);
+    ASSERT_EQ(c.size(), 1u);
+    ASSERT_EQ(ref.size(), 1u);
+    const size_t vals = static_cast<size_t>(a.tokens_per_frame) * a.heads * a.head_dim;
+    ProbeRanks r;
+    EXPECT_TRUE(c[0]->probe_against(*ref[0], 1, buf.put(randn(vals, 1)), buf.put(randn(vals, 2)),
+                                    buf.put(randn(vals, 3)), a.tokens_per_frame,
+                                    probe_sample(a.tokens_per_frame, a.heads, 4, 5), 8, &r))
+        << format;
+  }
   ASSERT_TRUE(backends().cuda->synchronize().ok());
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
