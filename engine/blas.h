@@ -9,6 +9,8 @@
 // (the same reason the CUDA code is a plugin: docs/CUDA.md).
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
 
 namespace wm::blas {
@@ -22,5 +24,8 @@ void sgemm_nt(int m, int n, int k, float alpha, const float* a, int lda, const f
               float* c, int ldc);
 // OpenBLAS's own threads
 void set_threads(int n);
+// which library was loaded and how it threads, for the start-up line:
+// "OpenBLAS /usr/lib/.../libopenblas.so.0 (OpenMP)"; load()'s message when missing
+std::string describe();
 
 }  // namespace wm::blas

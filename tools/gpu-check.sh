@@ -44,8 +44,10 @@ for t in "${emulated[@]}"; do
 done
 
 echo "== bundle into .gpu/"
-# the engine dlopens OpenBLAS (engine/blas.h), so no binary names it: bundle it by name
-openblas=$(ldconfig -p | awk '/libopenblas\.so\.0 / && !f {print $NF; f = 1}')  # reads it all: no SIGPIPE
+# the engine dlopens OpenBLAS (engine/blas.h), so no binary names it: bundle it by name,
+# the OpenMP build where it is installed (its threads are the CPU backend's own)
+openblas=/usr/lib/$(gcc -print-multiarch)/openblas-openmp/libopenblas.so.0
+[ -f "$openblas" ] || openblas=$(ldconfig -p | awk '/libopenblas\.so\.0 / && !f {print $NF; f = 1}')  # reads it all: no SIGPIPE
 [ -n "$openblas" ] || { echo "libopenblas.so.0 not found (tools/install-deps.sh)"; exit 1; }
 bash "$shared/tools/gpu-bundle.sh" .gpu "$plugin" "$build/tests/engine/backend_ops_tests" \
   "$build/bench/wm_attention_bench" "$build/bench/wm_mg2_bench" "$build"/tests/engine/libwm_fake_plugin_*.so \

@@ -8,7 +8,7 @@ pkgs=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libjpeg62-turbo-dev prometheus-cpp-dev libcivetweb-dev nlohmann-json3-dev
-  libopenblas-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+  libopenblas-dev libopenblas0-openmp libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
   python3 python3-numpy python3-grpcio
   openssl
 )

@@ -1,10 +1,16 @@
 // The CPU backend's ops against plain reference code.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 
 #include "engine/backend.h"
+#include "engine/blas.h"
 #include "engine/noise.h"
 #include "engine/rope.h"
 
@@ -47,6 +53,45 @@ TEST(CpuOps, LinearMatchesLoop) {
       for (int k = 0; k < in; ++k) acc += x[i * in + k] * w[o * in + k];
       EXPECT_NEAR(y[i * out + o], acc, 1e-5);
     }
+}
+
+// the GEMMs on one thread and on two (a shape OpenBLAS splits between
+// them) are the loop's. Not bit for bit each other's: OpenBLAS's rounding
+// depends on how it splits the product (docs/ARCHITECTURE.md)
+TEST(CpuOps, ThreadedLinearMatchesLoop) {
+  const int n = 192, in = 256, out = 320;
+  auto x = randn(n * in, 4), w = randn(out * in, 5), b = randn(out, 6);
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    auto be = make_cpu_backend(threads);
+    LinearWeight lw{be->upload_weight(w.data(), out, in), b.data(), out, in};
+    std::vector<float> y(n * out);
+    be->linear(lw, x.data(), n, y.data());
+    for (int i = 0; i < n; ++i)
+      for (int o = 0; o < out; ++o) {
+        double acc = b[o];
+        for (int k = 0; k < in; ++k) acc += static_cast<double>(x[i * in + k]) * w[o * in + k];
+        ASSERT_NEAR(y[i * out + o], acc, 1e-3) << threads << " thread(s), row " << i << ", column " << o;
+      }
+  }
+  make_cpu_backend(before);  // the tests after this one get the threads they had
+}
+
+// where Debian's OpenMP build of OpenBLAS is installed (tools/install-deps.sh)
+// the engine runs its GEMMs on it, not on the pthreads build (engine/blas.cc)
+TEST(Blas, TheOpenMpBuildIsTheOneLoadedWhereInstalled) {
+  ASSERT_TRUE(blas::load().ok()) << blas::load().message();
+  const std::string what = blas::describe();
+  EXPECT_NE(what.find("OpenBLAS "), std::string::npos) << what;
+#ifdef WM_MULTIARCH
+  const std::string openmp = std::string("/usr/lib/") + WM_MULTIARCH + "/openblas-openmp/libopenblas.so.0";
+  const char* env = std::getenv("WM_OPENBLAS");
+  if ((env != nullptr && *env != '\0') || access(openmp.c_str(), R_OK) != 0)
+    GTEST_SKIP() << "no OpenMP build at " << openmp << " (or WM_OPENBLAS is set): " << what;
+  EXPECT_EQ(what, "OpenBLAS " + openmp + " (OpenMP)");
+#else
+  GTEST_SKIP() << "no multiarch folder known: " << what;
+#endif
 }
 
 TEST(CpuOps, LayerNormModulatePerFrame) {
