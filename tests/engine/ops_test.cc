@@ -40,40 +40,29 @@ TEST(CpuOps, NoiseFramesAreTheReferenceNoise) {
   }
 }
 
-TEST(CpuOps, LinearMatchesLoop) {
-  auto be = make_cpu_backend(1);
-  const int n = 5, in = 7, out = 3;
-  auto x = randn(n * in, 1), w = randn(out * in, 2), b = randn(out, 3);
+// backend.linear on `threads` threads against a double-precision loop
+void expect_linear_matches_loop(int threads, int n, int in, int out, uint32_t seed, double tolerance) {
+  auto be = make_cpu_backend(threads);
+  auto x = randn(n * in, seed), w = randn(out * in, seed + 1), b = randn(out, seed + 2);
   LinearWeight lw{be->upload_weight(w.data(), out, in), b.data(), out, in};
   std::vector<float> y(n * out);
   be->linear(lw, x.data(), n, y.data());
   for (int i = 0; i < n; ++i)
     for (int o = 0; o < out; ++o) {
       double acc = b[o];
-      for (int k = 0; k < in; ++k) acc += x[i * in + k] * w[o * in + k];
-      EXPECT_NEAR(y[i * out + o], acc, 1e-5);
+      for (int k = 0; k < in; ++k) acc += static_cast<double>(x[i * in + k]) * w[o * in + k];
+      ASSERT_NEAR(y[i * out + o], acc, tolerance) << threads << " thread(s), row " << i << ", column " << o;
     }
 }
+
+TEST(CpuOps, LinearMatchesLoop) { expect_linear_matches_loop(1, 5, 7, 3, 1, 1e-5); }
 
 // the GEMMs on one thread and on two (a shape OpenBLAS splits between
 // them) are the loop's. Not bit for bit each other's: OpenBLAS's rounding
 // depends on how it splits the product (docs/ARCHITECTURE.md)
 TEST(CpuOps, ThreadedLinearMatchesLoop) {
-  const int n = 192, in = 256, out = 320;
-  auto x = randn(n * in, 4), w = randn(out * in, 5), b = randn(out, 6);
   const int before = omp_get_max_threads();
-  for (int threads : {1, 2}) {
-    auto be = make_cpu_backend(threads);
-    LinearWeight lw{be->upload_weight(w.data(), out, in), b.data(), out, in};
-    std::vector<float> y(n * out);
-    be->linear(lw, x.data(), n, y.data());
-    for (int i = 0; i < n; ++i)
-      for (int o = 0; o < out; ++o) {
-        double acc = b[o];
-        for (int k = 0; k < in; ++k) acc += static_cast<double>(x[i * in + k]) * w[o * in + k];
-        ASSERT_NEAR(y[i * out + o], acc, 1e-3) << threads << " thread(s), row " << i << ", column " << o;
-      }
-  }
+  for (int threads : {1, 2}) expect_linear_matches_loop(threads, 192, 256, 320, 4, 1e-3);
   make_cpu_backend(before);  // the tests after this one get the threads they had
 }
 
