@@ -214,9 +214,14 @@ int32_t CudaBackend::overlap_stages() const {
   return s != 0 ? s : kDefaultStages;
 }
 
-int32_t CudaBackend::ws_keys(int32_t block_q) const {
+int32_t CudaBackend::ws_stages() const {
+  const int32_t s = attention_stages_ != 0 ? attention_stages_ : default_attention_stages_;
+  return s != 0 ? s : kDefaultWsStages;
+}
+
+int32_t CudaBackend::ws_keys(int32_t /*block_q*/) const {
   const int32_t k = attention_ws_keys_ != 0 ? attention_ws_keys_ : default_attention_ws_keys_;
-  return k != 0 ? k : (block_q == 128 ? 128 : 64);
+  return k != 0 ? k : 64;
 }
 
 // what the occupancy calculator says of each kernel at this device, for the planner
@@ -230,7 +235,7 @@ void CudaBackend::measure_ctas_per_sm() {
           attention_ctas_per_sm(hd, bq),
           sm90_ready_ && attention_sm90_supports(hd, 0) ? attention_sm90_ctas_per_sm(hd, bq, 0) : 0,
           sm90 ? attention_sm90_ctas_per_sm(hd, bq, stages) : 0,
-          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, stages, ws_keys(bq)) : 0};
+          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, ws_stages(), ws_keys(bq)) : 0};
       for (size_t k = 0; k < n.size(); ++k) ctas_per_sm_[k][i][static_cast<size_t>(j)] = n[k] > 0 ? n[k] : fallback;
     }
 }
@@ -317,6 +322,12 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "span.scratch_bytes") {
     if (value < 0) return absl::InvalidArgumentError("span.scratch_bytes: 0 (default) or a budget in bytes");
     span_scratch_bytes_ = value == 0 ? kSpanScratchBytes : value;
+  } else if (key == "span.threads") {
+    // the coder's kernels with blocks of this many threads, one CTA per job
+    // (span_encode.cuh): the codes must not depend on it
+    if (value < 0 || value > 512 || value % 32 != 0)
+      return absl::InvalidArgumentError("span.threads: 0 (default) or whole warps up to 512");
+    span_threads_ = static_cast<int32_t>(value);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown tuning key '", key, "'"));
   }
@@ -324,13 +335,18 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   return absl::OkStatus();
 }
 
-int32_t CudaBackend::kernel_for(int32_t head_dim) const {
+int32_t CudaBackend::kernel_for(int32_t head_dim, int32_t block_q) const {
   if (head_dim != 32 && head_dim != 64 && head_dim != 128) return 0;
   if (!sm90_ready_ || !attention_sm90_supports(head_dim, kDefaultStages)) return kMma;
   const int32_t k = attention_kernel_ != 0 ? attention_kernel_ : default_attention_kernel_;
   if (k == kWgmma && !attention_sm90_supports(head_dim, 0)) return kOverlap;
   if (k == kWs && !ws_ready_) return kOverlap;
-  return k != 0 ? k : kOverlap;
+  if (k != 0) return k;
+  // measured on the H200 (docs/PERFORMANCE.md, 2026-12-04): the
+  // warp-specialised kernel runs Matrix-Game-2's 2640-query blocks (128-query
+  // tiles at head_dim 128) at 410 TFLOP/s against the overlapped kernel's
+  // 381, and 64-query blocks at less than half the overlapped kernel's rate
+  return head_dim == 128 && block_q == 128 && ws_ready_ ? kWs : kOverlap;
 }
 
 absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
@@ -368,13 +384,15 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.ws_keys.block_q_128") return int64_t{ws_keys(128)};
   if (name == "attention.ws_keys.block_q_64") return int64_t{ws_keys(64)};
   // and its K/V stages (3 with 128 keys a step, whatever attention.stages says)
-  if (name == "attention.ws_stages.block_q_128") return int64_t{attention_sm90_ws_stages(overlap_stages(), ws_keys(128))};
-  if (name == "attention.ws_stages.block_q_64") return int64_t{attention_sm90_ws_stages(overlap_stages(), ws_keys(64))};
-  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped, 4 warp-specialised), 0 if none
+  if (name == "attention.ws_stages.block_q_128") return int64_t{attention_sm90_ws_stages(ws_stages(), ws_keys(128))};
+  if (name == "attention.ws_stages.block_q_64") return int64_t{attention_sm90_ws_stages(ws_stages(), ws_keys(64))};
+  // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped, 4 warp-specialised),
+  // 0 if none: attention.kernel.head_dim_N for 64-query tiles, attention.kernel.head_dim_N.block_q_128 for 128
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {
+    const int32_t block_q = absl::ConsumeSuffix(&name, ".block_q_128") ? 128 : 64;
     int32_t hd = 0;
     if (!absl::SimpleAtoi(name, &hd)) return absl::NotFoundError("attention.kernel.head_dim_N: N is a number");
-    return int64_t{kernel_for(hd)};
+    return int64_t{kernel_for(hd, block_q)};
   }
   return absl::NotFoundError(absl::StrCat("unknown counter '", name, "'"));
 }
@@ -1323,6 +1341,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
     e.table_bytes = L.table_bytes();
     e.v_table = L.v_table();
     e.basis_table = L.basis_table();
+    e.threads = span_threads_;
     WM_CUDA_RETURN_IF_ERROR(launch_span_encode(e, stream_));
     ++span_encode_launches_;
   }
@@ -1866,9 +1885,9 @@ absl::StatusOr<CudaBackend::PlanSlot*> CudaBackend::make_plan(std::span<DeviceKv
   const int32_t hd = caches.empty() ? 0 : caches[0]->pages.geometry().head_dim;
   for (size_t i = 0; i < kHeadDims.size(); ++i)
     if (kHeadDims[i] == hd) {
-      const auto& n = ctas_per_sm_[static_cast<size_t>(std::max(kMma, kernel_for(hd)) - 1)][i];
-      t.ctas_per_sm_64 = n[0];
-      t.ctas_per_sm_128 = n[1];
+      // each tile size as the kernel that would run it fills an SM
+      t.ctas_per_sm_64 = ctas_per_sm_[static_cast<size_t>(std::max(kMma, kernel_for(hd, 64)) - 1)][i][0];
+      t.ctas_per_sm_128 = ctas_per_sm_[static_cast<size_t>(std::max(kMma, kernel_for(hd, 128)) - 1)][i][1];
     }
   auto plan = make_attention_plan(in, t);
   if (!plan.ok()) return plan.status();
@@ -2022,7 +2041,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     // as for KIVI-2, the overlapped kernel where fp16 would run the warp-specialised one
     const PagedKvSpanView span = span_view(view.page_table, g);
     ++span_attention_launches_;
-    const int32_t kernel = span_sm90_ready_ ? kernel_for(p.head_dim) : kMma;
+    const int32_t kernel = span_sm90_ready_ ? kernel_for(p.head_dim, p.block_q) : kMma;
     if (kernel == kMma) {
       WM_CUDA_RETURN_IF_ERROR(launch_attention_span(a, span, p.head_dim, items, stream_));
     } else {
@@ -2037,7 +2056,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     ++kivi_attention_launches_;
     // the kernel the fp16 cache would run, but the warp-specialised one: its
     // producer warps hold too few registers to decode, so the overlapped one
-    const int32_t kernel = kernel_for(p.head_dim);
+    const int32_t kernel = kernel_for(p.head_dim, p.block_q);
     if (kernel == kMma) {
       WM_CUDA_RETURN_IF_ERROR(launch_attention_kivi(a, kivi, p.head_dim, items, stream_));
     } else {
@@ -2046,11 +2065,11 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
       WM_CUDA_RETURN_IF_ERROR(
           launch_attention_sm90_kivi(a, kivi, p.head_dim, items, kernel == kWgmma ? 0 : overlap_stages(), stream_));
     }
-  } else if (const int32_t kernel = kernel_for(p.head_dim); kernel == kWs) {
+  } else if (const int32_t kernel = kernel_for(p.head_dim, p.block_q); kernel == kWs) {
     ++sm90_launches_;
     ++ws_launches_;
     WM_CUDA_RETURN_IF_ERROR(
-        launch_attention_sm90_ws(a, view, p.head_dim, items, overlap_stages(), ws_keys(p.block_q), stream_));
+        launch_attention_sm90_ws(a, view, p.head_dim, items, ws_stages(), ws_keys(p.block_q), stream_));
   } else if (kernel == kWgmma || kernel == kOverlap) {
     ++sm90_launches_;
     if (kernel == kOverlap) ++overlap_launches_;

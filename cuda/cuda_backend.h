@@ -281,6 +281,7 @@ class CudaBackend {
   // with more runs in rounds
   static constexpr int64_t kSpanScratchBytes = int64_t{64} << 20;
   int64_t span_scratch_bytes_ = kSpanScratchBytes;  // tuning "span.scratch_bytes"
+  int32_t span_threads_ = 0;                         // tuning "span.threads"
   // QuantWM-2's query statistics: the jobs of an attention call (its
   // observing sessions' rows and heads, their statistics pages) and the
   // calls' row flags, uploaded once per batch composition and kept for the
@@ -359,7 +360,8 @@ class CudaBackend {
   // attention kernels: 1 mma.sync, 2 wgmma, 3 wgmma with the softmax
   // overlapped (on compute capability 9.0; 2: head_dim 128, where 64 runs
   // 3; 3: head_dim 64/128); tuning "attention.kernel" 0 means the default:
-  // WM_CUDA_ATTENTION's choice at start-up, else 3 where it runs, else 1
+  // WM_CUDA_ATTENTION's choice at start-up, else 4 for 128-query tiles at
+  // head_dim 128 and 3 for the rest where they run, else 1
   // 4: the warp-specialised kernel (attention_ws.cuh: a producer warp,
   // named barriers; head_dim 64/128 on compute capability 9.0)
   static constexpr int32_t kMma = 1, kWgmma = 2, kOverlap = 3, kWs = 4;
@@ -376,18 +378,23 @@ class CudaBackend {
   int32_t attention_pingpong_ = -1, default_attention_pingpong_ = kDefaultPingpong;
   int32_t pingpong() const { return attention_pingpong_ >= 0 ? attention_pingpong_ : default_attention_pingpong_; }
   int32_t overlap_stages() const;
+  // kernel 4's K/V stages asked for: "attention.stages" or
+  // WM_CUDA_ATTENTION_STAGES where set, else kDefaultWsStages (4 stages of
+  // 64 keys: 2,682 us at 2640 queries over 65,120 cached tokens on the H200,
+  // 3 stages of 128 keys 3,044; docs/PERFORMANCE.md); what runs is
+  // attention_sm90_ws_stages of it (3 with 128 keys a step)
+  static constexpr int32_t kDefaultWsStages = 4;
+  int32_t ws_stages() const;
   // kernel 4's keys per step for a plan of block_q ("attention.ws_keys" 64
-  // or 128; 0: the default, WM_CUDA_ATTENTION_WS_KEYS at start-up, else 128
-  // for 128-query tiles and 64 for 64-query ones, whose 3 stages of 64 keys
-  // leave room for two CTAs per SM)
+  // or 128; 0: the default, WM_CUDA_ATTENTION_WS_KEYS at start-up, else 64)
   int32_t attention_ws_keys_ = 0, default_attention_ws_keys_ = 0;
   int32_t ws_keys(int32_t block_q) const;
   void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
   bool span_ready_ = false, span_sm90_ready_ = false;  // the span formats' mma.sync and sm_90a kernels loaded
   bool ws_ready_ = false;    // and the occupancy calculator fits every warp-specialised instantiation
-  // the kernel that attends head_dim now (0: none)
-  int32_t kernel_for(int32_t head_dim) const;
+  // the kernel that attends head_dim in tiles of block_q queries now (0: none)
+  int32_t kernel_for(int32_t head_dim, int32_t block_q) const;
   // CTAs per SM, [kernel - 1][head_dim 32, 64, 128][block_q 64, 128]
   static constexpr std::array<int32_t, 3> kHeadDims = {32, 64, 128};
   std::array<std::array<std::array<int32_t, 2>, 3>, 4> ctas_per_sm_{};

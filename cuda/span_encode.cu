@@ -427,14 +427,15 @@ __global__ void __launch_bounds__(kKmeansThreads, 1) span_seed_kernel(const Span
 }
 
 // Lloyd iteration `it`'s assignment, spread over the SMs: CTA (x, job)
-// assigns the job's tokens from x * blockDim.x
+// assigns the job's tokens x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x apart
 __global__ void span_assign_kernel(const SpanEncodeArgs a, int32_t it) {
   const SpanEncodeJob& J = a.jobs[blockIdx.y];
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (it >= J.iters || i >= J.n) return;
+  if (it >= J.iters) return;
   Scratch s;
   scratch_layout(J.n, a.head_dim, a.scratch + J.scratch, &s);
-  assign_token(s, J.n, a.head_dim, job_centroids(J), job_weights(a, J), i);
+  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < J.n;
+       i += static_cast<int>(gridDim.x * blockDim.x))
+    assign_token(s, J.n, a.head_dim, job_centroids(J), job_weights(a, J), i);
 }
 
 // Lloyd iteration `it`'s update, one CTA per job; the last one finishes it
@@ -514,7 +515,8 @@ cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
   if (a.n_jobs <= 0) return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > kSpanMaxHeadDim || a.block <= 0 || a.head_dim % a.block != 0 ||
       a.block % 4 != 0 || a.tokens_per_frame <= 0 || (a.coeff_bits != 8 && a.coeff_bits != 4) || a.host_jobs == nullptr ||
-      a.n_jobs > 65535)
+      a.n_jobs > 65535 || a.threads < 0 || a.threads > kKmeansThreads ||
+      a.threads % 32 != 0)
     return cudaErrorInvalidValue;
   int32_t most = 0, iters = 0;  // tokens of the longest job, the most Lloyd iterations (the host's copy of the jobs)
   for (int32_t j = 0; j < a.n_jobs; ++j) {
@@ -522,18 +524,19 @@ cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
     iters = a.host_jobs[j].iters > iters ? a.host_jobs[j].iters : iters;
   }
   const dim3 jobs(static_cast<unsigned>(a.n_jobs));
-  const unsigned chunks = static_cast<unsigned>((most + kThreads - 1) / kThreads);
-  if (const cudaError_t e = launch_kernel(span_seed_kernel, jobs, kKmeansThreads, 0, stream, a); e != cudaSuccess)
+  // the token-parallel kernels: a CTA per kThreads tokens, or one per job of a.threads
+  const int spread = a.threads > 0 ? a.threads : kThreads, kmeans = a.threads > 0 ? a.threads : kKmeansThreads;
+  const unsigned chunks = a.threads > 0 ? 1u : static_cast<unsigned>((most + kThreads - 1) / kThreads);
+  if (const cudaError_t e = launch_kernel(span_seed_kernel, jobs, kmeans, 0, stream, a); e != cudaSuccess)
     return e;
   for (int32_t it = 0; it < iters; ++it) {
-    if (const cudaError_t e = launch_kernel(span_assign_kernel, dim3(chunks, jobs.x), kThreads, 0, stream, a, it);
+    if (const cudaError_t e = launch_kernel(span_assign_kernel, dim3(chunks, jobs.x), spread, 0, stream, a, it);
         e != cudaSuccess)
       return e;
-    if (const cudaError_t e = launch_kernel(span_update_kernel, jobs, kKmeansThreads, 0, stream, a, it);
-        e != cudaSuccess)
+    if (const cudaError_t e = launch_kernel(span_update_kernel, jobs, kmeans, 0, stream, a, it); e != cudaSuccess)
       return e;
   }
-  return launch_kernel(span_code_kernel, dim3(chunks, static_cast<unsigned>(a.n_jobs)), kThreads, 0, stream, a);
+  return launch_kernel(span_code_kernel, dim3(chunks, static_cast<unsigned>(a.n_jobs)), spread, 0, stream, a);
 }
 
 }  // namespace wm::cuda

@@ -61,6 +61,10 @@ struct SpanEncodeArgs {
   // the image's geometry (kv_append.cuh: span_token_bytes, span_tables_at; SpanRowLayout)
   int32_t token_bytes = 0, rec_bytes = 0;
   int64_t tables_at = 0, table_bytes = 0, v_table = 0, basis_table = 0;
+  // 0: each kernel's own block size and grid; whole warps up to 512: every
+  // kernel with blocks of this many threads and one CTA per job (tuning "span.threads": a
+  // diagnostic, the codes are the same either way)
+  int32_t threads = 0;
 };
 
 // scratch bytes of one job of n tokens (a multiple of 16)

@@ -77,9 +77,9 @@ echo "== travels: working tree $((tree_bytes / 1048576)) MiB + .gpu $((gpu_bytes
 
 cat <<'EOF'
 
-== ready. On the GPU machine, from the repository root with .gpu/ copied beside it (about 3 minutes;
-   results in $OUT, else /tmp/wm-gpu-out: gpu-check.log, results.json, parity*.json):
+== ready. On the GPU machine, from the repository root with .gpu/ copied beside it (about 8 minutes;
+   results in $OUT, else /tmp/wm-gpu-out: gpu-check.log, results.json, parity.json, parity_span.json):
    source .gpu/env.sh && bash tools/gpu-run.sh
-   (WM_GPU_BUDGET_S=420 by default; each stage also has its own limit;
+   (WM_GPU_BUDGET_S=500 by default; each stage also has its own limit;
     WM_GPU_STAGES="parity e2e" runs only the stages named)
 EOF

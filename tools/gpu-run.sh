@@ -1,35 +1,33 @@
 #!/usr/bin/env bash
 # The H200 device run of the CUDA backend, from the repo root, after
 # `source .gpu/env.sh` (tools/gpu-check.sh prepares .gpu/ and prints the call).
-# Stages, each under its own time limit and all under one budget, each
-# continuing whatever the one before did; results are rewritten after every
-# stage so that a cut-off run still returns what it measured:
+# Stages, in this order, each under its own time limit and all under one
+# budget, each continuing whatever the one before did; results are rewritten
+# after every stage so that a cut-off run still returns what it measured:
 #   info        nvidia-smi
 #   wgmma       backend_ops_tests: the plain wgmma attention kernel's parity
-#               cases alone (-> $OUT/parity_wgmma.json)
-#   ws          the same for the warp-specialised kernel (attention_ws.cuh; not the
-#               default, -> $OUT/parity_ws.json)
-#   overlap     the same for the overlapped wgmma kernel, the default on the
-#               H200 (-> $OUT/parity_overlap.json); if its cases fail or crash,
-#               every later stage runs with WM_CUDA_ATTENTION=mma (the plain
-#               wgmma kernel serves head_dim 128 only)
-#   parity      backend_ops_tests: every op, CPU vs CUDA             -> $OUT/parity.json
-#   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR  -> $OUT/parity_e2e.json
+#               cases alone (fp16 and KIVI-2 caches; the span formats' wait for `span`)
+#   overlap     the same for the overlapped wgmma kernel, the default for
+#               64-query tiles; if its cases fail or crash, every later stage
+#               runs with WM_CUDA_ATTENTION=mma (the plain wgmma kernel serves
+#               head_dim 128 only)
+#   ws          the same for the warp-specialised kernel (attention_ws.cuh), the
+#               default for 128-query tiles at head_dim 128
+#   parity      backend_ops_tests: every other op, CPU vs CUDA     -> $OUT/parity.json
+#   span        QVG-2 / QuantWM-2: the device coder's codes against the CPU's,
+#               attention over their pages on every kernel    -> $OUT/parity_span.json
+#   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR
 #   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once, the
 #               quantized formats' write passes and decoders too)
 #   racecheck   compute-sanitizer racecheck on the same
-#   attention   wm_attention_bench (JSON lines)
+#   attention   wm_attention_bench (JSON lines), every kernel
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
-#   ncu         Nsight Compute's counters for one overlapped-kernel launch at
-#               2640 queries over 16k cached tokens
-#   ncu_split   each kernel's duration for a 64-query block over 64k cached
-#               tokens (input conversion, split attention, combine)
+#   attention_ws  the warp-specialised kernel with 3 and 4 stages, 64 and 128 keys a step
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
-#   mg2_stages  the same with the fastest of those, where it is not the default
-#   attention_ws, mg2_ws, mg2_ws64  the warp-specialised kernel's attention and
-#               forward (128 and 64 keys a step)
 #   torch_mg2   ../shared/research/torch_mg2_step.py
+#   mg2_overlap, mg2_stages  the forward with the overlapped kernel for 128-query
+#               tiles (and with its fastest stages, where not the default)
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
 #               model, how many players hold 20 frames/s with p99 < 100 ms
 #   serving_graphs  the same with --device_graphs
@@ -41,15 +39,21 @@
 #               Matrix-Game-2 call, QuantWM-2 against fp16, on the device and on the host
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
+#   mg2_ws128   the forward with the warp-specialised kernel at 128 keys a step
+#   ncu         Nsight Compute's counters for one overlapped-kernel launch at
+#               2640 queries over 16k cached tokens
+#   ncu_split   each kernel's duration for a 64-query block over 64k cached
+#               tokens (input conversion, split attention, combine)
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
-# parsed, with the PyTorch ratios) and parity.json.
+# parsed, with the PyTorch ratios), parity.json, parity_span.json and the
+# servers' logs (at most 8 files come back from a device call).
 # WM_GPU_STAGES="parity e2e" runs only the stages named (a rerun after a fix).
 set -u
 OUT=${OUT:-/tmp/wm-gpu-out}
 mkdir -p "$OUT"
 raw=$(mktemp -d /tmp/wm-gpu-raw.XXXXXX)
 log="$OUT/gpu-check.log"
-budget=${WM_GPU_BUDGET_S:-420}
+budget=${WM_GPU_BUDGET_S:-500}
 start=$(date +%s)
 : > "$log"
 echo "stage,rc,seconds,limit" > "$raw/stages.csv"
@@ -118,9 +122,12 @@ stage() {
 
 stage info 10 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw --format=csv; cat .gpu/BUILD_INFO; echo "sanitizer: '"${sanitizer:-none}"'"; ldd .gpu/bin/libwm_cuda.so | grep -E "cublas|cudart|not found"'
 # the newest kernels first and alone: a fault in one must not take the rest of the report with it
-stage wgmma 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel2*' --gtest_output=json:"$OUT/parity_wgmma.json"
-stage overlap 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel3*' --gtest_output=json:"$OUT/parity_overlap.json"
-stage ws 25 .gpu/bin/backend_ops_tests --gtest_filter='*kernel4*' --gtest_output=json:"$OUT/parity_ws.json"
+# (the span formats' cases wait for the span stage: their references are the CPU coder's codes, so a
+# coder fault fails them on every kernel, and must not send every later stage to mma.sync)
+span_cases='*qvg2*:*quantwm2*:*mixed_span*:CudaSpan.*'
+stage wgmma 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel2*:-$span_cases" --gtest_output=json:"$raw/parity_wgmma.json"
+stage overlap 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel3*:-$span_cases" --gtest_output=json:"$raw/parity_overlap.json"
+stage ws 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel4*:-$span_cases" --gtest_output=json:"$raw/parity_ws.json"
 failed() {  # the stage ran and did not pass
   grep -q "^$1," "$raw/stages.csv" && ! grep -q "^$1,0," "$raw/stages.csv"
 }
@@ -141,8 +148,12 @@ echo "attention_kernel=${WM_CUDA_ATTENTION:-auto}" > "$raw/attention_kernel.txt"
 attention_kernels=all
 [ "${WM_CUDA_ATTENTION:-}" = mma ] && attention_kernels=mma
 # two stages, so that a hang or a crash in one still leaves the other's report
-stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter='-CudaEndToEnd.*:*kernel2*:*kernel3*:*kernel4*' --gtest_output=json:"$OUT/parity.json"
-stage e2e 120 env OMP_NUM_THREADS=8 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$OUT/parity_e2e.json"
+stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter="-CudaEndToEnd.*:*kernel2*:*kernel3*:*kernel4*:$span_cases" \
+  --gtest_output=json:"$OUT/parity.json"
+# QVG-2 / QuantWM-2 on the device: the coder's codes against the CPU's, bit for bit (CudaSpan.*; one case
+# also with one warp per job, "span.threads"), and attention over their pages on every kernel
+stage span 60 .gpu/bin/backend_ops_tests --gtest_filter="$span_cases" --gtest_output=json:"$OUT/parity_span.json"
+stage e2e 120 env OMP_NUM_THREADS=8 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$raw/parity_e2e.json"
 if [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
     stage "$tool" 45 "$sanitizer" --tool "$tool" --error-exitcode 7 --print-limit 30 \
@@ -155,39 +166,24 @@ stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
 # the overlapped kernel with 3, 4 and 5 K/V stages ("attention.stages"), its warpgroups in ping-pong or not
 [ "$attention_kernels" = all ] &&
   stage attention_stages 50 .gpu/bin/wm_attention_bench --kernel=overlap --stages=3,4,5 --pingpong=0,1
-# the warp-specialised kernel (not the default: measured here first), where its parity cases passed
+# the warp-specialised kernel (the default for 128-query tiles at head_dim 128), where its parity cases passed
 [ "$attention_kernels" = all ] && passed ws &&
   stage attention_ws 60 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1 --ws_keys=64,128
-# where the overlapped kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware counters)
-if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
-  stage ncu 60 "$ncu" --clock-control none -k regex:attention_overlap --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    .gpu/bin/wm_attention_bench --kernel=overlap --cached=16384 --queries=2640 --reps=1
-fi
-# where a split 64-query block's time goes: the first two calls' three kernels each
-if [ -n "$ncu" ]; then
-  stage ncu_split 40 "$ncu" --clock-control none -k regex:attention --launch-count 6 --section SpeedOfLight \
-    .gpu/bin/wm_attention_bench --cached=65536 --queries=64 --reps=1
-fi
 stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
 stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
-# the forward again with the stage count and ping-pong setting that timed fastest at 2640 queries,
-# where that is not the default (3 stages, ping-pong)
-best=$(python3 tools/gpu_results.py --best-stages "$raw/attention_stages.out" 2>/dev/null || true)
-if [ -n "$best" ] && [ "$best" != "3 1" ]; then
-  stage mg2_stages 80 env WM_CUDA_ATTENTION_STAGES="${best% *}" WM_CUDA_ATTENTION_PINGPONG="${best#* }" \
-    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
-fi
-# the forward with the warp-specialised kernel, where its parity cases passed: 128 keys a step (its
-# default for these 128-query tiles, 3 stages), then 64 keys with 4 stages (with 3 its producer keeps
-# one tile in flight)
-if [ "$attention_kernels" = all ] && passed ws; then
-  stage mg2_ws 80 env WM_CUDA_ATTENTION=ws .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
-  stage mg2_ws64 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_STAGES=4 WM_CUDA_ATTENTION_WS_KEYS=64 \
-    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
-fi
+# PyTorch's forward right after ours, so that a short budget cannot drop the ratio's other half
 stage torch_mg2 80 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_mg2_step.py
+# the forward with the overlapped kernel, the default for 128-query tiles until 2026-12-04 (3 stages,
+# ping-pong; mg2 runs the warp-specialised one there: 4 stages of 64 keys), and with the overlapped
+# kernel's stage count and ping-pong setting that timed fastest at 2640 queries, where not 3 and on
+[ "$attention_kernels" = all ] &&
+  stage mg2_overlap 80 env WM_CUDA_ATTENTION=overlap .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json \
+    --sessions=1,8
+best=$(python3 tools/gpu_results.py --best-stages "$raw/attention_stages.out" 2>/dev/null || true)
+if [ "$attention_kernels" = all ] && [ -n "$best" ] && [ "$best" != "3 1" ]; then
+  stage mg2_stages 80 env WM_CUDA_ATTENTION=overlap WM_CUDA_ATTENTION_STAGES="${best% *}" \
+    WM_CUDA_ATTENTION_PINGPONG="${best#* }" .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+fi
 # 6 s a step: with 3 s the same kernels gave 30 to 52 sessions in three runs
 stage serving 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
   bash tools/serving_capacity.sh .gpu/bin --device cuda --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4
@@ -207,8 +203,25 @@ stage mg2_quantwm2 60 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --fo
 # against its fp16 shadow: on the device (kv_probe.cuh) and the host's reconstruct-and-rank, side by side
 stage audit_probe 45 .gpu/bin/wm_attention_bench --format=quantwm2 --queries=2640 --cached=5280,52800 --probe=1 \
   --reps=3
-# last, so that it is what a short budget drops: batch-invariant sessions beside mg2's B=8 W=6 row
+# batch-invariant sessions beside mg2's B=8 W=6 row
 stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1
+# the warp-specialised kernel with 128 keys a step (3 stages), its default before 2026-12-04
+[ "$attention_kernels" = all ] && passed ws &&
+  stage mg2_ws128 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_KEYS=128 \
+    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+# last, so that they are what a short budget drops: hardware counters
+# where the overlapped kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware counters)
+if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
+  stage ncu 60 "$ncu" --clock-control none -k regex:attention_overlap --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    .gpu/bin/wm_attention_bench --kernel=overlap --cached=16384 --queries=2640 --reps=1
+fi
+# where a split 64-query block's time goes: the first two calls' three kernels each
+if [ -n "$ncu" ]; then
+  stage ncu_split 40 "$ncu" --clock-control none -k regex:attention --launch-count 6 --section SpeedOfLight \
+    .gpu/bin/wm_attention_bench --cached=65536 --queries=64 --reps=1
+fi
 
 results
 echo "=== done in $(( $(date +%s) - start ))s; summary:" | tee -a "$log"

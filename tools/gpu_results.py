@@ -63,12 +63,14 @@ def gtest_report(path):
 
 def parity(raw, out_dir):
     res = gtest_report(os.path.join(out_dir, "parity.json"))
-    res["end_to_end_report"] = gtest_report(os.path.join(out_dir, "parity_e2e.json"))
-    res["wgmma_report"] = gtest_report(os.path.join(out_dir, "parity_wgmma.json"))
-    res["overlap_report"] = gtest_report(os.path.join(out_dir, "parity_overlap.json"))
-    res["ws_report"] = gtest_report(os.path.join(out_dir, "parity_ws.json"))
+    # (the kernels' and the end-to-end reports stay with the raw outputs: $OUT takes 8 files)
+    res["end_to_end_report"] = gtest_report(os.path.join(raw, "parity_e2e.json"))
+    res["wgmma_report"] = gtest_report(os.path.join(raw, "parity_wgmma.json"))
+    res["overlap_report"] = gtest_report(os.path.join(raw, "parity_overlap.json"))
+    res["ws_report"] = gtest_report(os.path.join(raw, "parity_ws.json"))
+    res["span_report"] = gtest_report(os.path.join(out_dir, "parity_span.json"))
     res["attention_kernel"] = text(os.path.join(raw, "attention_kernel.txt")).strip() or None
-    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "parity", "e2e"))
+    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "parity", "span", "e2e"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
     res["op_errors"] = [l.strip() for l in log.splitlines() if l.startswith("  ") and "max |err|" in l][:80]
     res["device_line"] = next((l.strip() for l in log.splitlines() if l.startswith("CUDA backend:")), None)
@@ -159,8 +161,8 @@ def collect(raw, out_path, build_info):
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
     results["mg2_stages"] = (json_lines(os.path.join(raw, "mg2_stages.out")) +
-                             json_lines(os.path.join(raw, "mg2_ws.out")) +
-                             json_lines(os.path.join(raw, "mg2_ws64.out")))
+                             json_lines(os.path.join(raw, "mg2_overlap.out")) +
+                             json_lines(os.path.join(raw, "mg2_ws128.out")))
     results["mg2_invariant"] = json_lines(os.path.join(raw, "mg2_invariant.out"))
     results["mg2_quantwm2"] = json_lines(os.path.join(raw, "mg2_quantwm2.out"))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
@@ -185,7 +187,7 @@ def summary(path):
     print("attention kernel for the later stages: %s" % p.get("attention_kernel"))
     for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("overlap parity", p.get("overlap_report", {})),
                       ("warp-specialised parity", p.get("ws_report", {})),
-                      ("parity", p),
+                      ("parity", p), ("span formats", p.get("span_report", {})),
                       ("end to end", p.get("end_to_end_report", {}))):
         if "error" in rep:
             print("%s: %s" % (name, rep["error"]))

@@ -1357,69 +1357,93 @@ TEST(CudaKivi, MixedBatchesAppendAndAttendPerFormat) {
 // channels, int8 and int4 PSAC records, several bases (one per 2 frames),
 // frames that end mid-unit (80 tokens), sinks or none, a shorter append
 // among whole blocks, NaN, inf and values past fp16's range, and eviction
+struct SpanCase {
+  const char* format;
+  int hd, block, T, sinks, fpb, bits, tokens_per_centroid, window, iters;
+};
+
+// (a window of 7 frames in blocks of 3 holds 5 spans' tables, so the tables make a ring of their own;
+// the device runs each Lloyd iteration as two launches and finishes after the last: 0, 1 and 4 of them)
+const std::vector<SpanCase>& span_cases() {
+  static const std::vector<SpanCase> cases{{"qvg2", 64, 64, 64, 1, 1, 8, 64, 4, 4},
+                                           {"quantwm2", 64, 32, 64, 1, 2, 8, 16, 4, 1},
+                                           {"quantwm2", 128, 64, 80, 0, 3, 4, 32, 7, 4},
+                                           {"qvg2", 32, 16, 64, 0, 2, 8, 8, 4, 0},
+                                           {"quantwm2", 128, 128, 64, 2, 2, 8, 64, 4, 4}};
+  return cases;
+}
+
+// seven appends of hostile frames into a CPU cache and a device cache of
+// the case's format, each followed by the bit-for-bit comparison
+void expect_span_codes_match(const SpanCase& cs) {
+  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
+  SCOPED_TRACE(std::string(cs.format) + " head_dim " + std::to_string(cs.hd) + " block " + std::to_string(cs.block) +
+               " T " + std::to_string(cs.T) + " sinks " + std::to_string(cs.sinks) + " iterations " +
+               std::to_string(cs.iters));
+  AttnSpec a;
+  a.head_dim = cs.hd;
+  a.tokens_per_frame = cs.T;
+  a.sinks = cs.sinks;
+  a.window = cs.window;
+  a.frames_per_block = cs.fpb;
+  a.options.block = cs.block;
+  a.options.psac_bits = cs.bits;
+  a.options.tokens_per_centroid = cs.tokens_per_centroid;
+  a.options.psac_refresh_frames = 2;
+  a.options.kmeans_iters = cs.iters;
+  const KvGeometry g = geometry_of(a);
+  auto cpu = cpu_b.make_kv_cache(cs.format, g, a.options);
+  auto cuda = cuda_b.make_kv_cache(cs.format, g, a.options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Buffers cpu_buf(cpu_b), cuda_buf(cuda_b);
+  const size_t frame_vals = static_cast<size_t>(cs.T) * a.heads * cs.hd;
+  int f = 0;
+  for (int step = 0; step < 7; ++step) {
+    const int n = step == 2 ? 1 : cs.fpb;  // a prompt's shorter chunk among whole blocks
+    for (int l = 0; l < a.layers; ++l) {
+      // the block's queries first (QuantWM-2's statistics), then its K/V
+      const uint32_t r = static_cast<uint32_t>(100 * step + l);
+      auto q = randn(frame_vals * n, r, 2.0f);
+      // a few non-finite query values: their rows stay out of QuantWM-2's statistics
+      for (size_t i = 7; step % 2 == 1 && i < q.size(); i += 997) q[i] = i % 2 ? NAN : INFINITY;
+      const size_t token_vals = static_cast<size_t>(a.heads) * cs.hd;
+      const auto k = with_far_tokens(hostile_frames(frame_vals * n, cs.hd, 1000 + r), token_vals);
+      const auto v = with_far_tokens(hostile_frames(frame_vals * n, cs.hd, 5000 + r), token_vals);
+      const auto kq = randn(frame_vals * n, r + 1);
+      for (auto [b, buf, c] : {std::tuple{&cpu_b, &cpu_buf, cpu->get()}, std::tuple{&cuda_b, &cuda_buf, cuda->get()}}) {
+        const SessionSlice one{c, 0, n};
+        b->attention(l, std::span<const SessionSlice>(&one, 1), cs.T, buf->put(q), buf->put(kq), buf->put(kq),
+                     buf->zeros(frame_vals * n));
+      }
+      ASSERT_TRUE((*cpu)->append(l, cpu_buf.put(k), cpu_buf.put(v), f, n).ok());
+      const absl::Status st = (*cuda)->append(l, cuda_buf.put(k), cuda_buf.put(v), f, n);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    f += n;
+    expect_bitwise_same(**cpu, **cuda, a.layers, f);
+  }
+  EXPECT_LE((*cuda)->bytes().total(), cuda_b.kv_reservation_bytes(cs.format, g, a.options));
+}
+
 TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
   WM_REQUIRE_CUDA();
-  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
-  struct Case {
-    const char* format;
-    int hd, block, T, sinks, fpb, bits, tokens_per_centroid, window, iters;
-  };
-  // (a window of 7 frames in blocks of 3 holds 5 spans' tables, so the tables make a ring of their own;
-  // the device runs each Lloyd iteration as two launches and finishes after the last: 0, 1 and 4 of them)
-  for (const Case& cs : std::vector<Case>{{"qvg2", 64, 64, 64, 1, 1, 8, 64, 4, 4},
-                                          {"quantwm2", 64, 32, 64, 1, 2, 8, 16, 4, 1},
-                                          {"quantwm2", 128, 64, 80, 0, 3, 4, 32, 7, 4},
-                                          {"qvg2", 32, 16, 64, 0, 2, 8, 8, 4, 0},
-                                          {"quantwm2", 128, 128, 64, 2, 2, 8, 64, 4, 4}}) {
-    SCOPED_TRACE(std::string(cs.format) + " head_dim " + std::to_string(cs.hd) + " block " + std::to_string(cs.block) +
-                 " T " + std::to_string(cs.T) + " sinks " + std::to_string(cs.sinks) + " iterations " +
-                 std::to_string(cs.iters));
-    AttnSpec a;
-    a.head_dim = cs.hd;
-    a.tokens_per_frame = cs.T;
-    a.sinks = cs.sinks;
-    a.window = cs.window;
-    a.frames_per_block = cs.fpb;
-    a.options.block = cs.block;
-    a.options.psac_bits = cs.bits;
-    a.options.tokens_per_centroid = cs.tokens_per_centroid;
-    a.options.psac_refresh_frames = 2;
-    a.options.kmeans_iters = cs.iters;
-    const KvGeometry g = geometry_of(a);
-    auto cpu = cpu_b.make_kv_cache(cs.format, g, a.options);
-    auto cuda = cuda_b.make_kv_cache(cs.format, g, a.options);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    ASSERT_TRUE(cuda.ok()) << cuda.status();
-    Buffers cpu_buf(cpu_b), cuda_buf(cuda_b);
-    const size_t frame_vals = static_cast<size_t>(cs.T) * a.heads * cs.hd;
-    int f = 0;
-    for (int step = 0; step < 7; ++step) {
-      const int n = step == 2 ? 1 : cs.fpb;  // a prompt's shorter chunk among whole blocks
-      for (int l = 0; l < a.layers; ++l) {
-        // the block's queries first (QuantWM-2's statistics), then its K/V
-        const uint32_t r = static_cast<uint32_t>(100 * step + l);
-        auto q = randn(frame_vals * n, r, 2.0f);
-        // a few non-finite query values: their rows stay out of QuantWM-2's statistics
-        for (size_t i = 7; step % 2 == 1 && i < q.size(); i += 997) q[i] = i % 2 ? NAN : INFINITY;
-        const size_t token_vals = static_cast<size_t>(a.heads) * cs.hd;
-        const auto k = with_far_tokens(hostile_frames(frame_vals * n, cs.hd, 1000 + r), token_vals);
-        const auto v = with_far_tokens(hostile_frames(frame_vals * n, cs.hd, 5000 + r), token_vals);
-        const auto kq = randn(frame_vals * n, r + 1);
-        for (auto [b, buf, c] : {std::tuple{&cpu_b, &cpu_buf, cpu->get()}, std::tuple{&cuda_b, &cuda_buf, cuda->get()}}) {
-          const SessionSlice one{c, 0, n};
-          b->attention(l, std::span<const SessionSlice>(&one, 1), cs.T, buf->put(q), buf->put(kq), buf->put(kq),
-                       buf->zeros(frame_vals * n));
-        }
-        ASSERT_TRUE((*cpu)->append(l, cpu_buf.put(k), cpu_buf.put(v), f, n).ok());
-        const absl::Status st = (*cuda)->append(l, cuda_buf.put(k), cuda_buf.put(v), f, n);
-        ASSERT_TRUE(st.ok()) << st;
-      }
-      f += n;
-      expect_bitwise_same(**cpu, **cuda, a.layers, f);
-    }
-    EXPECT_LE((*cuda)->bytes().total(), cuda_b.kv_reservation_bytes(cs.format, g, a.options));
-  }
+  for (const SpanCase& cs : span_cases()) expect_span_codes_match(cs);
   EXPECT_GT(counter("kv.span_frames_coded"), 0);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// the coder's kernels with one warp per CTA and one CTA per job: the same
+// codes as with the default blocks (16 warps for k-means, a CTA per 256
+// tokens). On the H200 of 2026-12-04 the default blocks' codes differed
+// from the CPU's while every check of the emulator passed; this case says
+// whether the warps of a job are what differs there
+TEST(CudaSpan, CodesDoNotDependOnTheCodersBlockSize) {
+  WM_REQUIRE_CUDA();
+  EXPECT_FALSE(dynamic_cast<PluginBackend&>(*backends().cuda).set_tuning("span.threads", 48).ok()) << "whole warps";
+  Tuning t(*backends().cuda, {{"span.threads", 32}});
+  expect_span_codes_match(span_cases()[0]);  // four Lloyd iterations
+  expect_span_codes_match(span_cases()[3]);  // none: the seeding alone
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
@@ -2124,13 +2148,13 @@ TEST(CudaCounters, MisalignedGemmOutputsGiveTheAlignedValues) {
   }
 }
 
-// "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped (2 and 3 for
-// head_dim 64 and 128 only, on compute capability 9.0), 0 the process default (WM_CUDA_ATTENTION, else 3
-// wherever it runs)
+// "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped, 4 warp-specialised
+// (2, 3 and 4 for head_dim 64 and 128 only, on compute capability 9.0), 0 the process default
+// (WM_CUDA_ATTENTION, else 4 for 128-query tiles at head_dim 128 and 3 for the rest, wherever they run)
 TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
-  const bool wgmma = wgmma_available();
+  const bool wgmma = wgmma_available(), ws = ws_available();
   const std::map<std::string, int64_t> by_name = {{"auto", 3}, {"mma", 1}, {"wgmma", 2}, {"overlap", 3}, {"ws", 4}};
   const char* env = std::getenv("WM_CUDA_ATTENTION");
   const int64_t default_kernel = env == nullptr || *env == '\0' ? 3 : by_name.at(env);
@@ -2158,6 +2182,11 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
           << "head_dim " << hd << " kernel " << kernel;
       Tuning t(b, {{"attention.kernel", kernel}});
       EXPECT_EQ(counter(("attention.kernel.head_dim_" + std::to_string(hd)).c_str()), expect);
+      // 128-query tiles: by default the warp-specialised kernel at head_dim 128, where it fits
+      const int64_t expect_128 =
+          kernel == 0 && hd == 128 && expect == 3 && (env == nullptr || *env == '\0') && ws ? 4 : expect;
+      EXPECT_EQ(counter(("attention.kernel.head_dim_" + std::to_string(hd) + ".block_q_128").c_str()), expect_128)
+          << "head_dim " << hd << " kernel " << kernel;
     }
   EXPECT_EQ(counter("attention.kernel.head_dim_48"), 0);
   auto* pb = backends().cuda.get();
@@ -2175,12 +2204,16 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
     EXPECT_EQ(pb->set_tuning("attention.stages", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   for (int64_t bad : {int64_t{-2}, int64_t{2}, (int64_t{1} << 32) + 1})
     EXPECT_EQ(pb->set_tuning("attention.pingpong", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
-  // the warp-specialised kernel's keys per step: 128 for 128-query tiles, 64 for 64-query ones by default
+  // the warp-specialised kernel's keys per step and stages: 64 keys in 4 stages by default, the H200's
+  // fastest at 2640 queries (docs/PERFORMANCE.md)
   for (int64_t bad : {int64_t{-1}, int64_t{32}, int64_t{96}, int64_t{256}, (int64_t{1} << 32) + 64})
     EXPECT_EQ(pb->set_tuning("attention.ws_keys", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   if (std::getenv("WM_CUDA_ATTENTION_WS_KEYS") == nullptr) {
-    EXPECT_EQ(counter("attention.ws_keys.block_q_128"), 128);
+    EXPECT_EQ(counter("attention.ws_keys.block_q_128"), 64);
     EXPECT_EQ(counter("attention.ws_keys.block_q_64"), 64);
+    if (std::getenv("WM_CUDA_ATTENTION_STAGES") == nullptr) {
+      EXPECT_EQ(counter("attention.ws_stages.block_q_128"), 4);
+    }
   }
   {  // 128 keys a step run 3 stages whatever attention.stages says; 64 keys run 3 or 4 (5 runs 4)
     Tuning t(b, {{"attention.ws_keys", 128}, {"attention.stages", 4}});
