@@ -30,7 +30,9 @@
 #include "cuda/rms_norm_rope.cuh"
 #include "cuda/span_encode.cuh"
 #include "engine/plugin_kv_geometry.h"
+#include "quant/kmeans.h"
 #include "quant/kv_span.h"
+#include "quant/q2_ops.h"
 #include "quant/span_codec.h"
 
 namespace wm::cuda {
@@ -204,6 +206,17 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
       return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_ATTENTION_PINGPONG='", v, "': use 0 or 1"));
     default_attention_pingpong_ = v == "1" ? 1 : 0;
   }
+  if (const char* e = std::getenv("WM_CUDA_SPAN_CODER"); e != nullptr && *e != '\0') {
+    const absl::string_view v(e);
+    const int32_t coder = v == "device"        ? kSpanCoderDevice
+                          : v == "host-kmeans" ? kSpanCoderHostKmeans
+                          : v == "host"        ? kSpanCoderHost
+                                               : 0;
+    if (coder == 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("WM_CUDA_SPAN_CODER='", v, "': use device, host-kmeans or host"));
+    default_span_coder_ = coder;
+  }
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
   measure_ctas_per_sm();
   return absl::OkStatus();
@@ -322,6 +335,12 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "span.scratch_bytes") {
     if (value < 0) return absl::InvalidArgumentError("span.scratch_bytes: 0 (default) or a budget in bytes");
     span_scratch_bytes_ = value == 0 ? kSpanScratchBytes : value;
+  } else if (key == "span.coder") {
+    if (value < 0 || value > kSpanCoderHost)
+      return absl::InvalidArgumentError(
+          "span.coder: 0 (default), 1 (the device), 2 (k-means on the host, the tokens' codes on the device) or 3 "
+          "(the host)");
+    span_coder_tuning_ = static_cast<int32_t>(value);
   } else if (key == "span.threads") {
     // the coder's kernels with blocks of this many threads, one CTA per job
     // (span_encode.cuh): the codes must not depend on it
@@ -361,6 +380,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.span_launches") return span_attention_launches_;
   if (name == "kv.span_frames_coded") return span_appends_;
   if (name == "kv.span_encode_launches") return span_encode_launches_;
+  if (name == "kv.span_jobs_host_coded") return span_jobs_host_coded_;
   if (name == "query.gram_launches") return gram_launches_;
   if (name == "query.gram_downloads") return gram_downloads_;
   if (name == "query.qsac_weight_launches") return qsac_weight_launches_;
@@ -1133,6 +1153,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   const PagedGeometry& g = writes[0].kv->pages.geometry();
   const SpanRowLayout& L = g.span;
   const int32_t T = g.tokens_per_frame, H = g.heads, D = g.head_dim, S = g.sink_frames;
+  const int32_t coder = span_coder();
   // every write checked before any coder's books move
   bool any = false;
   for (const KvWriteRequest& w : writes) {
@@ -1161,7 +1182,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   std::vector<QsacWeightsJob> weight_jobs;  // the keys' QSAC weights, made on the device into params
   std::vector<int32_t> stats_pages;         // the statistics pages of the sessions they read
   std::vector<std::tuple<SpanHostCoder*, int32_t, bool>> bases;  // (coder, window slot, has a basis)
-  int64_t image_bytes = 0, scratch_bytes = 0, round_bytes = 0;
+  int64_t image_bytes = 0, scratch_bytes = 0, round_bytes = 0, given_floats = 0;
   std::vector<int32_t> rounds{0};  // each round's first job
   const int64_t frame_values = static_cast<int64_t>(T) * H * D;
   for (size_t i = 0; i < writes.size(); ++i) {
@@ -1270,6 +1291,10 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
           j.scratch = round_bytes;
           round_bytes += static_cast<int64_t>(scratch);
           scratch_bytes = std::max(scratch_bytes, round_bytes);
+          if (coder == kSpanCoderHostKmeans) {  // room for the host's centroids (as job_centroids clamps k)
+            j.given = given_floats;
+            given_floats += static_cast<int64_t>(std::max(1, std::min({c.centroids, kSpanMaxCentroids, n}))) * D;
+          }
           jobs.push_back(j);
         }
     }
@@ -1287,6 +1312,7 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   const size_t stats_pages_at = at16(weight_jobs_at + weight_jobs.size() * sizeof(QsacWeightsJob));
   const size_t upload = at16(stats_pages_at + stats_pages.size() * sizeof(int32_t));
   const size_t staging_at = upload, scratch_at = at16(staging_at + static_cast<size_t>(image_bytes));
+  const size_t given_at = at16(scratch_at + static_cast<size_t>(scratch_bytes));
   std::vector<uint8_t>& host = span_upload_;
   host.assign(upload, 0);
   std::memcpy(host.data(), out.data(), tables_at);
@@ -1299,12 +1325,12 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
     std::memcpy(host.data() + weight_jobs_at, weight_jobs.data(), weight_jobs.size() * sizeof(QsacWeightsJob));
     std::memcpy(host.data() + stats_pages_at, stats_pages.data(), stats_pages.size() * sizeof(int32_t));
   }
-  st = append_scratch_.reserve(scratch_at + static_cast<size_t>(scratch_bytes));
+  st = append_scratch_.reserve(given_at + static_cast<size_t>(given_floats) * sizeof(float));
   if (!st.ok()) return st;
   auto* dev = append_scratch_.as<uint8_t>();
   st = copy_to_device(dev, host.data(), host.size());
   if (!st.ok()) return st;
-  if (image_bytes > 0)
+  if (image_bytes > 0 && coder != kSpanCoderHost)
     WM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dev + staging_at, 0, static_cast<size_t>(image_bytes), stream_));
   if (!weight_jobs.empty()) {  // after the write pass's queries were added to the sums, before the coder reads them
     QsacWeightsArgs wa;
@@ -1318,8 +1344,25 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
     WM_CUDA_RETURN_IF_ERROR(launch_qsac_weights(wa, stream_));
     ++qsac_weight_launches_;
   }
+  const int32_t coeff_bits = writes[0].kv->span->plan().coeff_bits;
+  if (coder != kSpanCoderDevice) {
+    // the coder on the host: the batch's rows and the QSAC weights come
+    // down, the CPU's coder runs every job, and what it made goes up: the
+    // centroids (the device codes the tokens against them) or the image
+    if (!weight_jobs.empty())
+      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params.data(), dev + params_at, params.size() * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+    std::vector<float> given(static_cast<size_t>(given_floats));
+    std::vector<uint8_t> image(coder == kSpanCoderHost ? static_cast<size_t>(image_bytes) : 0, 0);
+    st = code_spans_on_host(L, H, coeff_bits, jobs, frame_images, params, given.data(), image.data());
+    if (!st.ok()) return st;
+    span_jobs_host_coded_ += static_cast<int64_t>(jobs.size());
+    st = copy_to_device(dev + given_at, given.data(), given.size() * sizeof(float));
+    if (st.ok()) st = copy_to_device(dev + staging_at, image.data(), image.size());
+    if (!st.ok()) return st;
+  }
   rounds.push_back(static_cast<int32_t>(jobs.size()));
-  for (size_t r = 0; r + 1 < rounds.size(); ++r) {
+  for (size_t r = 0; r + 1 < rounds.size() && coder != kSpanCoderHost; ++r) {
     if (rounds[r + 1] == rounds[r]) continue;
     SpanEncodeArgs e;
     e.jobs = reinterpret_cast<const SpanEncodeJob*>(dev + jobs_at) + rounds[r];
@@ -1327,12 +1370,13 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
     e.n_jobs = rounds[r + 1] - rounds[r];
     e.frame_images = reinterpret_cast<const int64_t*>(dev + images_at);
     e.params = reinterpret_cast<const float*>(dev + params_at);
+    e.given = given_floats > 0 ? reinterpret_cast<const float*>(dev + given_at) : nullptr;
     e.image = dev + staging_at;
     e.scratch = dev + scratch_at;
     e.row_stride = H * D;
     e.head_dim = D;
     e.block = L.block;
-    e.coeff_bits = writes[0].kv->span->plan().coeff_bits;
+    e.coeff_bits = coeff_bits;
     e.tokens_per_frame = T;
     e.heads = H;
     e.token_bytes = span_token_bytes(L);
@@ -1359,6 +1403,83 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   WM_CUDA_RETURN_IF_ERROR(launch_kv_append_span(a, stream_));
   ++append_launches_;
   for (const auto& [coder, slot, has] : bases) coder->set_slot_has_basis(layer, slot, has);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::code_spans_on_host(const SpanRowLayout& L, int32_t heads, int32_t coeff_bits,
+                                             const std::vector<SpanEncodeJob>& jobs,
+                                             const std::vector<int64_t>& frame_images, const std::vector<float>& params,
+                                             float* given, uint8_t* image) {
+  const int32_t D = L.head_dim, T = L.tokens_per_frame, row = heads * D;
+  // each (span, side)'s rows [n][heads * D], one download each (a job's are its head's columns)
+  std::map<const float*, std::vector<float>> rows;
+  for (const SpanEncodeJob& j : jobs) {
+    const float* base = j.x - static_cast<ptrdiff_t>(j.head) * D;
+    auto [it, fresh] = rows.try_emplace(base);
+    if (!fresh) continue;
+    it->second.resize(static_cast<size_t>(j.n) * row);
+    WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(it->second.data(), base, it->second.size() * sizeof(float),
+                                            cudaMemcpyDeviceToHost, stream_));
+  }
+  if (absl::Status s = synchronize(); !s.ok()) return s;
+  const int32_t tb = span_token_bytes(L), rb = L.rec_bytes;
+  const int64_t tables_at = span_tables_at(L, heads);
+  const int n_jobs = static_cast<int>(jobs.size());
+#pragma omp parallel for schedule(dynamic)
+  for (int ji = 0; ji < n_jobs; ++ji) {
+    const SpanEncodeJob& j = jobs[static_cast<size_t>(ji)];
+    const int32_t n = j.n;
+    const std::vector<float>& src = rows.at(j.x - static_cast<ptrdiff_t>(j.head) * D);
+    // the rows as the CPU's cache codes them: sanitized and held in fp16
+    std::vector<float> x(static_cast<size_t>(n) * D);
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t c = 0; c < D; ++c)
+        x[static_cast<size_t>(i) * D + c] =
+            f16_to_f32(f32_to_f16(kv_sanitize(src[static_cast<size_t>(i) * row + j.head * D + c])));
+    const float* w = j.weights >= 0 && params[static_cast<size_t>(j.weights + D)] != 0.0f
+                         ? params.data() + j.weights
+                         : nullptr;
+    const float* basis = j.basis >= 0 ? params.data() + j.basis : nullptr;
+    if (j.given >= 0) {  // k-means only: the device codes the tokens
+      std::vector<float> cen;
+      kmeans(x.data(), n, D, D, w, std::min(j.centroids, kSpanMaxCentroids), j.iters, j.seed, &cen, nullptr);
+      std::copy(cen.begin(), cen.end(), given + j.given);
+      continue;
+    }
+    SpanCodecParams p;
+    p.block = L.block;
+    p.centroids = j.centroids;
+    p.iters = j.iters;
+    p.seed = j.seed;
+    p.weights = w;
+    p.candidates = j.candidates;
+    p.basis = basis;
+    p.coeff_bits = coeff_bits;
+    SpanHeadCodes codes;
+    span_encode(x.data(), n, D, D, p, &codes);
+    // where span_code_kernel and finish_centroids put them: each token's
+    // record in its frame's image, the tables in the first stored frame's
+    int64_t first = -1;
+    for (int32_t f = 0; f < (n + T - 1) / T && first < 0; ++f) first = frame_images[static_cast<size_t>(j.first_image + f)];
+    if (first >= 0) {
+      uint8_t* table = image + first + tables_at + static_cast<int64_t>(j.head) * L.table_bytes();
+      std::memcpy(table + (j.side == 0 ? 0 : L.v_table()), codes.centroids.data(), codes.centroids.size() * 2);
+      if (j.side == 0 && basis != nullptr)
+        for (int32_t e = 0; e < 8 * D; ++e) {
+          const uint16_t h = f32_to_f16(basis[e]);
+          std::memcpy(table + L.basis_table() + 2 * e, &h, 2);
+        }
+    }
+    const size_t cb = codes.coeffs.empty() ? 0 : codes.coeffs.size() / static_cast<size_t>(n);
+    for (int32_t i = 0; i < n; ++i) {
+      const int64_t img = frame_images[static_cast<size_t>(j.first_image + i / T)];
+      if (img < 0) continue;
+      uint8_t* rec = image + img + (static_cast<int64_t>(j.head) * T + i % T) * tb;
+      std::memcpy(rec + j.side * rb, codes.blocks.data() + static_cast<size_t>(i) * rb, static_cast<size_t>(rb));
+      rec[2 * rb + j.side] = codes.ids[static_cast<size_t>(i)];
+      if (j.side == 0 && cb > 0) std::memcpy(rec + 2 * rb + 2, codes.coeffs.data() + i * cb, cb);
+    }
+  }
   return absl::OkStatus();
 }
 

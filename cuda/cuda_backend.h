@@ -26,6 +26,7 @@
 #include "cuda/kv_pages.h"
 #include "cuda/kv_span_host.h"
 #include "cuda/page_pool.h"
+#include "cuda/span_encode.cuh"
 #include "cuda/staging_ring.h"
 #include "engine/plugin_api.h"
 
@@ -222,11 +223,20 @@ class CudaBackend {
   PagedKvSpanView span_view(const int32_t* page_table, const PagedGeometry& g) const;
   // the page layout of a format (fp16, kivi2, qvg2 or quantwm2) for g, or why the device cannot hold it
   absl::StatusOr<PagedGeometry> paged_geometry(absl::string_view format, const WmKvGeometry& g) const;
-  // the write pass of span caches (their codes made on the host): downloads
-  // the frames, codes them, uploads the image and scatters it into the pages
+  // the write pass of span caches: the host books the spans, the coder
+  // (span_encode.cuh; or the host's, tuning "span.coder") makes each
+  // frame's image, a scatter puts the images into the pages
   absl::Status kv_append_span(int32_t layer, std::span<const KvWriteRequest> writes,
                               const std::vector<KvAppendPlan>& plans, const std::vector<std::vector<int32_t>>& tables,
                               const float* k, const float* v);
+  // the coder's jobs on the host (tuning "span.coder" 1 or 2): downloads
+  // their rows (and waits for the queued download of *params, the QSAC
+  // weights), runs the CPU's coder, and writes each job's k-means
+  // centroids at given + job.given (1) or its codes and tables into image,
+  // where the device's coder would put them (2)
+  absl::Status code_spans_on_host(const SpanRowLayout& L, int32_t heads, int32_t coeff_bits,
+                                  const std::vector<SpanEncodeJob>& jobs, const std::vector<int64_t>& frame_images,
+                                  const std::vector<float>& params, float* given, uint8_t* image);
   // QuantWM-2's query statistics: the rows of each span cache that observes them
   absl::Status observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
                                std::span<const WmSessionRows> rows, const float* q);
@@ -282,6 +292,15 @@ class CudaBackend {
   static constexpr int64_t kSpanScratchBytes = int64_t{64} << 20;
   int64_t span_scratch_bytes_ = kSpanScratchBytes;  // tuning "span.scratch_bytes"
   int32_t span_threads_ = 0;                         // tuning "span.threads"
+  // where the span formats are coded (tuning "span.coder"): the device
+  // (span_encode.cuh), k-means on the host with the tokens' codes on the
+  // device, or the host (quant/span_codec.h), which makes the CPU cache's
+  // codes by construction; the device scatters the image in every case
+  // (0: the default, WM_CUDA_SPAN_CODER's, else the device)
+  static constexpr int32_t kSpanCoderDevice = 1, kSpanCoderHostKmeans = 2, kSpanCoderHost = 3;
+  int32_t span_coder_tuning_ = 0, default_span_coder_ = kSpanCoderDevice;
+  int32_t span_coder() const { return span_coder_tuning_ != 0 ? span_coder_tuning_ : default_span_coder_; }
+  int64_t span_jobs_host_coded_ = 0;
   // QuantWM-2's query statistics: the jobs of an attention call (its
   // observing sessions' rows and heads, their statistics pages) and the
   // calls' row flags, uploaded once per batch composition and kept for the

@@ -404,8 +404,9 @@ __device__ __forceinline__ const float* job_weights(const SpanEncodeArgs& a, con
   return J.weights >= 0 && a.params[J.weights + a.head_dim] != 0.0f ? a.params + J.weights : nullptr;
 }
 
-// the clean rows and the k-means++ seeding, one CTA per job; a job without
-// Lloyd iterations is finished here
+// the clean rows and the k-means++ seeding (or the given centroids), one CTA
+// per job; a job with given centroids or without Lloyd iterations is
+// finished here
 __global__ void __launch_bounds__(kKmeansThreads, 1) span_seed_kernel(const SpanEncodeArgs a) {
   const SpanEncodeJob& J = a.jobs[blockIdx.x];
   const int n = J.n, d = a.head_dim;
@@ -422,6 +423,12 @@ __global__ void __launch_bounds__(kKmeansThreads, 1) span_seed_kernel(const Span
   }
   __syncthreads();
   const int k = job_centroids(J);
+  if (J.given >= 0) {  // k-means ran elsewhere
+    for (int e = threadIdx.x; e < k * d; e += blockDim.x) s.cen[e] = a.given[J.given + e];
+    __syncthreads();
+    finish_centroids(a, J, s, k);
+    return;
+  }
   seed_centroids(s, n, d, k, J.seed, job_weights(a, J));
   if (J.iters <= 0) finish_centroids(a, J, s, k);
 }
@@ -430,7 +437,7 @@ __global__ void __launch_bounds__(kKmeansThreads, 1) span_seed_kernel(const Span
 // assigns the job's tokens x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x apart
 __global__ void span_assign_kernel(const SpanEncodeArgs a, int32_t it) {
   const SpanEncodeJob& J = a.jobs[blockIdx.y];
-  if (it >= J.iters) return;
+  if (it >= J.iters || J.given >= 0) return;
   Scratch s;
   scratch_layout(J.n, a.head_dim, a.scratch + J.scratch, &s);
   for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < J.n;
@@ -443,7 +450,7 @@ __global__ void span_assign_kernel(const SpanEncodeArgs a, int32_t it) {
 // against the fp16 centroids)
 __global__ void __launch_bounds__(kKmeansThreads, 1) span_update_kernel(const SpanEncodeArgs a, int32_t it) {
   const SpanEncodeJob& J = a.jobs[blockIdx.x];
-  if (it >= J.iters) return;
+  if (it >= J.iters || J.given >= 0) return;
   Scratch s;
   scratch_layout(J.n, a.head_dim, a.scratch + J.scratch, &s);
   const int k = job_centroids(J);
@@ -520,8 +527,10 @@ cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   int32_t most = 0, iters = 0;  // tokens of the longest job, the most Lloyd iterations (the host's copy of the jobs)
   for (int32_t j = 0; j < a.n_jobs; ++j) {
-    most = a.host_jobs[j].n > most ? a.host_jobs[j].n : most;
-    iters = a.host_jobs[j].iters > iters ? a.host_jobs[j].iters : iters;
+    const SpanEncodeJob& J = a.host_jobs[j];
+    if (J.given >= 0 && a.given == nullptr) return cudaErrorInvalidValue;
+    most = J.n > most ? J.n : most;
+    if (J.given < 0) iters = J.iters > iters ? J.iters : iters;
   }
   const dim3 jobs(static_cast<unsigned>(a.n_jobs));
   // the token-parallel kernels: a CTA per kThreads tokens, or one per job of a.threads

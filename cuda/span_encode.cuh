@@ -45,6 +45,9 @@ struct SpanEncodeJob {
                              // QsacWeightsJob); -1, or a flag of 0: uniform
   int64_t basis = -1;        // offset in params of [8][head_dim] fp16-valued PSAC basis; -1: none
   int64_t scratch = 0;       // byte offset of this job's scratch (span_encode_scratch_bytes, 16-aligned)
+  int64_t given = -1;        // offset in SpanEncodeArgs::given of [k][head_dim] centroids that k-means made
+                             // elsewhere (the host: tuning "span.coder" 1): the tokens are coded against
+                             // them and no k-means runs here; -1: k-means here
 };
 
 struct SpanEncodeArgs {
@@ -53,6 +56,7 @@ struct SpanEncodeArgs {
   int32_t n_jobs = 0;
   const int64_t* frame_images = nullptr;  // device: byte offset in `image` of a frame's image; -1: not stored
   const float* params = nullptr;          // device: weights and bases
+  const float* given = nullptr;           // device: the jobs' given centroids (SpanEncodeJob::given)
   uint8_t* image = nullptr;               // device: the write pass's staging image
   uint8_t* scratch = nullptr;             // device
   int32_t row_stride = 0;                 // floats between a head's consecutive tokens (heads * head_dim)

@@ -15,8 +15,12 @@
 #               default for 128-query tiles at head_dim 128
 #   parity      backend_ops_tests: every other op, CPU vs CUDA     -> $OUT/parity.json
 #   span        QVG-2 / QuantWM-2: the device coder's codes against the CPU's,
-#               attention over their pages on every kernel    -> $OUT/parity_span.json
+#               also with the coder split between host and device ("span.coder":
+#               the whole coder on the host, the host's k-means with the device's
+#               token codes), attention over their pages on every kernel
+#                                                            -> $OUT/parity_span.json
 #   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR
+#   e2e_span_host  the span formats' sessions again with WM_CUDA_SPAN_CODER=host
 #   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once, the
 #               quantized formats' write passes and decoders too)
 #   racecheck   compute-sanitizer racecheck on the same
@@ -152,8 +156,11 @@ stage parity 60 .gpu/bin/backend_ops_tests --gtest_filter="-CudaEndToEnd.*:*kern
   --gtest_output=json:"$OUT/parity.json"
 # QVG-2 / QuantWM-2 on the device: the coder's codes against the CPU's, bit for bit (CudaSpan.*; one case
 # also with one warp per job, "span.threads"), and attention over their pages on every kernel
-stage span 60 .gpu/bin/backend_ops_tests --gtest_filter="$span_cases" --gtest_output=json:"$OUT/parity_span.json"
+stage span 90 .gpu/bin/backend_ops_tests --gtest_filter="$span_cases" --gtest_output=json:"$OUT/parity_span.json"
 stage e2e 120 env OMP_NUM_THREADS=8 .gpu/bin/backend_ops_tests --gtest_filter='CudaEndToEnd.*' --gtest_output=json:"$raw/parity_e2e.json"
+# the same span sessions coded on the host: how far the device coder alone takes them from the CPU's
+stage e2e_span_host 60 env OMP_NUM_THREADS=8 WM_CUDA_SPAN_CODER=host .gpu/bin/backend_ops_tests \
+  --gtest_filter='CudaEndToEnd.SpanSessionsMatchTheCpu' --gtest_output=json:"$raw/parity_e2e_span_host.json"
 if [ -n "$sanitizer" ]; then
   for tool in memcheck racecheck; do
     stage "$tool" 45 "$sanitizer" --tool "$tool" --error-exitcode 7 --print-limit 30 \

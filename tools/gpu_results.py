@@ -72,6 +72,9 @@ def parity(raw, out_dir):
     res["attention_kernel"] = text(os.path.join(raw, "attention_kernel.txt")).strip() or None
     log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "parity", "span", "e2e"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
+    res["end_to_end_span_host_report"] = gtest_report(os.path.join(raw, "parity_e2e_span_host.json"))
+    res["end_to_end_span_host"] = [l.strip() for l in text(os.path.join(raw, "e2e_span_host.out")).splitlines()
+                                   if l.startswith("end to end")]
     res["op_errors"] = [l.strip() for l in log.splitlines() if l.startswith("  ") and "max |err|" in l][:80]
     res["device_line"] = next((l.strip() for l in log.splitlines() if l.startswith("CUDA backend:")), None)
     res["summary_lines"] = [l.strip() for l in log.splitlines() if re.match(r"^\[  (PASSED|FAILED|SKIPPED) ", l)][:40]
@@ -188,7 +191,8 @@ def summary(path):
     for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("overlap parity", p.get("overlap_report", {})),
                       ("warp-specialised parity", p.get("ws_report", {})),
                       ("parity", p), ("span formats", p.get("span_report", {})),
-                      ("end to end", p.get("end_to_end_report", {}))):
+                      ("end to end", p.get("end_to_end_report", {})),
+                      ("end to end, span formats coded on the host", p.get("end_to_end_span_host_report", {}))):
         if "error" in rep:
             print("%s: %s" % (name, rep["error"]))
             continue
@@ -197,6 +201,8 @@ def summary(path):
             print("  FAILED %s: %s" % (f["test"], f["message"].replace("\n", " ")[:300]))
     for l in p.get("end_to_end", []):
         print("  " + l)
+    for l in p.get("end_to_end_span_host", []):
+        print("  (span coder on the host) " + l)
     for name in ("memcheck", "racecheck"):
         s = r.get(name)
         print("%s: %s" % (name, " | ".join(s["summary"][-2:]) if s else "not run"))
