@@ -2492,10 +2492,10 @@ TEST(CudaEndToEnd, KiviSessionsMatchTheCpu) {
   expect_same_rollouts(short_window_config_path(), 9, /*defer_cuda_writes=*/true, "kivi2");
 }
 
-// QVG-2 and QuantWM-2 sessions on both devices, past the window: coded on
-// the host from the device's K/V (and QuantWM-2's from its queries), which
-// differ from the CPU's by bf16 rounding, so a token near a boundary can
-// take another centroid or code
+// QVG-2 and QuantWM-2 sessions on both devices, past the window: coded from
+// the device's K/V (and QuantWM-2's from its queries), which differ from
+// the CPU's by bf16 rounding, so a token near a boundary can take another
+// centroid or code (WM_CUDA_SPAN_CODER picks where the coder runs)
 TEST(CudaEndToEnd, SpanSessionsMatchTheCpu) {
   WM_REQUIRE_CUDA();
   for (const char* format : {"qvg2", "quantwm2"})
