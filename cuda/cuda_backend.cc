@@ -208,18 +208,35 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
   }
   if (const char* e = std::getenv("WM_CUDA_SPAN_CODER"); e != nullptr && *e != '\0') {
     const absl::string_view v(e);
-    const int32_t coder = v == "device"        ? kSpanCoderDevice
+    const int32_t coder = v == "auto"          ? 0
+                          : v == "device"      ? kSpanCoderDevice
                           : v == "host-kmeans" ? kSpanCoderHostKmeans
                           : v == "host"        ? kSpanCoderHost
-                                               : 0;
-    if (coder == 0)
+                                               : -1;
+    if (coder < 0)
       return absl::InvalidArgumentError(
-          absl::StrCat("WM_CUDA_SPAN_CODER='", v, "': use device, host-kmeans or host"));
-    default_span_coder_ = coder;
+          absl::StrCat("WM_CUDA_SPAN_CODER='", v, "': use auto (the default), device, host-kmeans or host"));
+    span_coder_pinned_ = coder;
   }
+  if (const char* e = std::getenv("WM_CUDA_SPAN_CHECKS"); e != nullptr && *e != '\0') {
+    int32_t checks = 0;
+    if (!absl::SimpleAtoi(e, &checks) || checks < 0 || checks > 1000000)
+      return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_SPAN_CHECKS='", e,
+                                                     "': the appends to check per coder, 0 (none) to 1000000"));
+    default_span_checks_ = checks;
+  }
+  restart_span_choice(0);
   plan_tuning_.num_sms = std::max(1, info_.multiprocessors);
   measure_ctas_per_sm();
   return absl::OkStatus();
+}
+
+void CudaBackend::restart_span_choice(int32_t checks) {
+  if (span_coder_pinned_ != 0) {
+    span_choice_.pin(span_coder_pinned_);
+    return;
+  }
+  span_choice_.restart(checks > 0 ? checks : default_span_checks_);
 }
 
 int32_t CudaBackend::overlap_stages() const {
@@ -338,9 +355,17 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "span.coder") {
     if (value < 0 || value > kSpanCoderHost)
       return absl::InvalidArgumentError(
-          "span.coder: 0 (default), 1 (the device), 2 (k-means on the host, the tokens' codes on the device) or 3 "
-          "(the host)");
+          "span.coder: 0 (the default: WM_CUDA_SPAN_CODER's, else auto), 1 (the device), 2 (k-means on the host, "
+          "the tokens' codes on the device) or 3 (the host)");
     span_coder_tuning_ = static_cast<int32_t>(value);
+  } else if (key == "span.checks") {
+    // the auto choice starts again from the device, checking this many appends per coder
+    if (value < 0 || value > 1000000)
+      return absl::InvalidArgumentError("span.checks: 0 (the default, WM_CUDA_SPAN_CHECKS's or 16) up to 1000000");
+    restart_span_choice(static_cast<int32_t>(value));
+  } else if (key == "span.check_fault") {
+    // a drill: every checked append finds the device's image different
+    span_check_fault_ = value != 0;
   } else if (key == "span.threads") {
     // the coder's kernels with blocks of this many threads, one CTA per job
     // (span_encode.cuh): the codes must not depend on it
@@ -381,6 +406,10 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "kv.span_frames_coded") return span_appends_;
   if (name == "kv.span_encode_launches") return span_encode_launches_;
   if (name == "kv.span_jobs_host_coded") return span_jobs_host_coded_;
+  // not a count: where the span formats are coded now (1 device, 2 host k-means, 3 host)
+  if (name == "kv.span_coder") return span_coder();
+  if (name == "kv.span_checks_same") return span_choice_.passed();
+  if (name == "kv.span_checks_different") return span_choice_.mismatches();
   if (name == "query.gram_launches") return gram_launches_;
   if (name == "query.gram_downloads") return gram_downloads_;
   if (name == "query.qsac_weight_launches") return qsac_weight_launches_;
@@ -1154,6 +1183,8 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
   const SpanRowLayout& L = g.span;
   const int32_t T = g.tokens_per_frame, H = g.heads, D = g.head_dim, S = g.sink_frames;
   const int32_t coder = span_coder();
+  // the auto choice's checked appends: coded on the host as well, and compared
+  const bool check = span_coder_tuning_ == 0 && span_choice_.checking();
   // every write checked before any coder's books move
   bool any = false;
   for (const KvWriteRequest& w : writes) {
@@ -1389,6 +1420,13 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
     WM_CUDA_RETURN_IF_ERROR(launch_span_encode(e, stream_));
     ++span_encode_launches_;
   }
+  if (check && image_bytes > 0 && !jobs.empty()) {
+    if (coder == kSpanCoderDevice && !weight_jobs.empty())  // the weights the device made, for the host's coder
+      WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(params.data(), dev + params_at, params.size() * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+    st = check_span_image(L, H, coeff_bits, jobs, frame_images, params, dev + staging_at, image_bytes);
+    if (!st.ok()) return st;
+  }
   KvSpanAppendArgs a;
   a.k = k;
   a.v = v;
@@ -1440,7 +1478,7 @@ absl::Status CudaBackend::code_spans_on_host(const SpanRowLayout& L, int32_t hea
                          ? params.data() + j.weights
                          : nullptr;
     const float* basis = j.basis >= 0 ? params.data() + j.basis : nullptr;
-    if (j.given >= 0) {  // k-means only: the device codes the tokens
+    if (j.given >= 0 && given != nullptr) {  // k-means only: the device codes the tokens
       std::vector<float> cen;
       kmeans(x.data(), n, D, D, w, std::min(j.centroids, kSpanMaxCentroids), j.iters, j.seed, &cen, nullptr);
       std::copy(cen.begin(), cen.end(), given + j.given);
@@ -1480,6 +1518,29 @@ absl::Status CudaBackend::code_spans_on_host(const SpanRowLayout& L, int32_t hea
       if (j.side == 0 && cb > 0) std::memcpy(rec + 2 * rb + 2, codes.coeffs.data() + i * cb, cb);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::check_span_image(const SpanRowLayout& L, int32_t heads, int32_t coeff_bits,
+                                           const std::vector<SpanEncodeJob>& jobs,
+                                           const std::vector<int64_t>& frame_images, const std::vector<float>& params,
+                                           uint8_t* device_image, int64_t image_bytes) {
+  const size_t n = static_cast<size_t>(image_bytes);
+  std::vector<uint8_t> host(n, 0), device(n);
+  // the rows' downloads wait for the device's coder, queued before them
+  absl::Status st = code_spans_on_host(L, heads, coeff_bits, jobs, frame_images, params, nullptr, host.data());
+  if (!st.ok()) return st;
+  WM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device.data(), device_image, n, cudaMemcpyDeviceToHost, stream_));
+  st = synchronize();
+  if (!st.ok()) return st;
+  if (span_check_fault_) device[n / 2] ^= 0x10;
+  const bool same = device == host;
+  if (!same) {
+    // the CPU's codes for this append, whatever the coder does from now on
+    st = copy_to_device(device_image, host.data(), n);
+    if (!st.ok()) return st;
+  }
+  span_choice_.record(same);
   return absl::OkStatus();
 }
 

@@ -26,6 +26,7 @@
 #include "cuda/kv_pages.h"
 #include "cuda/kv_span_host.h"
 #include "cuda/page_pool.h"
+#include "cuda/span_coder_choice.h"
 #include "cuda/span_encode.cuh"
 #include "cuda/staging_ring.h"
 #include "engine/plugin_api.h"
@@ -229,14 +230,23 @@ class CudaBackend {
   absl::Status kv_append_span(int32_t layer, std::span<const KvWriteRequest> writes,
                               const std::vector<KvAppendPlan>& plans, const std::vector<std::vector<int32_t>>& tables,
                               const float* k, const float* v);
-  // the coder's jobs on the host (tuning "span.coder" 1 or 2): downloads
-  // their rows (and waits for the queued download of *params, the QSAC
-  // weights), runs the CPU's coder, and writes each job's k-means
-  // centroids at given + job.given (1) or its codes and tables into image,
-  // where the device's coder would put them (2)
+  // the coder's jobs on the host (tuning "span.coder" 2 or 3, and the auto
+  // choice's checks): downloads their rows (and waits for the queued
+  // download of *params, the QSAC weights), runs the CPU's coder, and
+  // writes the k-means centroids of a job with job.given >= 0 at given +
+  // job.given (2), or, for the other jobs and for every job when given is
+  // null, its codes and tables into image, where the device's coder would
+  // put them (3)
   absl::Status code_spans_on_host(const SpanRowLayout& L, int32_t heads, int32_t coeff_bits,
                                   const std::vector<SpanEncodeJob>& jobs, const std::vector<int64_t>& frame_images,
                                   const std::vector<float>& params, float* given, uint8_t* image);
+  // a checked append of the auto choice: the device's image (image_bytes at
+  // device_image, its coder queued) against the host coder's, byte for
+  // byte; where they differ the host's replaces the device's, so that the
+  // append stores the CPU's codes, and the choice moves a rung down
+  absl::Status check_span_image(const SpanRowLayout& L, int32_t heads, int32_t coeff_bits,
+                                const std::vector<SpanEncodeJob>& jobs, const std::vector<int64_t>& frame_images,
+                                const std::vector<float>& params, uint8_t* device_image, int64_t image_bytes);
   // QuantWM-2's query statistics: the rows of each span cache that observes them
   absl::Status observe_queries(int32_t layer, std::span<DeviceKvCache* const> caches,
                                std::span<const WmSessionRows> rows, const float* q);
@@ -295,11 +305,20 @@ class CudaBackend {
   // where the span formats are coded (tuning "span.coder"): the device
   // (span_encode.cuh), k-means on the host with the tokens' codes on the
   // device, or the host (quant/span_codec.h), which makes the CPU cache's
-  // codes by construction; the device scatters the image in every case
-  // (0: the default, WM_CUDA_SPAN_CODER's, else the device)
-  static constexpr int32_t kSpanCoderDevice = 1, kSpanCoderHostKmeans = 2, kSpanCoderHost = 3;
-  int32_t span_coder_tuning_ = 0, default_span_coder_ = kSpanCoderDevice;
-  int32_t span_coder() const { return span_coder_tuning_ != 0 ? span_coder_tuning_ : default_span_coder_; }
+  // codes by construction; the device scatters the image in every case.
+  // 0: the default, WM_CUDA_SPAN_CODER's, else "auto": span_choice_, which
+  // checks the first appends against the host's coder (span_coder_choice.h)
+  static constexpr int32_t kSpanCoderDevice = SpanCoderChoice::kDevice,
+                           kSpanCoderHostKmeans = SpanCoderChoice::kHostKmeans, kSpanCoderHost = SpanCoderChoice::kHost;
+  static constexpr int32_t kDefaultSpanChecks = 16;
+  int32_t span_coder_tuning_ = 0;
+  int32_t span_coder_pinned_ = 0;                    // WM_CUDA_SPAN_CODER's coder; 0: auto
+  int32_t default_span_checks_ = kDefaultSpanChecks;  // WM_CUDA_SPAN_CHECKS
+  SpanCoderChoice span_choice_{kDefaultSpanChecks};
+  bool span_check_fault_ = false;  // tuning "span.check_fault": every check sees a difference (a drill)
+  int32_t span_coder() const { return span_coder_tuning_ != 0 ? span_coder_tuning_ : span_choice_.coder(); }
+  // the auto choice from the device again, `checks` appends per rung checked (0: the default)
+  void restart_span_choice(int32_t checks);
   int64_t span_jobs_host_coded_ = 0;
   // QuantWM-2's query statistics: the jobs of an attention call (its
   // observing sessions' rows and heads, their statistics pages) and the

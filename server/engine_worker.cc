@@ -482,6 +482,15 @@ void EngineWorker::publish_gauges(int queued) {
       };
       metrics()->set_device_graphs(count("graph.recorded"), count("graph.recordings_failed"),
                                   count("graph.launches"));
+      const int64_t coder = count("kv.span_coder"), different = count("kv.span_checks_different");
+      metrics()->set_span_coder(coder, count("kv.span_checks_same"), different);
+      if (different > span_checks_different_) {
+        std::fprintf(stderr,
+                     "wmserve: a span append coded on the device differed from the CPU coder's; the CPU's codes "
+                     "were kept, and the span formats are coded %s now (docs/CUDA.md, \"Span pages\")\n",
+                     coder == 2 ? "with the host's k-means and the device's token codes" : "on the host");
+        span_checks_different_ = different;
+      }
     }
   }
 }

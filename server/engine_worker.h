@@ -150,6 +150,7 @@ class EngineWorker {
   std::atomic<int64_t> kv_used_{0};
   std::atomic<int64_t> steps_{0};
   TimePoint last_drift_publish_;
+  int64_t span_checks_different_ = 0;  // the device span coder's differing checks logged so far
   TimePoint engine_free_since_;      // end of the last step (engine thread only)
 };
 

@@ -101,6 +101,17 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
                              "usual), and passes run from a graph (--device_graphs)")
                        .Register(r);
 
+  span_coder_family_ = &pm::BuildGauge()
+                            .Name("wm_device_span_coder")
+                            .Help("1 for where the device codes the span formats' appends now (device, host_kmeans: "
+                                  "the host's k-means with the device's token codes, host), 0 for the others")
+                            .Register(r);
+  span_checks_family_ = &pm::BuildCounter()
+                             .Name("wm_device_span_coder_checks_total")
+                             .Help("span appends coded on the host as well and compared byte for byte with the "
+                                   "device's coding, by result (same, different: the host's codes were kept)")
+                             .Register(r);
+
   sessions_started = counter(r, "wm_sessions_started_total", "sessions admitted and opened");
   auto& ended = pm::BuildCounter().Name("wm_sessions_ended_total").Help("sessions ended, by reason").Register(r);
   for (EndReason e : {EndReason::kClientClosed, EndReason::kCancelled, EndReason::kIdleTtl, EndReason::kShutdown,
@@ -198,6 +209,19 @@ void Metrics::set_device_graphs(int64_t recorded, int64_t recording_failed, int6
     if (now[i] > graph_seen_[i])
       graph_family_->Add({{"event", kEvents[i]}}).Increment(static_cast<double>(now[i] - graph_seen_[i]));
     graph_seen_[i] = std::max(graph_seen_[i], now[i]);
+  }
+}
+
+void Metrics::set_span_coder(int64_t coder, int64_t checks_same, int64_t checks_different) {
+  if (coder < 1 || coder > 3) return;
+  constexpr std::array<const char*, 3> kCoders = {"device", "host_kmeans", "host"};
+  for (int64_t i = 0; i < 3; ++i) span_coder_family_->Add({{"coder", kCoders[i]}}).Set(i + 1 == coder ? 1.0 : 0.0);
+  const std::array<int64_t, 2> now = {checks_same, checks_different};
+  constexpr std::array<const char*, 2> kResults = {"same", "different"};
+  for (size_t i = 0; i < now.size(); ++i) {
+    auto& c = span_checks_family_->Add({{"result", kResults[i]}});
+    if (now[i] > span_checks_seen_[i]) c.Increment(static_cast<double>(now[i] - span_checks_seen_[i]));
+    span_checks_seen_[i] = std::max(span_checks_seen_[i], now[i]);
   }
 }
 

@@ -49,6 +49,9 @@ class Metrics {
   // the device's graph totals so far (EngineOptions::device_graphs): the
   // counters move by what they grew since the last call
   void set_device_graphs(int64_t recorded, int64_t recording_failed, int64_t launched);
+  // where the device codes the span formats now (1 the device, 2 the host's
+  // k-means, 3 the host; docs/CUDA.md, "Span pages") and its checks' totals so far
+  void set_span_coder(int64_t coder, int64_t checks_same, int64_t checks_different);
 
   // counters
   prometheus::Counter* sessions_started;
@@ -93,6 +96,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* gpu_memory_family_;
   prometheus::Family<prometheus::Counter>* graph_family_;
   std::array<int64_t, 3> graph_seen_{};  // recorded, recording_failed, launched at the last call
+  prometheus::Family<prometheus::Gauge>* span_coder_family_;
+  prometheus::Family<prometheus::Counter>* span_checks_family_;
+  std::array<int64_t, 2> span_checks_seen_{};  // same, different at the last call
   prometheus::Counter* rejected_other_;
   prometheus::Counter* invalid_other_;
 };

@@ -17,9 +17,10 @@
 #   span        QVG-2 / QuantWM-2: the device coder's codes against the CPU's,
 #               also with the coder split between host and device ("span.coder":
 #               the whole coder on the host, the host's k-means with the device's
-#               token codes), attention over their pages on every kernel
-#                                                            -> $OUT/parity_span.json
-#   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR
+#               token codes), the auto choice's checks and fallback, attention
+#               over their pages on every kernel             -> $OUT/parity_span.json
+#   e2e         backend_ops_tests: whole sessions, CPU vs CUDA PSNR (the span
+#               formats with the auto choice: what a server does by default)
 #   e2e_span_host  the span formats' sessions again with WM_CUDA_SPAN_CODER=host
 #   memcheck    compute-sanitizer memcheck on the smoke test (every kernel once, the
 #               quantized formats' write passes and decoders too)
@@ -202,13 +203,16 @@ stage serving_graphs 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity_gra
 cp "$raw/capacity_graphs/wmserve.log" "$OUT/serving-graphs-wmserve.log" 2>/dev/null
 # KIVI-2 caches on the attention kernels (CUDA.md, "KIVI-2 pages"): after the issue's measurements
 stage attention_kivi2 30 .gpu/bin/wm_attention_bench --format=kivi2 --queries=64 --reps=10
-stage attention_quantwm2 30 .gpu/bin/wm_attention_bench --format=quantwm2 --queries=64 --reps=10
+# the span benchmarks time the device's coder: pinned, so that the auto choice's checks (a host coding
+# each) neither fall in the timings nor move the coder to the host
+stage attention_quantwm2 30 env WM_CUDA_SPAN_CODER=device .gpu/bin/wm_attention_bench --format=quantwm2 \
+  --queries=64 --reps=10
 # Matrix-Game-2 shapes over QuantWM-2 caches: span attention and the device coder's write pass
-stage mg2_quantwm2 60 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --format=quantwm2 --sessions=1,8 \
+stage mg2_quantwm2 60 env WM_CUDA_SPAN_CODER=device .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --format=quantwm2 --sessions=1,8 \
   --windows=6 --reps=2 --blocks=2
 # audit mode's drift probe of one Matrix-Game-2 attention call (48 samples) at window 6 and 60, QuantWM-2
 # against its fp16 shadow: on the device (kv_probe.cuh) and the host's reconstruct-and-rank, side by side
-stage audit_probe 45 .gpu/bin/wm_attention_bench --format=quantwm2 --queries=2640 --cached=5280,52800 --probe=1 \
+stage audit_probe 45 env WM_CUDA_SPAN_CODER=device .gpu/bin/wm_attention_bench --format=quantwm2 --queries=2640 --cached=5280,52800 --probe=1 \
   --reps=3
 # batch-invariant sessions beside mg2's B=8 W=6 row
 stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1

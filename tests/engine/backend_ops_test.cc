@@ -1426,8 +1426,11 @@ void expect_span_codes_match(const SpanCase& cs) {
   EXPECT_LE((*cuda)->bytes().total(), cuda_b.kv_reservation_bytes(cs.format, g, a.options));
 }
 
+// (the device's coder alone: pinned, so that the auto choice's checks cannot
+// replace what it made)
 TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
   WM_REQUIRE_CUDA();
+  Tuning t(*backends().cuda, {{"span.coder", 1}});
   for (const SpanCase& cs : span_cases()) expect_span_codes_match(cs);
   EXPECT_GT(counter("kv.span_frames_coded"), 0);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
@@ -1441,7 +1444,7 @@ TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
 TEST(CudaSpan, CodesDoNotDependOnTheCodersBlockSize) {
   WM_REQUIRE_CUDA();
   EXPECT_FALSE(dynamic_cast<PluginBackend&>(*backends().cuda).set_tuning("span.threads", 48).ok()) << "whole warps";
-  Tuning t(*backends().cuda, {{"span.threads", 32}});
+  Tuning t(*backends().cuda, {{"span.threads", 32}, {"span.coder", 1}});
   expect_span_codes_match(span_cases()[0]);  // four Lloyd iterations
   expect_span_codes_match(span_cases()[3]);  // none: the seeding alone
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
@@ -1478,6 +1481,39 @@ TEST(CudaSpan, HostKmeansWithDeviceTokenCodesAreTheCpus) {
   }
   EXPECT_GT(counter("kv.span_jobs_host_coded"), hosted);
   EXPECT_GT(counter("kv.span_encode_launches"), launches);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// the auto choice (no "span.coder", no WM_CUDA_SPAN_CODER): the device's
+// coder, its first appends also coded on the host and compared byte for
+// byte. On the emulator every check finds the same image and the device
+// keeps coding. With the drill ("span.check_fault": every check sees a
+// difference) the first check moves the choice to the host's k-means, the
+// next to the host; the cache holds the CPU's codes throughout
+TEST(CudaSpan, AutoCoderChecksTheDeviceAndFallsBackToTheHost) {
+  WM_REQUIRE_CUDA();
+  if (std::getenv("WM_CUDA_SPAN_CODER") != nullptr) GTEST_SKIP() << "WM_CUDA_SPAN_CODER pins the coder";
+  {
+    Tuning t(*backends().cuda, {{"span.checks", 3}});
+    const int64_t same = counter("kv.span_checks_same"), different = counter("kv.span_checks_different");
+    const int64_t launches = counter("kv.span_encode_launches");
+    expect_span_codes_match(span_cases()[1]);  // QuantWM-2: the weights the device makes reach the host's check
+    EXPECT_EQ(counter("kv.span_checks_same") - same, 3);
+    EXPECT_EQ(counter("kv.span_checks_different"), different);
+    EXPECT_EQ(counter("kv.span_coder"), 1) << "three clean checks: the device codes on";
+    EXPECT_GT(counter("kv.span_encode_launches"), launches);
+  }
+  {
+    Tuning t(*backends().cuda, {{"span.checks", 2}, {"span.check_fault", 1}});
+    const int64_t different = counter("kv.span_checks_different"), hosted = counter("kv.span_jobs_host_coded");
+    expect_span_codes_match(span_cases()[2]);  // with PSAC bases and 4-bit coefficients
+    EXPECT_EQ(counter("kv.span_checks_different") - different, 2);
+    EXPECT_EQ(counter("kv.span_coder"), 3) << "the host, after the device and the host's k-means";
+    EXPECT_GT(counter("kv.span_jobs_host_coded"), hosted);
+  }
+  // the tuning back at 0: the device again, with the default checks
+  EXPECT_EQ(counter("kv.span_coder"), 1);
+  EXPECT_FALSE(dynamic_cast<PluginBackend&>(*backends().cuda).set_tuning("span.checks", -1).ok());
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
@@ -1526,7 +1562,7 @@ TEST(CudaSpan, BatchesOfSessionsAreCodedAlike) {
   WM_REQUIRE_CUDA();
   for (const int64_t budget : {int64_t{0}, int64_t{1}}) {
     SCOPED_TRACE("span.scratch_bytes " + std::to_string(budget));
-    Tuning t(*backends().cuda, {{"span.scratch_bytes", budget}});
+    Tuning t(*backends().cuda, {{"span.scratch_bytes", budget}, {"span.coder", 1}});
     AttnSpec a;
     a.tokens_per_frame = 64;
     a.formats = {"quantwm2", "qvg2", "quantwm2", "fp16", "qvg2"};

@@ -19,6 +19,7 @@
 #include "cuda/kv_span_host.h"
 #include "cuda/mma_layout.h"
 #include "cuda/page_pool.h"
+#include "cuda/span_coder_choice.h"
 #include "cuda/staging_ring.h"
 #include "paged_attention_case.h"
 #include "ptx_model.h"
@@ -745,6 +746,54 @@ TEST(WgmmaOperands, DescriptorFields) {
   EXPECT_EQ((d >> 32) & 0x3FFF, 64u);
   EXPECT_EQ(d >> 62, 1u);
   EXPECT_EQ(d & ((3ull << 14) | (3ull << 30) | (0xFFFFull << 46)), 0u) << "reserved bits and base offset stay 0";
+}
+
+// ---- where the span coder runs ("auto": docs/CUDA.md, "Span pages") ----------
+
+// the device while its checked appends match the host's; one difference a
+// rung down (the host's k-means), checked again; another, the host, which
+// is never checked; a clean run of checks trusts the rung for good
+TEST(SpanCoderChoice, FallsOneRungPerDifferenceAndTrustsAfterItsChecks) {
+  SpanCoderChoice c(2);
+  EXPECT_EQ(c.coder(), SpanCoderChoice::kDevice);
+  EXPECT_TRUE(c.checking());
+  c.record(true);
+  EXPECT_TRUE(c.checking());
+  c.record(false);  // the second check differs: the host's k-means, two checks again
+  EXPECT_EQ(c.coder(), SpanCoderChoice::kHostKmeans);
+  EXPECT_TRUE(c.checking());
+  c.record(true);
+  c.record(true);
+  EXPECT_FALSE(c.checking()) << "two clean checks: trusted";
+  c.record(false);  // an unchecked append's outcome is not one
+  EXPECT_EQ(c.coder(), SpanCoderChoice::kHostKmeans);
+  EXPECT_EQ(c.passed(), 3);
+  EXPECT_EQ(c.mismatches(), 1);
+
+  c.restart(1);
+  c.record(false);
+  c.record(false);
+  EXPECT_EQ(c.coder(), SpanCoderChoice::kHost);
+  EXPECT_FALSE(c.checking()) << "the host's codes are the CPU's: nothing to check";
+  c.record(false);
+  EXPECT_EQ(c.coder(), SpanCoderChoice::kHost) << "no rung below the host";
+  EXPECT_EQ(c.mismatches(), 3);
+}
+
+TEST(SpanCoderChoice, NoChecksOrAPinnedCoderIsTrusted) {
+  SpanCoderChoice none(0);
+  EXPECT_EQ(none.coder(), SpanCoderChoice::kDevice);
+  EXPECT_FALSE(none.checking());
+  SpanCoderChoice pinned(8);
+  pinned.pin(SpanCoderChoice::kHostKmeans);
+  EXPECT_TRUE(pinned.pinned());
+  EXPECT_FALSE(pinned.checking());
+  pinned.record(false);
+  EXPECT_EQ(pinned.coder(), SpanCoderChoice::kHostKmeans);
+  pinned.restart(-3);  // negative: no checks
+  EXPECT_FALSE(pinned.pinned());
+  EXPECT_FALSE(pinned.checking());
+  EXPECT_EQ(pinned.coder(), SpanCoderChoice::kDevice);
 }
 
 }  // namespace

@@ -2375,6 +2375,16 @@ TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {
       ASSERT_TRUE(m.count(launched)) << "no graph ran";
       EXPECT_GT(m[launched], 0);
       EXPECT_GT(m["wm_device_graph_events_total{event=\"recorded\"}"], 0);
+      // QuantWM-2's first appends were coded on the host as well and found the same: the device codes on
+      const std::string same = "wm_device_span_coder_checks_total{result=\"same\"}";
+      for (int i = 0; i < 40 && !(m.count(same) && m[same] > 0); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        m = scrape(*server);
+      }
+      EXPECT_GT(m[same], 0);
+      EXPECT_EQ(m["wm_device_span_coder_checks_total{result=\"different\"}"], 0);
+      EXPECT_EQ(m["wm_device_span_coder{coder=\"device\"}"], 1);
+      EXPECT_EQ(m["wm_device_span_coder{coder=\"host\"}"], 0);
     }
     server->signal(SIGTERM);
     EXPECT_EQ(server->wait_exit(10), std::optional<int>(0)) << server->log();
