@@ -44,6 +44,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -1222,11 +1223,21 @@ void expect_bitwise_same(const KvCache& cpu, const KvCache& cuda, int layers, in
     cuda.reconstruct(l, &gk, &gv);
     ASSERT_EQ(gk.size(), ck.size());
     size_t bad_k = 0, bad_v = 0;
+    std::string where;  // the first few differences: what a GPU run's log needs to place them
+    const KvGeometry& g = cpu.geometry();
+    const size_t D = static_cast<size_t>(g.head_dim), H = static_cast<size_t>(g.heads),
+                 T = static_cast<size_t>(g.tokens_per_frame);
     for (size_t i = 0; i < ck.size(); ++i) {
-      bad_k += std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
-      bad_v += std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
+      const bool k_differs = std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
+      const bool v_differs = std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
+      if ((k_differs || v_differs) && bad_k + bad_v < 6)
+        where += absl::StrCat("\n  ", k_differs ? "key" : "value", " of held frame ", i / (T * H * D), ", token ",
+                              i / (H * D) % T, ", head ", i / D % H, ", channel ", i % D, ": cpu ",
+                              k_differs ? ck[i] : cv[i], ", cuda ", k_differs ? gk[i] : gv[i]);
+      bad_k += k_differs;
+      bad_v += v_differs;
     }
-    EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << after;
+    EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << after << where;
     EXPECT_EQ(bad_v, 0u) << "values differ from the CPU's, layer " << l << " after frame " << after;
     for (float x : gk) ASSERT_TRUE(std::isfinite(x)) << "a non-finite value was stored";
   }
