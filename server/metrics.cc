@@ -33,6 +33,17 @@ pm::Histogram* histogram(pm::Registry& r, const std::string& name, const std::st
   return &pm::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
 }
 
+// counters that follow totals kept elsewhere (the device plugin's): each
+// label's series moves by what its total grew since the last call
+template <size_t N>
+void follow_totals(pm::Family<pm::Counter>& family, const char* label, const std::array<const char*, N>& values,
+                   const std::array<int64_t, N>& now, std::array<int64_t, N>& seen) {
+  for (size_t i = 0; i < N; ++i) {
+    if (now[i] > seen[i]) family.Add({{label, values[i]}}).Increment(static_cast<double>(now[i] - seen[i]));
+    seen[i] = std::max(seen[i], now[i]);
+  }
+}
+
 }  // namespace
 
 Metrics::Metrics(const ServedModel& model, const std::string& version)
@@ -203,26 +214,18 @@ void Metrics::set_gpu_memory(int64_t total, int64_t free) {
 }
 
 void Metrics::set_device_graphs(int64_t recorded, int64_t recording_failed, int64_t launched) {
-  const std::array<int64_t, 3> now = {recorded, recording_failed, launched};
   constexpr std::array<const char*, 3> kEvents = {"recorded", "recording_failed", "launched"};
-  for (size_t i = 0; i < now.size(); ++i) {
-    if (now[i] > graph_seen_[i])
-      graph_family_->Add({{"event", kEvents[i]}}).Increment(static_cast<double>(now[i] - graph_seen_[i]));
-    graph_seen_[i] = std::max(graph_seen_[i], now[i]);
-  }
+  follow_totals(*graph_family_, "event", kEvents, {recorded, recording_failed, launched}, graph_seen_);
 }
 
 void Metrics::set_span_coder(int64_t coder, int64_t checks_same, int64_t checks_different) {
   if (coder < 1 || coder > 3) return;
   constexpr std::array<const char*, 3> kCoders = {"device", "host_kmeans", "host"};
   for (int64_t i = 0; i < 3; ++i) span_coder_family_->Add({{"coder", kCoders[i]}}).Set(i + 1 == coder ? 1.0 : 0.0);
-  const std::array<int64_t, 2> now = {checks_same, checks_different};
+  // both series exist from the first call: a scrape reads "different 0", not nothing
+  for (const char* result : {"same", "different"}) span_checks_family_->Add({{"result", result}});
   constexpr std::array<const char*, 2> kResults = {"same", "different"};
-  for (size_t i = 0; i < now.size(); ++i) {
-    auto& c = span_checks_family_->Add({{"result", kResults[i]}});
-    if (now[i] > span_checks_seen_[i]) c.Increment(static_cast<double>(now[i] - span_checks_seen_[i]));
-    span_checks_seen_[i] = std::max(span_checks_seen_[i], now[i]);
-  }
+  follow_totals(*span_checks_family_, "result", kResults, {checks_same, checks_different}, span_checks_seen_);
 }
 
 void Metrics::set_drift(const std::string& format, const DriftStats& drift) {
