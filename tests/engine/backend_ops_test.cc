@@ -1215,7 +1215,9 @@ std::vector<float> with_far_tokens(std::vector<float> x, size_t token_values) {
 
 // every layer of the two caches holds the same frames and the same values,
 // bit for bit (NaN included); `after`: the frames appended so far
-void expect_bitwise_same(const KvCache& cpu, const KvCache& cuda, int layers, int after) {
+// (`reference`: what the messages call the first cache)
+void expect_bitwise_same(const KvCache& cpu, const KvCache& cuda, int layers, int after,
+                         const std::string& reference = "cpu") {
   for (int l = 0; l < layers; ++l) {
     EXPECT_EQ(cuda.frames(l), cpu.frames(l)) << "after frame " << after << ", layer " << l;
     std::vector<float> ck, cv, gk, gv;
@@ -1226,19 +1228,30 @@ void expect_bitwise_same(const KvCache& cpu, const KvCache& cuda, int layers, in
     std::string where;  // the first few differences: what a GPU run's log needs to place them
     const KvGeometry& g = cpu.geometry();
     const size_t D = static_cast<size_t>(g.head_dim), H = static_cast<size_t>(g.heads),
-                 T = static_cast<size_t>(g.tokens_per_frame);
+                 T = static_cast<size_t>(g.tokens_per_frame), per_frame = T * H * D;
+    // differing keys and values per held frame (the sinks first): whether the
+    // sinks' fp16 rows differ too, or only the coded frames, or some of them
+    std::vector<size_t> bad_frame(ck.size() / per_frame, 0);
     for (size_t i = 0; i < ck.size(); ++i) {
       const bool k_differs = std::memcmp(&gk[i], &ck[i], sizeof(float)) != 0;
       const bool v_differs = std::memcmp(&gv[i], &cv[i], sizeof(float)) != 0;
       if ((k_differs || v_differs) && bad_k + bad_v < 6)
-        where += absl::StrCat("\n  ", k_differs ? "key" : "value", " of held frame ", i / (T * H * D), ", token ",
-                              i / (H * D) % T, ", head ", i / D % H, ", channel ", i % D, ": cpu ",
+        where += absl::StrCat("\n  ", k_differs ? "key" : "value", " of held frame ", i / per_frame, ", token ",
+                              i / (H * D) % T, ", head ", i / D % H, ", channel ", i % D, ": ", reference, " ",
                               k_differs ? ck[i] : cv[i], ", cuda ", k_differs ? gk[i] : gv[i]);
       bad_k += k_differs;
       bad_v += v_differs;
+      bad_frame[i / per_frame] += static_cast<size_t>(k_differs) + v_differs;
     }
-    EXPECT_EQ(bad_k, 0u) << "keys differ from the CPU's, layer " << l << " after frame " << after << where;
-    EXPECT_EQ(bad_v, 0u) << "values differ from the CPU's, layer " << l << " after frame " << after;
+    if (bad_k + bad_v > 0) {
+      where += absl::StrCat("\n  differing keys + values per held frame (of ", 2 * per_frame, "):");
+      for (size_t f = 0; f < bad_frame.size(); ++f)
+        absl::StrAppend(&where, " ", f < static_cast<size_t>(g.sink_frames) ? "sink " : "", bad_frame[f]);
+    }
+    EXPECT_EQ(bad_k, 0u) << "keys differ from the " << reference << " cache's, layer " << l << " after frame " << after
+                         << where;
+    EXPECT_EQ(bad_v, 0u) << "values differ from the " << reference << " cache's, layer " << l << " after frame "
+                         << after;
     for (float x : gk) ASSERT_TRUE(std::isfinite(x)) << "a non-finite value was stored";
   }
 }
@@ -1385,12 +1398,13 @@ const std::vector<SpanCase>& span_cases() {
 }
 
 // seven appends of hostile frames into a CPU cache and a device cache of
-// the case's format, each followed by the bit-for-bit comparison
-void expect_span_codes_match(const SpanCase& cs) {
-  Backend &cpu_b = *backends().cpu, &cuda_b = *backends().cuda;
+// the case's format, each followed by the bit-for-bit comparison; with
+// `reference` the device's backend, into two device caches instead
+void expect_span_codes_match(const SpanCase& cs, Backend* reference = nullptr) {
+  Backend &cpu_b = reference != nullptr ? *reference : *backends().cpu, &cuda_b = *backends().cuda;
   SCOPED_TRACE(std::string(cs.format) + " head_dim " + std::to_string(cs.hd) + " block " + std::to_string(cs.block) +
                " T " + std::to_string(cs.T) + " sinks " + std::to_string(cs.sinks) + " iterations " +
-               std::to_string(cs.iters));
+               std::to_string(cs.iters) + (&cpu_b == &cuda_b ? ", against a second device cache" : ""));
   AttnSpec a;
   a.head_dim = cs.hd;
   a.tokens_per_frame = cs.T;
@@ -1432,7 +1446,7 @@ void expect_span_codes_match(const SpanCase& cs) {
       ASSERT_TRUE(st.ok()) << st;
     }
     f += n;
-    expect_bitwise_same(**cpu, **cuda, a.layers, f);
+    expect_bitwise_same(**cpu, **cuda, a.layers, f, &cpu_b == &cuda_b ? "first device" : "cpu");
   }
   EXPECT_LE((*cuda)->bytes().total(), cuda_b.kv_reservation_bytes(cs.format, g, a.options));
 }
@@ -1458,6 +1472,19 @@ TEST(CudaSpan, CodesDoNotDependOnTheCodersBlockSize) {
   Tuning t(*backends().cuda, {{"span.threads", 32}, {"span.coder", 1}});
   expect_span_codes_match(span_cases()[0]);  // four Lloyd iterations
   expect_span_codes_match(span_cases()[3]);  // none: the seeding alone
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// the device's coder twice over the same frames, into two device caches:
+// the same codes. On the H200 of 2026-12-04 the device's codes differed
+// from the CPU's while the emulator's matched; if the device also differs
+// from itself here, what differs reads memory no one wrote or races (and
+// memory filled differently changes the codes), otherwise its arithmetic
+// or logic differs from the CPU's in the same way every time
+TEST(CudaSpan, DeviceCoderGivesTheSameCodesTwice) {
+  WM_REQUIRE_CUDA();
+  Tuning t(*backends().cuda, {{"span.coder", 1}});
+  for (const SpanCase& cs : span_cases()) expect_span_codes_match(cs, backends().cuda.get());
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
