@@ -368,9 +368,9 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     span_check_fault_ = value != 0;
   } else if (key == "span.threads") {
     // the coder's kernels with blocks of this many threads, one CTA per job
-    // (span_encode.cuh): the codes must not depend on it
-    if (value < 0 || value > 512 || value % 32 != 0)
-      return absl::InvalidArgumentError("span.threads: 0 (default) or whole warps up to 512");
+    // (span_encode.cuh), 1 a thread per job: the codes must not depend on it
+    if (value < 0 || value > 512 || (value % 32 != 0 && value != 1))
+      return absl::InvalidArgumentError("span.threads: 0 (default), 1 (one thread per job) or whole warps up to 512");
     span_threads_ = static_cast<int32_t>(value);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown tuning key '", key, "'"));

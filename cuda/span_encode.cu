@@ -523,7 +523,7 @@ cudaError_t launch_span_encode(const SpanEncodeArgs& a, cudaStream_t stream) {
   if (a.head_dim <= 0 || a.head_dim > kSpanMaxHeadDim || a.block <= 0 || a.head_dim % a.block != 0 ||
       a.block % 4 != 0 || a.tokens_per_frame <= 0 || (a.coeff_bits != 8 && a.coeff_bits != 4) || a.host_jobs == nullptr ||
       a.n_jobs > 65535 || a.threads < 0 || a.threads > kKmeansThreads ||
-      a.threads % 32 != 0)
+      (a.threads % 32 != 0 && a.threads != 1))
     return cudaErrorInvalidValue;
   int32_t most = 0, iters = 0;  // tokens of the longest job, the most Lloyd iterations (the host's copy of the jobs)
   for (int32_t j = 0; j < a.n_jobs; ++j) {

@@ -66,8 +66,9 @@ struct SpanEncodeArgs {
   int32_t token_bytes = 0, rec_bytes = 0;
   int64_t tables_at = 0, table_bytes = 0, v_table = 0, basis_table = 0;
   // 0: each kernel's own block size and grid; whole warps up to 512: every
-  // kernel with blocks of this many threads and one CTA per job (tuning "span.threads": a
-  // diagnostic, the codes are the same either way)
+  // kernel with blocks of this many threads and one CTA per job; 1: one
+  // thread per job, every loop of the coder in order in it (tuning
+  // "span.threads": a diagnostic, the codes are the same either way)
   int32_t threads = 0;
 };
 

@@ -1475,6 +1475,21 @@ TEST(CudaSpan, CodesDoNotDependOnTheCodersBlockSize) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// the coder with one thread per job: every loop of it in order in that
+// thread, so that no barrier, no other thread's write and no split of the
+// work between threads or CTAs can matter. If the device still differs from
+// the CPU here, what differs is the arithmetic or the data the coder is
+// given, not how its work is spread
+TEST(CudaSpan, OneThreadPerJobCodesAsTheCpu) {
+  WM_REQUIRE_CUDA();
+  auto& plugin = dynamic_cast<PluginBackend&>(*backends().cuda);
+  EXPECT_FALSE(plugin.set_tuning("span.threads", 2).ok()) << "one thread or whole warps";
+  EXPECT_FALSE(plugin.set_tuning("span.threads", 544).ok()) << "at most 512";
+  Tuning t(*backends().cuda, {{"span.threads", 1}, {"span.coder", 1}});
+  for (const SpanCase& cs : span_cases()) expect_span_codes_match(cs);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // the device's coder twice over the same frames, into two device caches:
 // the same codes. On the H200 of 2026-12-04 the device's codes differed
 // from the CPU's while the emulator's matched; if the device also differs

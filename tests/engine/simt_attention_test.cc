@@ -21,8 +21,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -520,6 +522,28 @@ TEST(SimtChecks, DivergentLanesAndDeadlocksFail) {
     if (threadIdx.x < 32) __syncthreads();  // warp 1 never arrives
   });
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
+}
+
+// a CTA of other than whole warps runs (its last warp partial) as on the
+// device; a warp-wide instruction in that warp reads lanes that do not exist
+TEST(SimtChecks, PartialWarpsRunPlainCodeButNoShuffle) {
+  static int ran[40];
+  std::fill(std::begin(ran), std::end(ran), 0);
+  std::string e = run_one_cta(37, 0, Schedule::kWarpsReversed, [] {
+    ++ran[threadIdx.x];
+    __syncthreads();
+    ++ran[threadIdx.x];
+  });
+  EXPECT_EQ(e, "");
+  for (int t = 0; t < 40; ++t) EXPECT_EQ(ran[t], t < 37 ? 2 : 0) << "thread " << t;
+  e = run_one_cta(1, 0, Schedule::kRoundRobin, [] { ran[0] = 5; });
+  EXPECT_EQ(e, "");
+  EXPECT_EQ(ran[0], 5);
+  e = run_one_cta(40, 0, Schedule::kRoundRobin, [] {
+    if (threadIdx.x < 32) return;
+    (void)__shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  });
+  EXPECT_NE(e.find("partial warp of 8 threads"), std::string::npos) << e;
 }
 
 TEST(SimtChecks, WgmmaLeftInFlightFails) {

@@ -432,8 +432,7 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
 
 std::string launch(const LaunchConfig& config, const std::function<void()>& thread_body) {
   const unsigned threads = config.block.x * config.block.y * config.block.z;
-  if (threads == 0 || threads > kMaxThreadsPerBlock || threads % 32 != 0)
-    return "threads per CTA must be whole warps, at most 1024";
+  if (threads == 0 || threads > kMaxThreadsPerBlock) return "threads per CTA: 1 to 1024";
   if (config.smem_base % 16 != 0) return "smem_base must be 16-byte aligned";
   Cta cta;
   cta.cfg = config;
@@ -508,13 +507,22 @@ void named_barrier(int id, int count, bool wait) {
   g_cur->waiting = nullptr;
 }
 
+// the running thread's warp, for a warp-wide instruction: a CTA may end in a
+// partial warp (its threads run plain code), whose lanes past the CTA do
+// not exist, so such an instruction there is an error
+static Group& whole_warp(const char* what) {
+  Group& w = g_cta->warps[static_cast<size_t>(warp())];
+  if (w.size != 32) fail(where() + what + " in a partial warp of " + std::to_string(w.size) + " threads");
+  return w;
+}
+
 float shfl_xor(unsigned mask, float value, int lane_mask) {
   WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];
   const int l = lane();
   s.mask[l] = mask;
   s.value[l] = value;
   s.lane_mask[l] = lane_mask;
-  meet(g_cta->warps[static_cast<size_t>(warp())], "shfl.sync.bfly", [&] {
+  meet(whole_warp("shfl.sync.bfly"), "shfl.sync.bfly", [&] {
     for (int i = 0; i < 32; ++i) {
       if (s.mask[i] != 0xffffffffu || s.lane_mask[i] != s.lane_mask[0] || s.lane_mask[i] < 0 || s.lane_mask[i] > 31)
         fail(where() + "shfl.sync.bfly: only full-warp shuffles with one lane mask are modelled");
@@ -530,7 +538,7 @@ float shfl_idx(unsigned mask, float value, int src_lane) {
   s.mask[l] = mask;
   s.value[l] = value;
   s.lane_mask[l] = src_lane;
-  meet(g_cta->warps[static_cast<size_t>(warp())], "shfl.sync.idx", [&] {
+  meet(whole_warp("shfl.sync.idx"), "shfl.sync.idx", [&] {
     for (int i = 0; i < 32; ++i) {
       if (s.mask[i] != 0xffffffffu || s.lane_mask[i] < 0 || s.lane_mask[i] > 31)
         fail(where() + "shfl.sync.idx: only full-warp shuffles from a lane 0..31 are modelled");
@@ -600,7 +608,7 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
   WarpSlots& s = g_cta->warp_slots[static_cast<size_t>(warp())];
   const int l = lane();
   s.addr[l] = addr;
-  meet(g_cta->warps[static_cast<size_t>(warp())], trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", [&] {
+  meet(whole_warp(trans ? "ldmatrix.x4.trans" : "ldmatrix.x4"), trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", [&] {
     std::array<uint32_t, 32> rows{};
     for (int i = 0; i < 32; ++i) {
       if (s.addr[i] % 16 != 0) fail(where() + "ldmatrix row address not 16-byte aligned");
@@ -623,7 +631,7 @@ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) 
   }
   s.b0[l] = b0;
   s.b1[l] = b1;
-  meet(g_cta->warps[static_cast<size_t>(warp())], "mma.m16n8k16", [&] {
+  meet(whole_warp("mma.m16n8k16"), "mma.m16n8k16", [&] {
     ptx_model::Lanes4 la{};
     ptx_model::Lanes2 lb{};
     ptx_model::Acc acc{};

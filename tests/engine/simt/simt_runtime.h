@@ -27,6 +27,7 @@
 //   - global memory: a cp.async source inside a buffer the test registered;
 //   - warp and warpgroup instructions: all lanes arrive at the same one (a
 //     divergent lane is an error, as is a barrier some thread never reaches);
+//     none in the partial warp a CTA of other than whole warps ends in;
 //   - wgmma: every thread of the warpgroup passes the same descriptor; the
 //     descriptor uses the 128-byte swizzle with base offset 0; the MMA runs
 //     when a wgmma.wait_group retires its group, reading the A registers and
