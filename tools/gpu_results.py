@@ -47,15 +47,21 @@ def gtest_report(path):
             g = json.load(f)
         res = {"tests": g.get("tests"), "failures": g.get("failures"), "errors": g.get("errors"),
                "disabled": g.get("disabled")}
-        failed, skipped = [], 0
+        failed, failed_tests, skipped = [], [], 0
         for suite in g.get("testsuites", []):
             for t in suite.get("testsuite", []):
                 if t.get("result") == "SKIPPED":
                     skipped += 1
-                for fl in t.get("failures", []):
-                    failed.append({"test": suite["name"] + "." + t["name"], "message": fl.get("failure", "")[:600]})
+                name = suite["name"] + "." + t["name"]
+                if t.get("failures"):
+                    failed_tests.append(name)
+                # a test's first two failures: one test's many (a case per layer and frame)
+                # must not hide which others failed
+                for fl in t.get("failures", [])[:2]:
+                    failed.append({"test": name, "message": fl.get("failure", "")[:900]})
         res["skipped"] = skipped
-        res["failed"] = failed[:20]
+        res["failed_tests"] = failed_tests
+        res["failed"] = failed[:30]
         return res
     except (ValueError, KeyError) as e:
         return {"error": "%s unreadable: %s" % (os.path.basename(path), e)}
@@ -197,6 +203,8 @@ def summary(path):
             print("%s: %s" % (name, rep["error"]))
             continue
         print("%s: %s tests, %s failures, %s skipped" % (name, rep.get("tests"), rep.get("failures"), rep.get("skipped")))
+        if rep.get("failed_tests"):
+            print("  failed: " + ", ".join(rep["failed_tests"]))
         for f in rep.get("failed", [])[:8]:
             print("  FAILED %s: %s" % (f["test"], f["message"].replace("\n", " ")[:300]))
     for l in p.get("end_to_end", []):
