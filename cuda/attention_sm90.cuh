@@ -37,43 +37,58 @@ struct WgMma {
   // the cp.async writes become visible to wgmma, which reads through the async proxy
   __device__ static void smem_fence() { fence_proxy_async_smem(); }
 
-  // BK keys are BK / 64 key tiles (kTileKeys) of K from sk and of V from sv,
-  // each tile kTileBytes<HD> after the one before (one tile: the overlapped
-  // kernel's K, V stage; two: a 128-key step of the warp-specialised kernel)
+  // BK keys are BK / 64 key tiles (kTileKeys) of K from sk and of V from sv.
+  // PR (panel rows) kTileKeys: each tile in its own panels, kTileBytes<HD>
+  // after the one before (one tile: the overlapped kernel's K, V stage; two:
+  // a 128-key step of the warp-specialised kernel as it was first built).
+  // PR == BK: the tiles are rows of one BK-row panel tile (mma_layout.h:
+  // panel_swz<HD, BK>), so that S takes one m64n{BK}k16 per 16 channels.
   template <int HD>
   static constexpr uint32_t kTileBytes = kTileKeys * HD * 2;
 
   // issues S = Q K^T: the warpgroup's 64 rows against BK keys, one
-  // m64n64k16 per 16 channels and key tile
-  template <int HD, int BK>
+  // m64n64k16 per 16 channels and key tile, or one m64n128k16 per 16
+  // channels for a 128-row panel tile
+  template <int HD, int BK, int PR = kTileKeys>
   __device__ static void issue_s(float (&sc)[BK / 8][4], uint32_t (&qf)[HD / 16][4], uint32_t sk) {
     static_assert(BK % kTileKeys == 0, "whole key tiles");
+    static_assert(PR == kTileKeys || (PR == BK && BK == 128), "64-row tiles, or one 128-row panel tile");
+    if constexpr (PR == BK && BK == 128) {
 #pragma unroll
-    for (int h = 0; h < BK / kTileKeys; ++h) {
-      auto& part = *reinterpret_cast<float(*)[kTileKeys / 8][4]>(&sc[h * kTileKeys / 8][0]);
+      for (int kk = 0; kk < HD / 16; ++kk) wgmma_m64n128k16<0>(sc, qf[kk], key_desc<HD, BK>(sk, kk));
+    } else {
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
-        wgmma_m64n64k16<0>(part, qf[kk], key_desc<HD, kTileKeys>(sk + h * kTileBytes<HD>, kk));
+      for (int h = 0; h < BK / kTileKeys; ++h) {
+        auto& part = *reinterpret_cast<float(*)[kTileKeys / 8][4]>(&sc[h * kTileKeys / 8][0]);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+          wgmma_m64n64k16<0>(part, qf[kk], key_desc<HD, kTileKeys>(sk + h * kTileBytes<HD>, kk));
+      }
     }
   }
 
   // issues O += P V for P already in A registers, one m64n{HD}k16 per 16 keys
-  template <int HD, int BK>
+  template <int HD, int BK, int PR = kTileKeys>
   __device__ static void issue_pv(float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4], uint32_t sv) {
-    constexpr int kSteps = kTileKeys / 16;  // k-steps per key tile
+    if constexpr (PR == BK) {
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      pv_mma<HD>(o, pa[kk], value_desc<HD, kTileKeys>(sv + (kk / kSteps) * kTileBytes<HD>, kk % kSteps));
+      for (int kk = 0; kk < BK / 16; ++kk) pv_mma<HD>(o, pa[kk], value_desc<HD, BK>(sv, kk));
+    } else {
+      constexpr int kSteps = kTileKeys / 16;  // k-steps per key tile
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        pv_mma<HD>(o, pa[kk], value_desc<HD, kTileKeys>(sv + (kk / kSteps) * kTileBytes<HD>, kk % kSteps));
+    }
   }
 
   // S = Q K^T, waited for
-  template <int HD, int BK>
+  template <int HD, int BK, int PR = kTileKeys>
   __device__ static void qk(float (&sc)[BK / 8][4], uint32_t (&qf)[HD / 16][4], uint32_t sk, int) {
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     fence_regs(sc);
     wgmma_fence();
-    issue_s<HD, BK>(sc, qf, sk);
+    issue_s<HD, BK, PR>(sc, qf, sk);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sc);
@@ -81,12 +96,12 @@ struct WgMma {
   }
 
   // O += P V, waited for
-  template <int HD, int BK>
+  template <int HD, int BK, int PR = kTileKeys>
   __device__ static void pv_packed(float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4], uint32_t sv) {
     fence_regs(o);
     fence_regs(pa);
     wgmma_fence();
-    issue_pv<HD, BK>(o, pa, sv);
+    issue_pv<HD, BK, PR>(o, pa, sv);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
@@ -97,16 +112,16 @@ struct WgMma {
   // the K tiles at sk, then O += P V with P of t - 1 and its V tiles at
   // sv_prev, as two asynchronous groups in that order (wgmma_wait<1> then
   // gives S)
-  template <int HD, int BK>
+  template <int HD, int BK, int PR = kTileKeys>
   __device__ static void issue_s_and_pv(float (&sc)[BK / 8][4], float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4],
                                         uint32_t (&qf)[HD / 16][4], uint32_t sk, uint32_t sv_prev) {
     fence_regs(sc);
     fence_regs(o);
     fence_regs(pa);
     wgmma_fence();
-    issue_s<HD, BK>(sc, qf, sk);
+    issue_s<HD, BK, PR>(sc, qf, sk);
     wgmma_commit();
-    issue_pv<HD, BK>(o, pa, sv_prev);
+    issue_pv<HD, BK, PR>(o, pa, sv_prev);
     wgmma_commit();
   }
 

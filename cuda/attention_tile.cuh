@@ -58,18 +58,22 @@ __device__ __forceinline__ void query_fragments(uint32_t sq, int warp, int lane,
 }
 
 // starts the cp.async copies of the item's key tile `tile` into the K and V tiles at sk, sv: from the cache's
-// pages, or from the session's own block (a.k16, a.v16). PANEL: wgmma layout;
-// LEAN: load_rows_async's.
-template <class Fmt, int HD, int NT, bool PANEL, bool LEAN = false>
+// pages, or from the session's own block (a.k16, a.v16). PANEL: wgmma layout,
+// in panels of PROWS rows (load_rows_async: a format other than fp16 keeps
+// the tile's own, kTileKeys); LEAN: load_rows_async's.
+template <class Fmt, int HD, int NT, bool PANEL, bool LEAN = false, int PROWS = kTileKeys>
 __device__ __forceinline__ void load_key_tile(const AttentionArgs& a, const typename Fmt::View& kv,
                                               const ItemContext& c, int tile, uint32_t sk, uint32_t sv, int tid) {
   const TileRef t = tile_ref(c.s, c.cached, tile);
   if (t.from_cache) {
-    Fmt::template load_tile<HD, NT, PANEL, LEAN>(kv, c.pt_row, t.first, t.valid, sk, sv, tid);
+    if constexpr (PROWS == kTileKeys)
+      Fmt::template load_tile<HD, NT, PANEL, LEAN>(kv, c.pt_row, t.first, t.valid, sk, sv, tid);
+    else
+      Fmt::template load_tile<HD, NT, PANEL, LEAN, PROWS>(kv, c.pt_row, t.first, t.valid, sk, sv, tid);
   } else {
     const int64_t off = t.valid > 0 ? (c.head_rows + c.s.row0 + t.first) * HD : 0;
-    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sk, a.k16 + off, t.valid, a.k16, tid);
-    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sv, a.v16 + off, t.valid, a.v16, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN, PROWS>(sk, a.k16 + off, t.valid, a.k16, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN, PROWS>(sv, a.v16 + off, t.valid, a.v16, tid);
   }
 }
 

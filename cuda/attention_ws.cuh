@@ -48,7 +48,10 @@ constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps) {
 }
 
 // TPS: key tiles per step, 1 (64 keys) or 2 (128: half the barriers, waits
-// and row reductions per key; the S accumulators and P double)
+// and row reductions per key; the S accumulators and P double). A step's K
+// (and its V) are one panel tile of BK rows (mma_layout.h: panel_swz<HD, BK>;
+// the second 64-key tile's rows start 64 x 128 bytes in), so that S is one
+// m64n128k16 per 16 channels at 128 keys rather than two m64n64k16.
 template <class Fmt, int HD, int BQ, int STAGES, int TPS>
 __global__ void __launch_bounds__(ws_threads(BQ), 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
@@ -57,16 +60,16 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   constexpr int BK = kTileKeys * TPS, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
   constexpr int kAhead = STAGES - 2;  // steps landed and signalled behind the newest issued one
   constexpr int kFullThreads = kProducer + 128, kEmptyThreads = kProducer + NC, kTurnThreads = 256;
-  // a step's tiles sit WgMma::kTileBytes apart, as its issue_s / issue_pv read them
-  constexpr uint32_t kTileBytes = WgMma::kTileBytes<HD>, kStepBytes = 2 * TPS * kTileBytes;
-  static_assert(kTileBytes % WgMma::kAlign == 0, "every tile starts on a swizzle boundary");
-  // a stage: the step's TPS K tiles, then its TPS V tiles
+  // a stage: the step's K as one BK-row panel tile, then its V likewise;
+  // key tile h of a step is rows 64 h .. 64 h + 63 of them
+  constexpr uint32_t kSideBytes = BK * HD * 2, kStepBytes = 2 * kSideBytes, kHalfBytes = kTileKeys * 128;
+  static_assert(kSideBytes % WgMma::kAlign == 0, "every panel tile starts on a swizzle boundary");
   const uint32_t stages = (dynamic_smem_addr() + WgMma::kAlign - 1) & ~(WgMma::kAlign - 1);
   const uint32_t sq = stages + STAGES * kStepBytes;
   auto key_tile = [&](int t, int h) {
-    return stages + static_cast<uint32_t>(t % STAGES) * kStepBytes + static_cast<uint32_t>(h) * kTileBytes;
+    return stages + static_cast<uint32_t>(t % STAGES) * kStepBytes + static_cast<uint32_t>(h) * kHalfBytes;
   };
-  auto value_tile = [&](int t, int h) { return key_tile(t, h) + TPS * kTileBytes; };
+  auto value_tile = [&](int t, int h) { return key_tile(t, h) + kSideBytes; };
   auto full_id = [](int t, int wg) { return 1 + 2 * (t % STAGES) + wg; };
   auto empty_id = [](int t) { return 1 + 2 * STAGES + t % STAGES; };
   auto turn_id = [](int wg) { return 1 + 3 * STAGES + wg; };
@@ -94,11 +97,11 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
 #pragma unroll
         for (int h = 0; h < TPS; ++h) {
           if (TPS * t + h < n) {
-            load_key_tile<Fmt, HD, kProducer, true, true>(a, kv, c, c.w.tile_begin + TPS * t + h, key_tile(t, h),
-                                                          value_tile(t, h), ptid);
+            load_key_tile<Fmt, HD, kProducer, true, true, BK>(a, kv, c, c.w.tile_begin + TPS * t + h, key_tile(t, h),
+                                                              value_tile(t, h), ptid);
           } else {  // past the item's last tile: zeros, whose scores are masked (0 x V must not be NaN)
-            load_rows_async<HD, kTileKeys, kProducer, true, true>(key_tile(t, h), a.k16, 0, a.k16, ptid);
-            load_rows_async<HD, kTileKeys, kProducer, true, true>(value_tile(t, h), a.v16, 0, a.v16, ptid);
+            load_rows_async<HD, kTileKeys, kProducer, true, true, BK>(key_tile(t, h), a.k16, 0, a.k16, ptid);
+            load_rows_async<HD, kTileKeys, kProducer, true, true, BK>(value_tile(t, h), a.v16, 0, a.v16, ptid);
           }
         }
       }
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
     named_barrier_sync(full_id(0, wg), kFullThreads);  // Q and step 0
     query_fragments<HD>(sq, warp, lane, qf);
     float sc[BK / 8][4];
-    WgMma::qk<HD, BK>(sc, qf, key_tile(0, 0), lane);
+    WgMma::qk<HD, BK, BK>(sc, qf, key_tile(0, 0), lane);
     step_valid(0);
     softmax_tiles<BK>(sc, m, l, corr, valid, a.scale_log2, lane);
 #pragma unroll
@@ -139,7 +142,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     if (pingpong) named_barrier_sync(turn_id(wg), kTurnThreads);
-    WgMma::issue_s_and_pv<HD, BK>(sc, o, pa, qf, key_tile(t, 0), value_tile(t - 1, 0));
+    WgMma::issue_s_and_pv<HD, BK, BK>(sc, o, pa, qf, key_tile(t, 0), value_tile(t - 1, 0));
     // the other warpgroup's turn (the second's last arrival would have nobody to meet)
     if (pingpong && !(wg == 1 && t == ns - 1)) named_barrier_arrive(turn_id(1 - wg), kTurnThreads);
 
@@ -158,7 +161,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
     for (int kk = 0; kk < BK / 16; ++kk) pack_p<BK>(sc, kk, pa[kk]);
   }
 
-  if (ns > 0) WgMma::pv_packed<HD, BK>(o, pa, value_tile(ns - 1, 0));  // P V of the last step
+  if (ns > 0) WgMma::pv_packed<HD, BK, BK>(o, pa, value_tile(ns - 1, 0));  // P V of the last step
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 

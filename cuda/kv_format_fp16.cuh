@@ -18,8 +18,9 @@ struct Fp16PageFormat {
   // keys [first, first + kTileKeys) of one (layer, head), whose page-table
   // row is pt_row; rows past `valid` are zero-filled and never read. A tile
   // never crosses a page: page_tokens is a multiple of kTileKeys. PANEL: the
-  // tiles are in the wgmma layout (mma_layout.h); LEAN: load_rows_async's.
-  template <int HD, int NT, bool PANEL = false, bool LEAN = false>
+  // tiles are in the wgmma layout (mma_layout.h), in panels of PROWS rows;
+  // LEAN: load_rows_async's.
+  template <int HD, int NT, bool PANEL = false, bool LEAN = false, int PROWS = kTileKeys>
   __device__ __forceinline__ static void load_tile(const View& kv, const int32_t* pt_row, int32_t first,
                                                    int32_t valid, uint32_t sk, uint32_t sv, int tid) {
     const uint16_t* kb = kv.pool;
@@ -30,8 +31,8 @@ struct Fp16PageFormat {
       kb = kv.pool + kv.k_offset(page, row);
       vb = kv.pool + kv.v_offset(page, row);
     }
-    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sk, kb, valid, kv.pool, tid);
-    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN>(sv, vb, valid, kv.pool, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN, PROWS>(sk, kb, valid, kv.pool, tid);
+    load_rows_async<HD, kTileKeys, NT, PANEL, LEAN, PROWS>(sv, vb, valid, kv.pool, tid);
   }
 };
 

@@ -216,7 +216,8 @@ stage audit_probe 45 env WM_CUDA_SPAN_CODER=device .gpu/bin/wm_attention_bench -
   --reps=3
 # batch-invariant sessions beside mg2's B=8 W=6 row
 stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=8 --windows=6 --batch_invariant=1
-# the warp-specialised kernel with 128 keys a step (3 stages), its default before 2026-12-04
+# the warp-specialised kernel with 128 keys a step (3 stages, S one m64n128k16 per 16 channels since
+# 2026-12-05), its default before 2026-12-04
 [ "$attention_kernels" = all ] && passed ws &&
   stage mg2_ws128 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_KEYS=128 \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8

@@ -2392,14 +2392,19 @@ TEST(CudaSanitizerSmoke, EveryKernelOnce) {
                                rms_norm_rope_qk_case(9, 3, 64, 16, 5000), patchify_case({8, 12, 3, 4}, 2, false),
                                patchify_case({8, 12, 3, 4}, 2, true), euler_case(2, 77, true), noise_case(300),
                                add_rows_case(5, 3, 70)};
-  // head_dim 128 runs the mma.sync kernel split, the plain wgmma kernel with one warpgroup and the default
-  // kernel (overlapped wgmma on compute capability 9.0) with two; head_dim 32 runs mma.sync throughout
+  // head_dim 128 runs the mma.sync kernel split, the plain wgmma kernel with one warpgroup, the default
+  // kernel (overlapped wgmma on compute capability 9.0) with two, and the warp-specialised one with 64 and
+  // 128 keys a step; head_dim 32 runs mma.sync throughout
   for (int hd : {32, 128})
     for (const auto& tu : std::vector<std::vector<std::pair<std::string, int64_t>>>{
              {{"attention.block_q", 64}, {"attention.split", 3}, {"attention.kernel", 1}},
              {{"attention.block_q", 64}, {"attention.split", 2}, {"attention.kernel", wgmma_available() ? 2 : 1}},
              {{"attention.block_q", 128}, {"attention.split", 1}},
-             {{"attention.block_q", 128}, {"attention.split", 2}, {"attention.kernel", ws_available() ? 4 : 1}}}) {
+             {{"attention.block_q", 128}, {"attention.split", 2}, {"attention.kernel", ws_available() ? 4 : 1}},
+             {{"attention.block_q", 128},
+              {"attention.split", 2},
+              {"attention.kernel", ws_available() ? 4 : 1},
+              {"attention.ws_keys", ws_available() ? 128 : 0}}}) {
       AttnSpec a;
       a.head_dim = hd;
       a.cached = {0, 6};

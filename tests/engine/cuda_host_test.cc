@@ -686,22 +686,26 @@ uint32_t wgmma_b_address(uint64_t desc, bool mn_major, int k, int n) {
   return ptx_model::wgmma_b_address(desc, mn_major, k, n);
 }
 
-template <int HD>
+// BK keys of K and of V in panels of BK rows, written as the loads write
+// them: one tile of kTileKeys rows at a time, tile h at rows 64 h of the
+// panel tile (load_rows_async<HD, kTileKeys, NT, true, LEAN, BK> at
+// dst + h * 64 * 128: the warp-specialised kernel's 128-key steps)
+template <int HD, int BK = kTileKeys>
 void check_wgmma_operands() {
-  constexpr int BK = kTileKeys;
   constexpr uint32_t kTile = BK * HD * 2;
-  // two tiles on 1024-byte boundaries, not at address 0, in poisoned memory
+  // two panel tiles on 1024-byte boundaries, not at address 0, in poisoned memory
   const uint32_t sk = 3 * 1024, sv = sk + kTile;
   std::vector<uint16_t> smem((sv + kTile + 2048) / 2, 0xDEAD);
   auto value = [](int which, int row, int ch) { return static_cast<uint16_t>((which << 15) | (row << 8) | ch); };
-  // what load_rows_async<HD, BK, NT, true> stores: chunk c of row r at panel_swz(r, c)
   for (int which = 0; which < 2; ++which)
-    for (int r = 0; r < BK; ++r)
-      for (int c = 0; c < HD / 8; ++c)
-        for (int e = 0; e < 8; ++e)
-          smem[((which == 0 ? sk : sv) + panel_swz<HD, BK>(r, c)) / 2 + static_cast<size_t>(e)] =
-              value(which, r, c * 8 + e);
-  // S = Q K^T, k-step kk: B[k][n] = K[key n][channel 16 kk + k], N = BK
+    for (int h = 0; h < BK / kTileKeys; ++h) {
+      const uint32_t dst = (which == 0 ? sk : sv) + static_cast<uint32_t>(h * kTileKeys * 128);
+      for (int r = 0; r < kTileKeys; ++r)
+        for (int c = 0; c < HD / 8; ++c)
+          for (int e = 0; e < 8; ++e)
+            smem[(dst + panel_swz<HD, BK>(r, c)) / 2 + static_cast<size_t>(e)] = value(which, h * kTileKeys + r, c * 8 + e);
+    }
+  // S = Q K^T, k-step kk: B[k][n] = K[key n][channel 16 kk + k], N = BK (one m64n{BK}k16)
   for (int kk = 0; kk < HD / 16; ++kk) {
     const uint64_t d = key_desc<HD, BK>(sk, kk);
     for (int k = 0; k < 16; ++k)
@@ -721,6 +725,8 @@ void check_wgmma_operands() {
 
 TEST(WgmmaOperands, DescriptorsReadTheTilesTheLoadsWroteHeadDim64) { check_wgmma_operands<64>(); }
 TEST(WgmmaOperands, DescriptorsReadTheTilesTheLoadsWroteHeadDim128) { check_wgmma_operands<128>(); }
+TEST(WgmmaOperands, DescriptorsReadTwoTilesAsOne128KeyPanelHeadDim64) { check_wgmma_operands<64, 128>(); }
+TEST(WgmmaOperands, DescriptorsReadTwoTilesAsOne128KeyPanelHeadDim128) { check_wgmma_operands<128, 128>(); }
 
 TEST(WgmmaOperands, PanelLayoutIsAPermutationOfTheTile) {
   for (int hd : {64, 128}) {
