@@ -45,8 +45,9 @@
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 #   mg2_ws128   the forward with the warp-specialised kernel at 128 keys a step
-#   ncu         Nsight Compute's counters for one overlapped-kernel launch at
-#               2640 queries over 16k cached tokens
+#   ncu_ws64, ncu_ws128  Nsight Compute's counters for one warp-specialised
+#               launch (64 and 128 keys a step) at 2640 queries over 16k
+#               cached tokens
 #   ncu_split   each kernel's duration for a 64-query block over 64k cached
 #               tokens (input conversion, split attention, combine)
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
@@ -222,12 +223,15 @@ stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --s
   stage mg2_ws128 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_KEYS=128 \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 # last, so that they are what a short budget drops: hardware counters
-# where the overlapped kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware counters)
-if [ -n "$ncu" ] && [ "$attention_kernels" = all ]; then
-  stage ncu 60 "$ncu" --clock-control none -k regex:attention_overlap --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    .gpu/bin/wm_attention_bench --kernel=overlap --cached=16384 --queries=2640 --reps=1
+# where the 128-query tiles' kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware
+# counters): the warp-specialised kernel with 64 keys a step (their default), then with 128
+if [ -n "$ncu" ] && [ "$attention_kernels" = all ] && passed ws; then
+  for keys in 64 128; do
+    stage "ncu_ws$keys" 50 "$ncu" --clock-control none -k regex:attention_ws --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      .gpu/bin/wm_attention_bench --kernel=ws --ws_keys=$keys --cached=16384 --queries=2640 --reps=1
+  done
 fi
 # where a split 64-query block's time goes: the first two calls' three kernels each
 if [ -n "$ncu" ]; then

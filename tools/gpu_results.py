@@ -165,7 +165,8 @@ def collect(raw, out_path, build_info):
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
     results["audit_probe"] = json_lines(os.path.join(raw, "audit_probe.out"))
-    results["ncu"] = text(os.path.join(raw, "ncu.out"))[-20000:]
+    for name in ("ncu_ws64", "ncu_ws128"):
+        results[name] = text(os.path.join(raw, name + ".out"))[-20000:]
     results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
