@@ -10,7 +10,7 @@
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
-//                   [--ws_keys=0,64,128] [--format=fp16|kivi2|qvg2|quantwm2] [--probe=0|1]
+//                   [--ws_keys=0,64,128] [--ws_tma=-1,0,1] [--format=fp16|kivi2|qvg2|quantwm2] [--probe=0|1]
 // append_ms: one append's wall time while the cache fills (a span
 // format's includes its k-means and coding, on the device, docs/PERFORMANCE.md).
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
@@ -20,6 +20,7 @@
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
+// --ws_tma: whether it copies the cache's whole tiles by TMA ("attention.ws_tma"; -1 the default)
 // --probe=1: audit mode's drift probe of one call (4 queries per head, top
 // 8) against an fp16 reference cache of the same frames: probe_ms, on the
 // device (KvCache::probe_against, cuda/kv_probe.cuh; wall time, with its
@@ -82,25 +83,29 @@ int run(int argc, char** argv) {
   std::vector<int> stage_list = f.list("stages", "0");
   std::vector<int> pingpong_list = f.list("pingpong", "-1");
   std::vector<int> ws_keys_list = f.list("ws_keys", "0");
+  std::vector<int> ws_tma_list = f.list("ws_tma", "-1");
   if (stage_list.empty()) stage_list = {0};
   if (pingpong_list.empty()) pingpong_list = {-1};
   if (ws_keys_list.empty()) ws_keys_list = {0};
+  if (ws_tma_list.empty()) ws_tma_list = {-1};
   struct Variant {
     std::string name;
-    int64_t kernel = 0, stages = 0, pingpong = -1, ws_keys = 0;
+    int64_t kernel = 0, stages = 0, pingpong = -1, ws_keys = 0, ws_tma = -1;
   };
   std::vector<Variant> variants;
   for (const auto& [kernel_name, kernel] : kernels_it->second)
     for (int st : stage_list)
       for (int pp : pingpong_list)
-        for (int keys : ws_keys_list) {
-          // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4), keys per step the
-          // latter's: the others run once; the warp-specialised one has 3 or 4 stages of 64 keys, 3 of 128
-          if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
-          if (keys != ws_keys_list.front() && kernel != 4) continue;
-          if (kernel == 4 && (st == 5 || (keys == 128 && st == 4))) continue;
-          variants.push_back({kernel_name, kernel, st, pp, keys});
-        }
+        for (int keys : ws_keys_list)
+          for (int tma : ws_tma_list) {
+            // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4), keys per step and
+            // TMA the latter's: the others run once; the warp-specialised one has 3 or 4 stages of 64 keys,
+            // 3 of 128
+            if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
+            if ((keys != ws_keys_list.front() || tma != ws_tma_list.front()) && kernel != 4) continue;
+            if (kernel == 4 && (st == 5 || (keys == 128 && st == 4))) continue;
+            variants.push_back({kernel_name, kernel, st, pp, keys, tma});
+          }
 
   for (const Variant& var : variants) {
     const int64_t kernel = var.kernel;
@@ -110,6 +115,7 @@ int run(int argc, char** argv) {
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.stages", var.stages);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.pingpong", var.pingpong);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.ws_keys", var.ws_keys);
+      if (ks.ok()) ks = dev.plugin->set_tuning("attention.ws_tma", var.ws_tma);
       if (!ks.ok()) {
         std::fprintf(stderr, "kernel %s, stages %lld: %s\n", var.name.c_str(), static_cast<long long>(var.stages),
                      ks.ToString().c_str());
@@ -182,6 +188,7 @@ int run(int argc, char** argv) {
                             .value_or(0);
           const int64_t pingpong = staged ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
           const int64_t ws_keys = ran == "ws" ? dev.plugin->counter(std::string("attention.ws_keys.") + bq).value_or(0) : 0;
+          const int64_t ws_tma = ran == "ws" ? dev.plugin->counter("attention.ws_tma").value_or(0) : 0;
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {
@@ -243,6 +250,7 @@ int run(int argc, char** argv) {
                               {"stages", stages},
                               {"pingpong", pingpong},
                               {"ws_keys", ws_keys},
+                              {"ws_tma", ws_tma},
                               {"us", std::round(s * 1e7) / 10},
                               {"kv_bytes_fp16", kv_bytes},
                               {"GBps", std::round(kv_bytes / s / 1e8) / 10},
@@ -268,6 +276,7 @@ int run(int argc, char** argv) {
     dev.plugin->set_tuning("attention.stages", 0).IgnoreError();
     dev.plugin->set_tuning("attention.pingpong", -1).IgnoreError();
     dev.plugin->set_tuning("attention.ws_keys", 0).IgnoreError();
+    dev.plugin->set_tuning("attention.ws_tma", -1).IgnoreError();
   }
   return dev.exit_code();
 }

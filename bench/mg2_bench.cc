@@ -282,7 +282,10 @@ int run(int argc, char** argv) {
             j["attention_stages"] = count(kernel == "ws" ? "attention.ws_stages.block_q_128" : "attention.stages");
             j["attention_pingpong"] = count("attention.pingpong");
           }
-          if (kernel == "ws") j["attention_ws_keys"] = count("attention.ws_keys.block_q_128");
+          if (kernel == "ws") {
+            j["attention_ws_keys"] = count("attention.ws_keys.block_q_128");
+            j["attention_ws_tma"] = count("attention.ws_tma");
+          }
         }
       }
       std::printf("%s\n", j.dump().c_str());

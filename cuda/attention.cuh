@@ -72,11 +72,14 @@ cudaError_t launch_attention_sm90_span(const AttentionArgs& a, const PagedKvSpan
                                        int32_t items, int32_t stages, cudaStream_t stream);
 // the warp-specialised variant (attention_ws.cuh): a producer loads, the
 // warpgroups synchronise through named barriers; head_dim 64 or 128; 64 keys
-// a step with 3 or 4 stages (5 runs 4), or 128 keys a step with 3
+// a step with 3 or 4 stages (5 runs 4), or 128 keys a step with 3. tma: the
+// cache's whole tiles by tensor copies, where kv.tensor_map is set (without
+// one the cp.async build runs)
 bool attention_sm90_ws_keys_valid(int32_t keys);  // 64 or 128
 int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys);  // the stages that run
-int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages, int32_t keys);
+int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages, int32_t keys,
+                                      bool tma = false);
 cudaError_t launch_attention_sm90_ws(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim,
-                                     int32_t items, int32_t stages, int32_t keys, cudaStream_t stream);
+                                     int32_t items, int32_t stages, int32_t keys, bool tma, cudaStream_t stream);
 
 }  // namespace wm::cuda

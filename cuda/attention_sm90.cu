@@ -11,8 +11,8 @@ namespace {
 using Kernels = AttentionKernels<PlainAttention<WgMma>, 128>;
 template <int S>
 using OverlapKernels = AttentionKernels<OverlapAttention<S>, 64, 128>;
-template <int S, int TPS = 1>
-using WsKernels = AttentionKernels<WsAttention<S, TPS>, 64, 128>;
+template <int S, int TPS = 1, bool TMA = false>
+using WsKernels = AttentionKernels<WsAttention<S, TPS, TMA>, 64, 128>;
 // KIVI-2 caches: the plain and the overlapped kernel decoding their tiles
 using KiviKernels = AttentionKernels<PlainAttention<WgMma, KiviPageFormat>, 128>;
 template <int S>
@@ -20,12 +20,16 @@ using KiviOverlapKernels = AttentionKernels<OverlapAttention<S, KiviPageFormat>,
 
 // f(WsKernels<...>) for a stage count and keys per step: 64 keys with 3 or 4
 // stages (its named barriers; 5 runs 4), 128 keys with 3 (the shared memory
-// of 4 steps of 128 keys does not fit at head_dim 128)
+// of 4 steps of 128 keys does not fit at head_dim 128); cp.async or TMA
 template <class F>
-auto with_ws(int32_t stages, int32_t keys, F&& f) {
+auto with_ws(int32_t stages, int32_t keys, bool tma, F&& f) {
+  const bool three = attention_sm90_ws_stages(stages, keys) == 3;
+  if (tma) {
+    if (keys == 128) return f(WsKernels<3, 2, true>{});
+    return three ? f(WsKernels<3, 1, true>{}) : f(WsKernels<4, 1, true>{});
+  }
   if (keys == 128) return f(WsKernels<3, 2>{});
-  if (attention_sm90_ws_stages(stages, keys) == 3) return f(WsKernels<3>{});
-  return f(WsKernels<4>{});
+  return three ? f(WsKernels<3>{}) : f(WsKernels<4>{});
 }
 
 // f(Family<S>) for the S of `stages` (3..5): OverlapKernels or KiviOverlapKernels
@@ -64,17 +68,21 @@ cudaError_t attention_sm90_prepare() {
   if (e == cudaSuccess) e = WsKernels<3>::prepare();
   if (e == cudaSuccess) e = WsKernels<4>::prepare();
   if (e == cudaSuccess) e = WsKernels<3, 2>::prepare();
+  if (e == cudaSuccess) e = WsKernels<3, 1, true>::prepare();
+  if (e == cudaSuccess) e = WsKernels<4, 1, true>::prepare();
+  if (e == cudaSuccess) e = WsKernels<3, 2, true>::prepare();
   return e;
 }
 
-int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages, int32_t keys) {
-  return with_ws(stages, keys, [&](auto k) { return k.ctas_per_sm(head_dim, block_q); });
+int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages, int32_t keys, bool tma) {
+  return with_ws(stages, keys, tma, [&](auto k) { return k.ctas_per_sm(head_dim, block_q); });
 }
 
 cudaError_t launch_attention_sm90_ws(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim,
-                                     int32_t items, int32_t stages, int32_t keys, cudaStream_t stream) {
+                                     int32_t items, int32_t stages, int32_t keys, bool tma, cudaStream_t stream) {
   if ((head_dim != 64 && head_dim != 128) || !attention_sm90_ws_keys_valid(keys)) return cudaErrorInvalidValue;
-  return with_ws(stages, keys, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
+  const bool by_tma = tma && kv.tensor_map != nullptr;
+  return with_ws(stages, keys, by_tma, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
 }
 
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages) {

@@ -26,11 +26,26 @@
 // at after their FULL for tile t; TURN keeps the two warpgroups within one
 // tile of each other. Barrier ids: FULL 1 + 2 s + wg, EMPTY 1 + 2 STAGES + s,
 // TURN 1 + 3 STAGES + wg (16 per CTA: STAGES 3 or 4).
+//
+// TMA (the kernel's last template parameter): the producer's first thread
+// copies every whole key tile of the cache with the tensor memory
+// accelerator (cuda/tma.cuh): one instruction per 64 channels of a tile's K
+// and of its V (4 a tile at head_dim 128, where the 128 producer threads
+// issued 16 cp.async each, with their addresses), and FULL becomes
+// one mbarrier per stage that both warpgroups wait on by phase parity. Its
+// phase for step t completes when the first thread has announced the step's
+// tensor bytes (arrive.expect_tx, as it issues them), those bytes have
+// landed, and every producer thread has arrived once its own cp.async of
+// the step (Q, the block's own keys, a cache's partial last tile, zeros)
+// landed and was fenced: kProducer + 1 arrivals. A partial tile stays on
+// cp.async because its rows past the cache's end must be zeros (0 x V must
+// not be NaN), which a tensor copy gives only at the tensor's edge.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/attention_sm90.cuh"
+#include "cuda/tma.cuh"
 
 namespace wm::cuda {
 
@@ -42,9 +57,11 @@ __host__ __device__ constexpr int ws_threads(int bq) { return bq * 2 + ws_produc
 constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;
 static_assert(128 * kWsProducerRegs + 256 * kWsConsumerRegs <= 384 * 168, "the hand-over fits the CTA's registers");
 
-// the K/V ring's shared memory: STAGES steps of TPS key tiles, then the query tile
-constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps) {
-  return WgMma::kAlign + static_cast<size_t>(2 * stages * tps * kTileKeys + bq) * hd * 2;
+// the K/V ring's shared memory: STAGES steps of TPS key tiles, then the
+// query tile, then (TMA) the stages' FULL mbarriers
+constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps, bool tma = false) {
+  return WgMma::kAlign + static_cast<size_t>(2 * stages * tps * kTileKeys + bq) * hd * 2 +
+         (tma ? 8 * static_cast<size_t>(stages) : 0);
 }
 
 // TPS: key tiles per step, 1 (64 keys) or 2 (128: half the barriers, waits
@@ -52,7 +69,7 @@ constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps) {
 // (and its V) are one panel tile of BK rows (mma_layout.h: panel_swz<HD, BK>;
 // the second 64-key tile's rows start 64 x 128 bytes in), so that S is one
 // m64n128k16 per 16 channels at 128 keys rather than two m64n64k16.
-template <class Fmt, int HD, int BQ, int STAGES, int TPS>
+template <class Fmt, int HD, int BQ, int STAGES, int TPS, bool TMA = false>
 __global__ void __launch_bounds__(ws_threads(BQ), 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
   static_assert(STAGES == 3 || STAGES == 4, "the named barriers of 3 or 4 stages fit a CTA's 16");
@@ -73,11 +90,31 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   auto full_id = [](int t, int wg) { return 1 + 2 * (t % STAGES) + wg; };
   auto empty_id = [](int t) { return 1 + 2 * STAGES + t % STAGES; };
   auto turn_id = [](int wg) { return 1 + 3 * STAGES + wg; };
+  const uint32_t full_bars = sq + BQ * HD * 2;  // TMA: FULL of stage s at full_bars + 8 s
+  auto full_bar = [&](int t) { return full_bars + 8 * static_cast<uint32_t>(t % STAGES); };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const ItemContext c = item_context(a, kv, BQ);
   const int n = c.w.tile_end - c.w.tile_begin;  // key tiles
   const int ns = (n + TPS - 1) / TPS;             // steps
+
+  // TMA: key tile i (of the item) is copied by tensor copies: a whole tile of the cache
+  auto by_tma = [&](int i) {
+    if constexpr (!TMA) {
+      return false;
+    } else {
+      if (i >= n) return false;
+      const TileRef r = tile_ref(c.s, c.cached, c.w.tile_begin + i);
+      return r.from_cache && r.valid == kTileKeys;
+    }
+  };
+  if constexpr (TMA) {
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) mbarrier_init(full_bar(s), kProducer + 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
 
   if (tid >= NC) {  // the producer
     if constexpr (NWG == 2) setmaxnreg_dec<kWsProducerRegs>();
@@ -88,14 +125,41 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
       if (t >= kAhead) {
         cp_async_wait<kAhead - 1>();  // step t - kAhead has landed
         fence_proxy_async_smem();
+        if constexpr (TMA) {
+          mbarrier_arrive(full_bar(t - kAhead));
+        } else {
 #pragma unroll
-        for (int wg = 0; wg < NWG; ++wg) named_barrier_arrive(full_id(t - kAhead, wg), kFullThreads);
+          for (int wg = 0; wg < NWG; ++wg) named_barrier_arrive(full_id(t - kAhead, wg), kFullThreads);
+        }
       }
       if (t < ns) {
         if (t >= STAGES) named_barrier_sync(empty_id(t), kEmptyThreads);
         if (t == 0) load_query_tile<HD, BQ, kProducer, true>(a, c, sq, ptid);
+        if constexpr (TMA) {
+          if (ptid == 0) {
+            uint32_t bytes = 0;
+#pragma unroll
+            for (int h = 0; h < TPS; ++h) bytes += by_tma(TPS * t + h) ? 2 * kTileKeys * HD * 2 : 0;
+            mbarrier_arrive_expect_tx(full_bar(t), bytes);
+#pragma unroll
+            for (int h = 0; h < TPS; ++h) {
+              if (!by_tma(TPS * t + h)) continue;
+              const int32_t first = tile_ref(c.s, c.cached, c.w.tile_begin + TPS * t + h).first;
+              const int32_t page = c.pt_row[first / kv.page_tokens], row = first % kv.page_tokens;
+              // panel p (channels 64 p .. 64 p + 63) of the step's BK-row panel tile, BK rows of 128 bytes
+#pragma unroll
+              for (int p = 0; p < HD / 64; ++p) {
+                const uint32_t panel = static_cast<uint32_t>(p) * BK * 128;
+                tma_load_3d(key_tile(t, h) + panel, kv.tensor_map, 64 * p, row, page, full_bar(t));
+                tma_load_3d(value_tile(t, h) + panel, kv.tensor_map, 64 * p, kv.page_tokens + row, page,
+                            full_bar(t));
+              }
+            }
+          }
+        }
 #pragma unroll
         for (int h = 0; h < TPS; ++h) {
+          if (by_tma(TPS * t + h)) continue;
           if (TPS * t + h < n) {
             load_key_tile<Fmt, HD, kProducer, true, true, BK>(a, kv, c, c.w.tile_begin + TPS * t + h, key_tile(t, h),
                                                               value_tile(t, h), ptid);
@@ -123,9 +187,17 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
     for (int h = 0; h < TPS; ++h)
       valid[h] = TPS * t + h < n ? tile_ref(c.s, c.cached, c.w.tile_begin + TPS * t + h).valid : 0;
   };
+  // step t's K and V (and Q with step 0) have landed
+  auto wait_full = [&](int t) {
+    if constexpr (TMA) {
+      mbarrier_wait(full_bar(t), static_cast<uint32_t>(t / STAGES) & 1u);
+    } else {
+      named_barrier_sync(full_id(t, wg), kFullThreads);
+    }
+  };
   uint32_t pa[BK / 16][4];  // P of the step before, as the A operand of P V
   if (ns > 0) {
-    named_barrier_sync(full_id(0, wg), kFullThreads);  // Q and step 0
+    wait_full(0);  // Q and step 0
     query_fragments<HD>(sq, warp, lane, qf);
     float sc[BK / 8][4];
     WgMma::qk<HD, BK, BK>(sc, qf, key_tile(0, 0), lane);
@@ -137,7 +209,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   }
 
   for (int t = 1; t < ns; ++t) {
-    named_barrier_sync(full_id(t, wg), kFullThreads);
+    wait_full(t);
     float sc[BK / 8][4];
 #pragma unroll
     for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
@@ -165,15 +237,15 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
 }
 
-template <int STAGES, int TPS = 1>
+template <int STAGES, int TPS = 1, bool TMA = false>
 struct WsAttention {
   using View = PagedKvFp16View;
   template <int HD, int BQ>
   static constexpr auto kernel() {
-    return attention_ws_kernel<Fp16PageFormat, HD, BQ, STAGES, TPS>;
+    return attention_ws_kernel<Fp16PageFormat, HD, BQ, STAGES, TPS, TMA>;
   }
   static constexpr int threads(int bq) { return ws_threads(bq); }
-  static constexpr size_t smem(int32_t hd, int32_t bq) { return ws_smem(hd, bq, STAGES, TPS); }
+  static constexpr size_t smem(int32_t hd, int32_t bq) { return ws_smem(hd, bq, STAGES, TPS, TMA); }
 };
 
 }  // namespace wm::cuda

@@ -29,6 +29,7 @@
 #include "cuda/query_gram.cuh"
 #include "cuda/rms_norm_rope.cuh"
 #include "cuda/span_encode.cuh"
+#include "cuda/tensor_map.h"
 #include "engine/plugin_kv_geometry.h"
 #include "quant/kmeans.h"
 #include "quant/kv_span.h"
@@ -169,6 +170,13 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
         for (int32_t st : {3, 4})
           for (int32_t keys : {64, 128})
             ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys) > 0;
+    encode_tensor_maps();
+    ws_tma_ready_ = ws_ready_ && tensor_maps_ready_;
+    for (int32_t hd : {64, 128})
+      for (int32_t bq : {64, 128})
+        for (int32_t st : {3, 4})
+          for (int32_t keys : {64, 128})
+            ws_tma_ready_ = ws_tma_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys, true) > 0;
     cudaGetLastError();
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
@@ -199,6 +207,12 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
       return absl::InvalidArgumentError(
           absl::StrCat("WM_CUDA_ATTENTION_WS_KEYS='", e, "': use 0 (the default), 64 or 128"));
     default_attention_ws_keys_ = keys;
+  }
+  if (const char* e = std::getenv("WM_CUDA_ATTENTION_WS_TMA"); e != nullptr && *e != '\0') {
+    const absl::string_view v(e);
+    if (v != "0" && v != "1")
+      return absl::InvalidArgumentError(absl::StrCat("WM_CUDA_ATTENTION_WS_TMA='", v, "': use 0 or 1"));
+    default_attention_ws_tma_ = v == "1" ? 1 : 0;
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION_PINGPONG"); e != nullptr && *e != '\0') {
     const absl::string_view v(e);
@@ -254,6 +268,41 @@ int32_t CudaBackend::ws_keys(int32_t /*block_q*/) const {
   return k != 0 ? k : 64;
 }
 
+bool CudaBackend::ws_tma() const {
+  return ws_tma_ready_ && (attention_ws_tma_ >= 0 ? attention_ws_tma_ : default_attention_ws_tma_) != 0;
+}
+
+// the driver's cuTensorMapEncodeTiled, looked up at run time (the plugin
+// links the runtime only); the pool's maps then live in device memory, where
+// the tensor copies read them
+void CudaBackend::encode_tensor_maps() {
+  tensor_maps_ready_ = false;
+  if (pool_.capacity() == 0) return;
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    cudaGetLastError();
+    return;
+  }
+  const auto encode = reinterpret_cast<TensorMapEncodeTiled>(fn);
+  CUtensorMap maps[2];
+  for (int i = 0; i < 2; ++i) {
+    const int32_t hd = i == 0 ? 64 : 128;
+    const auto page_tokens = static_cast<int32_t>(page_bytes_ / (4 * hd));
+    if (encode_fp16_pool_map(encode, &maps[i], pool_memory_.get(), pool_.capacity(), page_bytes_, hd, page_tokens,
+                             kTileKeys) != CUDA_SUCCESS)
+      return;
+  }
+  if (!tensor_maps_.reserve(sizeof(maps)).ok() ||
+      cudaMemcpy(tensor_maps_.get(), maps, sizeof(maps), cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  tensor_maps_ready_ = true;
+}
+
 // what the occupancy calculator says of each kernel at this device, for the planner
 void CudaBackend::measure_ctas_per_sm() {
   for (size_t i = 0; i < kHeadDims.size(); ++i)
@@ -265,7 +314,7 @@ void CudaBackend::measure_ctas_per_sm() {
           attention_ctas_per_sm(hd, bq),
           sm90_ready_ && attention_sm90_supports(hd, 0) ? attention_sm90_ctas_per_sm(hd, bq, 0) : 0,
           sm90 ? attention_sm90_ctas_per_sm(hd, bq, stages) : 0,
-          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, ws_stages(), ws_keys(bq)) : 0};
+          sm90 ? attention_sm90_ws_ctas_per_sm(hd, bq, ws_stages(), ws_keys(bq), ws_tma()) : 0};
       for (size_t k = 0; k < n.size(); ++k) ctas_per_sm_[k][i][static_cast<size_t>(j)] = n[k] > 0 ? n[k] : fallback;
     }
 }
@@ -339,6 +388,13 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     if (value != 0 && value != 64 && value != 128)
       return absl::InvalidArgumentError("attention.ws_keys: 0 (default), 64 or 128");
     attention_ws_keys_ = static_cast<int32_t>(value);
+    measure_ctas_per_sm();
+  } else if (key == "attention.ws_tma") {
+    if (value < -1 || value > 1) return absl::InvalidArgumentError("attention.ws_tma: -1 (default), 0 or 1");
+    if (value == 1 && !ws_tma_ready_)
+      return absl::FailedPreconditionError(
+          "attention.ws_tma: no tensor maps of the KV pool on this device (or the TMA kernels do not fit it)");
+    attention_ws_tma_ = static_cast<int32_t>(value);
     measure_ctas_per_sm();
   } else if (key == "attention.pingpong") {
     if (value < -1 || value > 1) return absl::InvalidArgumentError("attention.pingpong: -1 (default), 0 or 1");
@@ -426,6 +482,9 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.sm90_launches") return sm90_launches_;
   if (name == "attention.overlap_launches") return overlap_launches_;
   if (name == "attention.ws_launches") return ws_launches_;
+  if (name == "attention.ws_tma_launches") return ws_tma_launches_;
+  // not a count: whether kernel 4 copies the cache's whole tiles by TMA now
+  if (name == "attention.ws_tma") return int64_t{ws_tma() ? 1 : 0};
   // not a count: the K/V stages of the overlapped kernel now
   if (name == "attention.stages") return int64_t{overlap_stages()};
   if (name == "attention.pingpong") return int64_t{pingpong()};
@@ -1837,6 +1896,10 @@ PagedKvFp16View CudaBackend::fp16_view(const int32_t* page_table, const PagedGeo
   v.page_elems = page_bytes_ / 2;
   v.page_tokens = g.page_tokens;
   v.head_dim = g.head_dim;
+  // the tensor map encodes this geometry: an fp16 cache of head_dim 64 or 128
+  if (tensor_maps_ready_ && (g.head_dim == 64 || g.head_dim == 128) && g.kivi.group == 0 && g.span.block == 0 &&
+      static_cast<int64_t>(g.page_tokens) * 4 * g.head_dim == page_bytes_)
+    v.tensor_map = tensor_maps_.as<uint8_t>() + (g.head_dim == 128 ? sizeof(CUtensorMap) : 0);
   return v;
 }
 
@@ -2250,8 +2313,10 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   } else if (const int32_t kernel = kernel_for(p.head_dim, p.block_q); kernel == kWs) {
     ++sm90_launches_;
     ++ws_launches_;
+    const bool tma = ws_tma() && view.tensor_map != nullptr;
+    if (tma) ++ws_tma_launches_;
     WM_CUDA_RETURN_IF_ERROR(
-        launch_attention_sm90_ws(a, view, p.head_dim, items, ws_stages(), ws_keys(p.block_q), stream_));
+        launch_attention_sm90_ws(a, view, p.head_dim, items, ws_stages(), ws_keys(p.block_q), tma, stream_));
   } else if (kernel == kWgmma || kernel == kOverlap) {
     ++sm90_launches_;
     if (kernel == kOverlap) ++overlap_launches_;

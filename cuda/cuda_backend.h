@@ -273,6 +273,12 @@ class CudaBackend {
   int64_t page_bytes_ = 0;
   DeviceBuffer pool_memory_;
   PagePool pool_;
+  // the pool as a tensor for TMA (cuda/tensor_map.h), one CUtensorMap per
+  // head_dim 64 and 128 (128 bytes each), encoded once at start-up; false
+  // where the driver has no encoder or refuses the shape
+  DeviceBuffer tensor_maps_;
+  bool tensor_maps_ready_ = false;
+  void encode_tensor_maps();
   uint64_t next_cache_id_ = 1;
 
   std::vector<std::unique_ptr<DeviceWeight>> weights_;
@@ -427,6 +433,13 @@ class CudaBackend {
   // or 128; 0: the default, WM_CUDA_ATTENTION_WS_KEYS at start-up, else 64)
   int32_t attention_ws_keys_ = 0, default_attention_ws_keys_ = 0;
   int32_t ws_keys(int32_t block_q) const;
+  // kernel 4 copies the cache's whole tiles by TMA ("attention.ws_tma" 0 or
+  // 1; -1: the default, WM_CUDA_ATTENTION_WS_TMA at start-up, else 0 until
+  // the H200 has timed it); only where ws_tma_ready_
+  int32_t attention_ws_tma_ = -1, default_attention_ws_tma_ = 0;
+  bool ws_tma() const;
+  bool ws_tma_ready_ = false;  // the tensor maps, and every TMA instantiation fits an SM
+  int64_t ws_tma_launches_ = 0;
   void measure_ctas_per_sm();
   bool sm90_ready_ = false;  // compute capability 9.0 and the sm_90a kernels loaded
   bool span_ready_ = false, span_sm90_ready_ = false;  // the span formats' mma.sync and sm_90a kernels loaded

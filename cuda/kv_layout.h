@@ -34,6 +34,10 @@ struct PagedKvFp16View {
   int64_t page_elems = 0;           // 2 * page_tokens * head_dim
   int32_t page_tokens = 0;
   int32_t head_dim = 0;
+  // the pool as a tensor for TMA (cuda/tensor_map.h: encode_fp16_pool_map, a
+  // CUtensorMap in device memory), or null; only the warp-specialised
+  // kernel's TMA build reads it
+  const void* tensor_map = nullptr;
   // element offsets of logical row `row` (< page_tokens) of page `page`
   WM_HD_INLINE int64_t k_offset(int32_t page, int32_t row) const {
     return static_cast<int64_t>(page) * page_elems + static_cast<int64_t>(row) * head_dim;

@@ -13,6 +13,8 @@
 #               head_dim 128 only)
 #   ws          the same for the warp-specialised kernel (attention_ws.cuh), the
 #               default for 128-query tiles at head_dim 128
+#   ws_tma      its build that copies the cache's whole tiles by TMA (not a default):
+#               the TMA timings below run only where these cases passed
 #   parity      backend_ops_tests: every other op, CPU vs CUDA     -> $OUT/parity.json
 #   span        QVG-2 / QuantWM-2: the device coder's codes against the CPU's,
 #               also with the coder split between host and device ("span.coder":
@@ -27,7 +29,8 @@
 #   racecheck   compute-sanitizer racecheck on the same
 #   attention   wm_attention_bench (JSON lines), every kernel
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
-#   attention_ws  the warp-specialised kernel with 3 and 4 stages, 64 and 128 keys a step
+#   attention_ws  the warp-specialised kernel with 3 and 4 stages, 64 and 128 keys a step,
+#               the cache's tiles by cp.async and by TMA
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
 #   torch_mg2   ../shared/research/torch_mg2_step.py
@@ -45,9 +48,10 @@
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 #   mg2_ws128   the forward with the warp-specialised kernel at 128 keys a step
-#   ncu_ws64, ncu_ws128  Nsight Compute's counters for one warp-specialised
-#               launch (64 and 128 keys a step) at 2640 queries over 16k
-#               cached tokens
+#   mg2_ws_tma  the same at 64 keys a step with the cache's tiles copied by TMA
+#   ncu_ws64, ncu_ws128, ncu_ws_tma  Nsight Compute's counters for one
+#               warp-specialised launch (64 and 128 keys a step, 64 by TMA)
+#               at 2640 queries over 16k cached tokens
 #   ncu_split   each kernel's duration for a 64-query block over 64k cached
 #               tokens (input conversion, split attention, combine)
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
@@ -133,7 +137,11 @@ stage info 10 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,m
 span_cases='*qvg2*:*quantwm2*:*mixed_span*:CudaSpan.*'
 stage wgmma 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel2*:-$span_cases" --gtest_output=json:"$raw/parity_wgmma.json"
 stage overlap 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel3*:-$span_cases" --gtest_output=json:"$raw/parity_overlap.json"
-stage ws 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel4*:-$span_cases" --gtest_output=json:"$raw/parity_ws.json"
+stage ws 25 .gpu/bin/backend_ops_tests --gtest_filter="*kernel4*:-$span_cases:*ws_tma1*" \
+  --gtest_output=json:"$raw/parity_ws.json"
+# its TMA build apart (not a default yet): a fault there must not stop the cp.async build's timings
+stage ws_tma 25 .gpu/bin/backend_ops_tests --gtest_filter="*ws_tma1*:-$span_cases" \
+  --gtest_output=json:"$raw/parity_ws_tma.json"
 failed() {  # the stage ran and did not pass
   grep -q "^$1," "$raw/stages.csv" && ! grep -q "^$1,0," "$raw/stages.csv"
 }
@@ -177,7 +185,8 @@ stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
   stage attention_stages 50 .gpu/bin/wm_attention_bench --kernel=overlap --stages=3,4,5 --pingpong=0,1
 # the warp-specialised kernel (the default for 128-query tiles at head_dim 128), where its parity cases passed
 [ "$attention_kernels" = all ] && passed ws &&
-  stage attention_ws 60 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1 --ws_keys=64,128
+  stage attention_ws 75 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1 --ws_keys=64,128 \
+    --ws_tma="$(passed ws_tma && echo 0,1 || echo 0)"
 stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
 stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
 # PyTorch's forward right after ours, so that a short budget cannot drop the ratio's other half
@@ -222,6 +231,10 @@ stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --s
 [ "$attention_kernels" = all ] && passed ws &&
   stage mg2_ws128 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_KEYS=128 \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+# the warp-specialised kernel with the cache's whole tiles copied by TMA (2026-12-05: not yet the default)
+[ "$attention_kernels" = all ] && passed ws && passed ws_tma &&
+  stage mg2_ws_tma 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_TMA=1 \
+    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 # last, so that they are what a short budget drops: hardware counters
 # where the 128-query tiles' kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware
 # counters): the warp-specialised kernel with 64 keys a step (their default), then with 128
@@ -232,6 +245,10 @@ if [ -n "$ncu" ] && [ "$attention_kernels" = all ] && passed ws; then
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       .gpu/bin/wm_attention_bench --kernel=ws --ws_keys=$keys --cached=16384 --queries=2640 --reps=1
   done
+  passed ws_tma && stage ncu_ws_tma 50 "$ncu" --clock-control none -k regex:attention_ws --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    .gpu/bin/wm_attention_bench --kernel=ws --ws_tma=1 --cached=16384 --queries=2640 --reps=1
 fi
 # where a split 64-query block's time goes: the first two calls' three kernels each
 if [ -n "$ncu" ]; then

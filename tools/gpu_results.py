@@ -74,9 +74,11 @@ def parity(raw, out_dir):
     res["wgmma_report"] = gtest_report(os.path.join(raw, "parity_wgmma.json"))
     res["overlap_report"] = gtest_report(os.path.join(raw, "parity_overlap.json"))
     res["ws_report"] = gtest_report(os.path.join(raw, "parity_ws.json"))
+    res["ws_tma_report"] = gtest_report(os.path.join(raw, "parity_ws_tma.json"))
     res["span_report"] = gtest_report(os.path.join(out_dir, "parity_span.json"))
     res["attention_kernel"] = text(os.path.join(raw, "attention_kernel.txt")).strip() or None
-    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "parity", "span", "e2e"))
+    log = "\n".join(text(os.path.join(raw, n + ".out")) for n in ("wgmma", "overlap", "ws", "ws_tma", "parity", "span",
+                                                                  "e2e"))
     res["end_to_end"] = [l.strip() for l in log.splitlines() if l.startswith("end to end")]
     res["end_to_end_span_host_report"] = gtest_report(os.path.join(raw, "parity_e2e_span_host.json"))
     res["end_to_end_span_host"] = [l.strip() for l in text(os.path.join(raw, "e2e_span_host.out")).splitlines()
@@ -141,6 +143,8 @@ def kernel_label(r):
         k = "%s/%d" % (k, r["stages"])
     if r.get("ws_keys"):
         k = "%s/%dkeys" % (k, r["ws_keys"])
+    if r.get("ws_tma"):
+        k = "%s/tma" % k
     return k + "/pingpong" if r.get("pingpong") else k
 
 
@@ -165,14 +169,15 @@ def collect(raw, out_path, build_info):
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
     results["audit_probe"] = json_lines(os.path.join(raw, "audit_probe.out"))
-    for name in ("ncu_ws64", "ncu_ws128"):
+    for name in ("ncu_ws64", "ncu_ws128", "ncu_ws_tma"):
         results[name] = text(os.path.join(raw, name + ".out"))[-20000:]
     results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
     results["mg2"] = json_lines(os.path.join(raw, "mg2.out"))
     results["mg2_stages"] = (json_lines(os.path.join(raw, "mg2_stages.out")) +
                              json_lines(os.path.join(raw, "mg2_overlap.out")) +
-                             json_lines(os.path.join(raw, "mg2_ws128.out")))
+                             json_lines(os.path.join(raw, "mg2_ws128.out")) +
+                             json_lines(os.path.join(raw, "mg2_ws_tma.out")))
     results["mg2_invariant"] = json_lines(os.path.join(raw, "mg2_invariant.out"))
     results["mg2_quantwm2"] = json_lines(os.path.join(raw, "mg2_quantwm2.out"))
     results["torch_mg2"] = [r for r in json_lines(os.path.join(raw, "torch_mg2.out")) if "runs" not in r]
@@ -197,6 +202,7 @@ def summary(path):
     print("attention kernel for the later stages: %s" % p.get("attention_kernel"))
     for name, rep in (("wgmma parity", p.get("wgmma_report", {})), ("overlap parity", p.get("overlap_report", {})),
                       ("warp-specialised parity", p.get("ws_report", {})),
+                      ("warp-specialised TMA parity", p.get("ws_tma_report", {})),
                       ("parity", p), ("span formats", p.get("span_report", {})),
                       ("end to end", p.get("end_to_end_report", {})),
                       ("end to end, span formats coded on the host", p.get("end_to_end_span_host_report", {}))):
@@ -251,7 +257,8 @@ def summary(path):
                 m.get("sessions_batched"), m.get("window_latent_frames"), m.get("attention_kernel"),
                 m.get("attention_stages", "?"),
                 m.get("attention_pingpong", "?"),
-                ", %s keys a step" % m["attention_ws_keys"] if "attention_ws_keys" in m else "",
+                (", %s keys a step" % m["attention_ws_keys"] if "attention_ws_keys" in m else "") +
+                (", TMA" if m.get("attention_ws_tma") else ""),
                 m.get("forward_ms"), m.get("fps_aggregate"), m.get("attention_ms_per_forward"),
                 m.get("attention_TFLOPs")))
     for m in r.get("mg2_invariant", []):

@@ -33,6 +33,8 @@
 #include "cuda/attention_sm90.cuh"
 #include "cuda/attention_ws.cuh"
 #include "cuda/sync_mma.cuh"
+#include "cuda/tma.cuh"
+#include "cuda/tensor_map.h"
 #include "paged_attention_case.h"
 
 namespace wm::cuda {
@@ -42,8 +44,10 @@ using simt::Schedule;
 
 // kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong);
 // kWs: the warp-specialised kernel, 4 stages, ping-pong; kWs3: 3 stages, no ping-pong; kWs128: 128 keys a
-// step (3 stages), ping-pong
-enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3, kWs128 };
+// step (3 stages), ping-pong; kWsTma, kWs128Tma: kWs and kWs128 with the cache's whole tiles copied by TMA
+enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3, kWs128, kWsTma, kWs128Tma };
+
+bool uses_tma(Kernel k) { return k == Kernel::kWsTma || k == Kernel::kWs128Tma; }
 
 const char* name(Kernel k) {
   switch (k) {
@@ -63,6 +67,10 @@ const char* name(Kernel k) {
       return "ws3";
     case Kernel::kWs128:
       return "ws128";
+    case Kernel::kWsTma:
+      return "ws-tma";
+    case Kernel::kWs128Tma:
+      return "ws128-tma";
   }
   return "?";
 }
@@ -89,8 +97,12 @@ void run_kernel(const AttentionArgs& a, const PagedKvFp16View& kv) {
     attention_ws_kernel<Fp16PageFormat, HD, BQ, 4, 1>(a, kv);
   } else if constexpr (K == Kernel::kWs3) {
     attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 1>(a, kv);
-  } else {
+  } else if constexpr (K == Kernel::kWs128) {
     attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 2>(a, kv);
+  } else if constexpr (K == Kernel::kWsTma) {
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 4, 1, true>(a, kv);
+  } else {
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 2, true>(a, kv);
   }
 }
 
@@ -119,9 +131,15 @@ KernelLaunch kernel_launch() {
   } else if constexpr (K == Kernel::kWs3) {
     l.threads = WsAttention<3>::threads(BQ);
     l.smem = WsAttention<3>::smem(HD, BQ);
-  } else {
+  } else if constexpr (K == Kernel::kWs128) {
     l.threads = WsAttention<3, 2>::threads(BQ);
     l.smem = WsAttention<3, 2>::smem(HD, BQ);
+  } else if constexpr (K == Kernel::kWsTma) {
+    l.threads = WsAttention<4, 1, true>::threads(BQ);
+    l.smem = WsAttention<4, 1, true>::smem(HD, BQ);
+  } else {
+    l.threads = WsAttention<3, 2, true>::threads(BQ);
+    l.smem = WsAttention<3, 2, true>::smem(HD, BQ);
   }
   return l;
 }
@@ -155,6 +173,10 @@ KernelLaunch kernel_launch(Kernel k, int hd, int bq) {
       return kernel_launch<Kernel::kWs3>(hd, bq);
     case Kernel::kWs128:
       return kernel_launch<Kernel::kWs128>(hd, bq);
+    case Kernel::kWsTma:
+      return kernel_launch<Kernel::kWsTma>(hd, bq);
+    case Kernel::kWs128Tma:
+      return kernel_launch<Kernel::kWs128Tma>(hd, bq);
   }
   return {};
 }
@@ -217,13 +239,24 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   a.layer = layer;
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
-  a.pingpong = k == Kernel::kOverlapPingPong || k == Kernel::kWs || k == Kernel::kWs128 ? 1 : 0;
+  a.pingpong = k == Kernel::kOverlapPingPong || k == Kernel::kWs || k == Kernel::kWs128 || uses_tma(k) ? 1 : 0;
   PagedKvFp16View kv;
   kv.pool = c.pool.data();
   kv.page_table = p.page_tables.data();
   kv.page_elems = c.page_elems;
   kv.page_tokens = p.page_tokens;
   kv.head_dim = Dh;
+  CUtensorMap map;  // host memory here, device memory in the plugin
+  if (uses_tma(k)) {
+    const int64_t pages = static_cast<int64_t>(c.pool.size()) / c.page_elems;
+    const CUresult e = encode_fp16_pool_map(simt::tensor_map_encode_tiled, &map, c.pool.data(), pages,
+                                            c.page_elems * 2, Dh, p.page_tokens, kTileKeys);
+    if (e != CUDA_SUCCESS) {
+      r.error = "encode_fp16_pool_map: " + std::to_string(static_cast<int>(e));
+      return r;
+    }
+    kv.tensor_map = &map;
+  }
 
   simt::clear_globals();
   for (const std::vector<uint16_t>* v : {&c.q16, &c.k16, &c.v16, &c.pool})
@@ -390,6 +423,16 @@ TEST(SimtAttention, WarpSpecialisedKernel128KeysAStep) {
   run_cases(Kernel::kWs128, cases_for(64), kAllSchedules, {0, 16});
   run_cases(Kernel::kWs128, cases_for(128), kAllSchedules, {16});
 }
+// TMA for the cache's whole tiles (cp.async for the rest): one cache tile that is partial, cache tiles through
+// every stage more than once, several sessions, split ranges; 64 and 128 keys a step
+TEST(SimtAttention, WarpSpecialisedKernelWithTma) {
+  run_cases(Kernel::kWsTma, cases_for(64), kAllSchedules, {0, 16});
+  run_cases(Kernel::kWsTma, cases_for(128), kAllSchedules, {16});
+}
+TEST(SimtAttention, WarpSpecialisedKernel128KeysAStepWithTma) {
+  run_cases(Kernel::kWs128Tma, cases_for(64), kAllSchedules, {16});
+  run_cases(Kernel::kWs128Tma, cases_for(128), kAllSchedules, {0});
+}
 // the ping-pong changes only block_q 128 (two warpgroups): cases_for's last two cases
 TEST(SimtAttention, OverlapKernelPingPong) {
   run_cases(Kernel::kOverlapPingPong, cases_for(64), kAllSchedules, {0, 16});
@@ -403,9 +446,11 @@ std::vector<uint16_t>& global_tile() {
   return g;
 }
 
-std::string run_one_cta(unsigned threads, size_t smem, Schedule schedule, const std::function<void()>& body) {
+// one CTA of the body, with `global` the device memory it may read
+std::string run_one_cta(unsigned threads, size_t smem, Schedule schedule, const std::function<void()>& body,
+                        const std::vector<uint16_t>& global = global_tile()) {
   simt::clear_globals();
-  simt::register_global(global_tile().data(), global_tile().size() * 2);
+  simt::register_global(global.data(), global.size() * 2);
   simt::LaunchConfig cfg;
   cfg.grid = dim3(1);
   cfg.block = dim3(threads);
@@ -580,6 +625,162 @@ TEST(SimtChecks, FencesWgmmaNeedsAreChecked) {
   EXPECT_NE(e.find("fence.proxy.async"), std::string::npos) << e;
   e = run_one_cta(128, 1024 + 8192, Schedule::kRoundRobin, [] { load_tile_then_wgmma(true, false); });
   EXPECT_NE(e.find("without a wgmma.fence"), std::string::npos) << e;
+}
+
+// ---- tensor copies (TMA) and mbarriers ----
+
+// 64 rows of 128 channels, element (r, c) = r * 128 + c
+std::vector<uint16_t>& patterned_rows() {
+  static std::vector<uint16_t> g = [] {
+    std::vector<uint16_t> v(64 * 128);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(i);
+    return v;
+  }();
+  return g;
+}
+
+// the rows as a 3-d tensor [2 "pages"][32 rows][128 channels], boxes of 64 channels x `box_rows` rows
+CUtensorMap& patterned_map(uint32_t box_rows) {
+  static CUtensorMap map;
+  const CUresult e = encode_fp16_pool_map(simt::tensor_map_encode_tiled, &map, patterned_rows().data(), 2,
+                                          32 * 128 * 2, 128, 16, static_cast<int32_t>(box_rows));
+  EXPECT_EQ(e, CUDA_SUCCESS);
+  return map;
+}
+
+std::string run_tma_cta(unsigned threads, size_t smem, Schedule schedule, const std::function<void()>& body) {
+  return run_one_cta(threads, smem, schedule, body, patterned_rows());
+}
+
+constexpr uint32_t kBar = 16384;  // the mbarrier, after a 16 KiB tile at 0
+
+// thread 0 copies channels 64 .. 127 of rows `row` .. `row` + 31 of page 1 (K rows 0 .. 15 and V rows 16 ..
+// 31 of a 16-token page; rows outside 0 .. 31 are zeros) into shared address 0; every thread checks each
+// chunk against panel_swz
+TEST(SimtTma, ATensorCopyLandsAsTheWgmmaPanelLayoutAndZeroFillsOutside) {
+  for (const int32_t row : {0, 16, -8}) {
+    std::vector<int> bad(64, 0);
+    const std::string e = run_tma_cta(64, kBar + 8, Schedule::kWarpsReversed, [&] {
+      const int tid = static_cast<int>(threadIdx.x);
+      if (tid == 0) mbarrier_init(kBar, 1);
+      __syncthreads();
+      if (tid == 0) {
+        mbarrier_arrive_expect_tx(kBar, 32 * 128);
+        tma_load_3d(0, &patterned_map(32), 64, row, 1, kBar);
+      }
+      mbarrier_wait(kBar, 0);
+      for (int i = tid; i < 32 * 8; i += 64) {
+        const int r = i / 8, c = i % 8;
+        const uint4 got = ld_shared_16(panel_swz<64, 32>(r, c));
+        uint16_t h[8];
+        std::memcpy(h, &got, 16);
+        const int32_t src = row + r;  // row of page 1
+        for (int e = 0; e < 8; ++e) {
+          const uint16_t want =
+              src >= 0 && src < 32 ? static_cast<uint16_t>((32 + src) * 128 + 64 + 8 * c + e) : uint16_t{0};
+          if (h[e] != want) ++bad[static_cast<size_t>(tid)];
+        }
+      }
+    });
+    EXPECT_EQ(e, "") << "row " << row;
+    int total = 0;
+    for (int b : bad) total += b;
+    EXPECT_EQ(total, 0) << "row " << row << ": elements not where panel_swz<64, 32> puts them";
+  }
+}
+
+TEST(SimtTma, ReadBeforeThePhaseCompletesFails) {
+  const std::string e = run_tma_cta(32, kBar + 8, Schedule::kRoundRobin, [] {
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid == 0) mbarrier_init(kBar, 32);
+    __syncthreads();
+    if (tid == 0) {
+      tma_load_3d(0, &patterned_map(16), 0, 0, 0, kBar);
+      ld_shared_16(0);  // no wait: and the phase still waits for the arrivals
+    }
+    if (tid == 0) mbarrier_arrive_expect_tx(kBar, 16 * 128);
+    else mbarrier_arrive(kBar);
+    mbarrier_wait(kBar, 0);
+  });
+  EXPECT_NE(e.find("has not landed"), std::string::npos) << e;
+}
+
+TEST(SimtTma, BarrierRulesAreChecked) {
+  // used by another thread before a __syncthreads orders the init
+  std::string e = run_tma_cta(32, kBar + 8, Schedule::kWarpsReversed, [] {
+    if (threadIdx.x == 0) mbarrier_init(kBar, 1);
+    if (threadIdx.x == 31) mbarrier_arrive(kBar);
+    __syncthreads();
+  });
+  EXPECT_NE(e.find("no __syncthreads since"), std::string::npos) << e;
+  // more bytes than announced
+  e = run_tma_cta(32, kBar + 8, Schedule::kRoundRobin, [] {
+    if (threadIdx.x == 0) mbarrier_init(kBar, 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(kBar, 8 * 128);
+      tma_load_3d(0, &patterned_map(16), 0, 0, 0, kBar);
+    }
+    mbarrier_wait(kBar, 0);
+  });
+  EXPECT_NE(e.find("bytes more than expect_tx announced"), std::string::npos) << e;
+  // a copy onto the barrier itself
+  e = run_tma_cta(32, kBar + 8, Schedule::kRoundRobin, [] {
+    if (threadIdx.x == 0) mbarrier_init(kBar - 2048 + 8, 1);
+    __syncthreads();
+    if (threadIdx.x == 0) tma_load_3d(kBar - 2048, &patterned_map(16), 0, 0, 0, kBar - 2048 + 8);
+  });
+  EXPECT_NE(e.find("over the mbarrier"), std::string::npos) << e;
+  // waiting for a phase nobody completes, and a phase left unfinished at exit
+  e = run_tma_cta(64, kBar + 8, Schedule::kRoundRobin, [] {
+    if (threadIdx.x == 0) mbarrier_init(kBar, 64);
+    __syncthreads();
+    if (threadIdx.x < 32) mbarrier_arrive(kBar);
+    if (threadIdx.x >= 32) mbarrier_wait(kBar, 0);
+  });
+  EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
+  EXPECT_NE(e.find("mbarrier at"), std::string::npos) << e;
+  e = run_tma_cta(32, kBar + 8, Schedule::kRoundRobin, [] {
+    if (threadIdx.x == 0) mbarrier_init(kBar, 64);
+    __syncthreads();
+    mbarrier_arrive(kBar);
+  });
+  EXPECT_NE(e.find("unfinished phase"), std::string::npos) << e;
+  // parity: the phase before the first has "completed"; the second phase waits for its own arrivals
+  e = run_tma_cta(32, kBar + 8, Schedule::kRoundRobin, [] {
+    if (threadIdx.x == 0) mbarrier_init(kBar, 32);
+    __syncthreads();
+    mbarrier_wait(kBar, 1);
+    mbarrier_arrive(kBar);
+    mbarrier_wait(kBar, 0);
+    mbarrier_arrive(kBar);
+    mbarrier_wait(kBar, 1);
+  });
+  EXPECT_EQ(e, "");
+}
+
+TEST(SimtTma, TheEncoderRefusesWhatTheDriverRefuses) {
+  CUtensorMap map;
+  const std::vector<uint16_t>& g = patterned_rows();
+  // the pool helper: a page too small for its tokens, head_dim not whole boxes of 64
+  EXPECT_EQ(encode_fp16_pool_map(simt::tensor_map_encode_tiled, &map, g.data(), 2, 32 * 128, 128, 16, 16),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(encode_fp16_pool_map(simt::tensor_map_encode_tiled, &map, g.data(), 2, 32 * 128 * 2, 96, 16, 16),
+            CUDA_ERROR_INVALID_VALUE);
+  const cuuint64_t dims[2] = {128, 64};
+  const cuuint64_t strides[1] = {256};
+  const cuuint32_t box[2] = {64, 64}, wide[2] = {128, 64}, tall[2] = {64, 512}, ones[2] = {1, 1};
+  auto encode = [&](const void* at, const cuuint32_t* b, const cuuint64_t* s) {
+    return simt::tensor_map_encode_tiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(at), dims, s, b,
+                                         ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  EXPECT_EQ(encode(g.data(), box, strides), CUDA_SUCCESS);
+  EXPECT_EQ(encode(g.data() + 1, box, strides), CUDA_ERROR_INVALID_VALUE);  // not 16-byte aligned
+  EXPECT_EQ(encode(g.data(), wide, strides), CUDA_ERROR_INVALID_VALUE);     // 256 bytes across a 128-byte swizzle
+  EXPECT_EQ(encode(g.data(), tall, strides), CUDA_ERROR_INVALID_VALUE);     // more than 256 rows
+  const cuuint64_t odd[1] = {264};
+  EXPECT_EQ(encode(g.data(), box, odd), CUDA_ERROR_INVALID_VALUE);  // a stride not a multiple of 16
 }
 
 }  // namespace

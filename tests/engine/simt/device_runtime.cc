@@ -189,6 +189,19 @@ cudaError_t cudaDriverGetVersion(int* v) {
   return cudaSuccess;
 }
 
+// the driver entry points the plugin looks up: cuTensorMapEncodeTiled, the emulator's
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* found) {
+  if (symbol != nullptr && std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0) {
+    *fn = reinterpret_cast<void*>(&wm::simt::tensor_map_encode_tiled);
+    if (found != nullptr) *found = cudaDriverEntryPointSuccess;
+    return cudaSuccess;
+  }
+  *fn = nullptr;
+  if (found != nullptr) *found = cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
 cudaError_t cudaRuntimeGetVersion(int* v) {
   *v = CUDART_VERSION;
   return cudaSuccess;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <utility>
@@ -142,6 +143,34 @@ struct Warpgroup {
   std::deque<std::vector<WgmmaOp>> committed;  // oldest first
 };
 
+// a tensor map as tensor_map_encode_tiled stores it in the 128 opaque bytes
+struct TensorMap {
+  static constexpr uint64_t kMagic = 0x3130504d414d5457ull;  // "WTMAMP01"
+  uint64_t magic = 0;
+  const uint8_t* base = nullptr;
+  uint32_t rank = 0, elem_bytes = 0, swizzle_bytes = 0;  // swizzle 0: none, else 32, 64 or 128
+  uint64_t dims[5] = {}, strides[5] = {};  // strides in bytes, strides[0] = elem_bytes
+  uint16_t box[5] = {};
+};
+static_assert(sizeof(TensorMap) <= sizeof(CUtensorMap), "the emulator's encoding fits the opaque bytes");
+
+struct TmaCopy {
+  uint32_t dst = 0, bytes = 0;
+  TensorMap map;
+  int32_t coords[5] = {};
+};
+
+struct MBarrier {
+  int count = 0;      // arrivals per phase
+  int pending = 0;    // arrivals this phase still waits for
+  int64_t tx = 0;     // bytes announced by expect_tx and not yet landed
+  uint64_t phase = 0;  // completed phases
+  int init_thread = -1;
+  uint64_t init_sync = 0;     // the CTA's __syncthreads count at init
+  Group done;                 // gen: completed phases, for the threads that wait
+  std::vector<TmaCopy> copies;  // issued this phase, not landed
+};
+
 struct Cta {
   LaunchConfig cfg;
   uint3 block{};
@@ -153,6 +182,7 @@ struct Cta {
   std::vector<Group> warps, warpgroups;
   Group cta;
   std::array<Group, 16> named;  // bar.sync / bar.arrive 1..15 (0 is __syncthreads)
+  std::map<uint32_t, MBarrier> mbarriers;  // by shared address
   std::vector<WarpSlots> warp_slots;
   std::vector<Warpgroup> wg;
   std::string error;
@@ -240,6 +270,8 @@ void meet(Group& g, const char* what) {
 
 size_t smem_end() { return g_cta->smem.size(); }
 
+void check_not_barrier(uint32_t addr, uint32_t bytes, const char* what);  // with the mbarriers below
+
 void check_shared(uint32_t addr, uint32_t bytes, const char* what) {
   const uint32_t base = g_cta->cfg.smem_base;
   if (addr < base || addr + bytes > smem_end()) {
@@ -256,8 +288,8 @@ void check_read(uint32_t addr, uint32_t bytes, const char* what) {
   for (uint32_t c = addr / 16; c <= (addr + bytes - 1) / 16; ++c)
     if (g_cta->pending[c] != 0) {
       std::ostringstream s;
-      s << what << " reads shared address " << addr << " while a cp.async to it has not landed (no wait or no "
-        << "barrier between the copy and the read)";
+      s << what << " reads shared address " << addr << " while a cp.async or tensor copy to it has not landed (no "
+        << "wait or no barrier between the copy and the read)";
       fail(where() + s.str());
     }
   for (uint32_t c = addr / 16; c <= (addr + bytes - 1) / 16; ++c)
@@ -377,6 +409,7 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
     cta.named[b] = Group{};
     cta.named[b].name = "named barrier " + std::to_string(b);
   }
+  cta.mbarriers.clear();
   cta.warp_slots.assign(cta.warps.size(), WarpSlots{});
   cta.wg.assign(cta.warpgroups.size(), Warpgroup{});
   std::fill(cta.smem.begin(), cta.smem.end(), 0xff);
@@ -421,6 +454,15 @@ std::string run_cta(Cta& cta, std::vector<Fiber>& fibers) {
   for (size_t w = 0; w < cta.wg.size(); ++w)
     if (!cta.wg[w].uncommitted.empty() || !cta.wg[w].committed.empty())
       return "warpgroup " + std::to_string(w) + " exits with a wgmma in flight";
+  for (const auto& [addr, b] : cta.mbarriers) {
+    if (!b.copies.empty())
+      return "mbarrier at " + std::to_string(addr) + ": the CTA exits with " + std::to_string(b.copies.size()) +
+             " tensor copies in flight";
+    if (b.pending != b.count || b.tx != 0)
+      return "mbarrier at " + std::to_string(addr) + ": the CTA exits in an unfinished phase (" +
+             std::to_string(b.count - b.pending) + " of " + std::to_string(b.count) + " arrivals, " +
+             std::to_string(b.tx) + " bytes announced and not landed)";
+  }
   for (const Group& g : cta.named)
     if (g.arrived != 0)
       return g.name + ": " + std::to_string(g.arrived) + " of " + std::to_string(g.size) +
@@ -568,6 +610,7 @@ void cp_async_16(uint32_t dst, const void* src, bool valid) {
       if (s >= base && s + 16 <= base + bytes) inside = true;
     if (!inside) fail(where() + "cp.async reads global memory outside every buffer");
   }
+  check_not_barrier(dst, 16, "cp.async");
   if (g_cta->pending[dst / 16] != 0) {
     fail(where() + "cp.async to shared address " + std::to_string(dst) + " while another copy to it is in flight");
   }
@@ -578,6 +621,7 @@ void cp_async_16(uint32_t dst, const void* src, bool valid) {
 void st_shared_16(uint32_t dst, const void* src) {
   if (dst % 16 != 0) fail(where() + "st.shared.v4 destination not 16-byte aligned");
   check_shared(dst, 16, "st.shared");
+  check_not_barrier(dst, 16, "st.shared");
   if (g_cta->pending[dst / 16] != 0)
     fail(where() + "st.shared to shared address " + std::to_string(dst) + " while a cp.async to it is in flight");
   std::memcpy(g_cta->smem.data() + dst, src, 16);
@@ -716,6 +760,251 @@ void wgmma_wait(int newest_left) {
       wg.committed.pop_front();
     }
   });
+}
+
+// ---- mbarriers and TMA ----
+
+namespace {
+
+// a write of [addr, addr + bytes) must leave every mbarrier alone
+void check_not_barrier(uint32_t addr, uint32_t bytes, const char* what) {
+  for (const auto& [at, b] : g_cta->mbarriers)
+    if (addr < at + 8 && at < addr + bytes)
+      fail(where() + what + " writes shared address " + std::to_string(addr) + " (+" + std::to_string(bytes) +
+           "), over the mbarrier at " + std::to_string(at));
+}
+
+MBarrier& mbarrier_at(uint32_t bar, const char* what) {
+  if (bar % 8 != 0) fail(where() + what + ": mbarrier address " + std::to_string(bar) + " not 8-byte aligned");
+  check_shared(bar, 8, what);
+  auto it = g_cta->mbarriers.find(bar);
+  if (it == g_cta->mbarriers.end())
+    fail(where() + what + " on shared address " + std::to_string(bar) + ", where no mbarrier.init has run");
+  MBarrier& b = it->second;
+  if (b.init_thread != linear_tid() && g_cta->cta.gen <= b.init_sync)
+    fail(where() + what + " on the mbarrier at " + std::to_string(bar) + ", which thread " +
+         std::to_string(b.init_thread) + " initialised with no __syncthreads since (the init is not visible yet)");
+  return b;
+}
+
+// f(row, inside, offset) for each row of a copy's box (every dimension but
+// the innermost, in order): whether the row lies inside the tensor in those
+// dimensions, and its byte offset from the tensor's base at element 0
+template <class F>
+void for_each_box_row(const TensorMap& m, const int32_t* coords, F&& f) {
+  uint64_t n[5] = {1, 1, 1, 1, 1};
+  for (uint32_t d = 1; d < m.rank; ++d) n[d] = m.box[d];
+  uint64_t row = 0;
+  for (uint64_t i4 = 0; i4 < n[4]; ++i4)
+    for (uint64_t i3 = 0; i3 < n[3]; ++i3)
+      for (uint64_t i2 = 0; i2 < n[2]; ++i2)
+        for (uint64_t i1 = 0; i1 < n[1]; ++i1, ++row) {
+          const uint64_t at[5] = {0, i1, i2, i3, i4};
+          bool inside = true;
+          uint64_t offset = 0;
+          for (uint32_t d = 1; d < m.rank; ++d) {
+            const int64_t g = static_cast<int64_t>(coords[d]) + static_cast<int64_t>(at[d]);
+            if (g < 0 || g >= static_cast<int64_t>(m.dims[d])) inside = false;
+            offset += static_cast<uint64_t>(g) * m.strides[d];
+          }
+          f(row, inside, offset);
+        }
+}
+
+// the bytes of one tensor copy into shared memory, as the swizzle of its map lays them out
+void land_tma(const TmaCopy& c) {
+  const TensorMap& m = c.map;
+  const uint32_t row_bytes = m.box[0] * m.elem_bytes;
+  const uint32_t swizzle_bits = m.swizzle_bytes == 128 ? 3 : m.swizzle_bytes == 64 ? 2 : m.swizzle_bytes == 32 ? 1 : 0;
+  uint8_t* smem = g_cta->smem.data();
+  for_each_box_row(m, c.coords, [&](uint64_t row, bool inside, uint64_t offset) {
+    for (uint32_t e = 0; e < m.box[0]; ++e) {
+      const int64_t g0 = static_cast<int64_t>(c.coords[0]) + e;
+      const bool ok = inside && g0 >= 0 && g0 < static_cast<int64_t>(m.dims[0]);
+      uint32_t addr = c.dst + static_cast<uint32_t>(row * row_bytes + e * m.elem_bytes);
+      addr ^= ((addr >> 7) & ((1u << swizzle_bits) - 1)) << 4;
+      if (ok) {
+        std::memcpy(smem + addr, m.base + offset + static_cast<uint64_t>(g0) * m.elem_bytes, m.elem_bytes);
+      } else {
+        std::memset(smem + addr, 0, m.elem_bytes);
+      }
+    }
+  });
+  for (uint32_t k = c.dst / 16; k < (c.dst + c.bytes) / 16; ++k) {
+    --g_cta->pending[k];
+    g_cta->written[k] = 1;
+    g_cta->generic_writer[k] = -1;  // the async proxy wrote it: wgmma sees it with no fence
+  }
+}
+
+// every arrival of the phase is in: its copies land (the latest they may), and once the bytes announced have
+// landed the phase completes
+void try_complete(uint32_t at, MBarrier& b) {
+  if (b.pending != 0) return;
+  for (const TmaCopy& c : b.copies) {
+    land_tma(c);
+    b.tx -= c.bytes;
+  }
+  b.copies.clear();
+  if (b.tx < 0)
+    fail(where() + "mbarrier at " + std::to_string(at) + ": the phase's tensor copies brought " +
+         std::to_string(-b.tx) + " bytes more than expect_tx announced");
+  if (b.tx > 0) return;  // copies still to come
+  ++b.phase;
+  b.pending = b.count;
+  ++b.done.gen;
+}
+
+void arrive(uint32_t bar, uint32_t bytes, const char* what) {
+  MBarrier& b = mbarrier_at(bar, what);
+  if (b.pending == 0)
+    fail(where() + what + " on the mbarrier at " + std::to_string(bar) + ": more than its " +
+         std::to_string(b.count) + " arrivals in one phase");
+  b.tx += bytes;
+  --b.pending;
+  try_complete(bar, b);
+}
+
+}  // namespace
+
+void mbarrier_init(uint32_t bar, int count) {
+  if (bar % 8 != 0) fail(where() + "mbarrier.init: address " + std::to_string(bar) + " not 8-byte aligned");
+  check_shared(bar, 8, "mbarrier.init");
+  if (count < 1 || count > (1 << 20) - 1) fail(where() + "mbarrier.init: count " + std::to_string(count));
+  for (uint32_t k = bar / 16; k <= (bar + 7) / 16; ++k)
+    if (g_cta->pending[k] != 0) fail(where() + "mbarrier.init over shared memory a copy is in flight to");
+  auto it = g_cta->mbarriers.find(bar);
+  if (it != g_cta->mbarriers.end() && !it->second.copies.empty())
+    fail(where() + "mbarrier.init on the mbarrier at " + std::to_string(bar) + " while tensor copies wait on it");
+  MBarrier& b = g_cta->mbarriers[bar];
+  b = MBarrier{};
+  b.count = b.pending = count;
+  b.init_thread = linear_tid();
+  b.init_sync = g_cta->cta.gen;
+  b.done.name = "mbarrier at " + std::to_string(bar);
+  b.done.what = "mbarrier.try_wait.parity";
+}
+
+void mbarrier_arrive(uint32_t bar) { arrive(bar, 0, "mbarrier.arrive"); }
+
+void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  arrive(bar, bytes, "mbarrier.arrive.expect_tx");
+}
+
+void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  MBarrier& b = mbarrier_at(bar, "mbarrier.try_wait.parity");
+  // the phase of that parity has completed when the current one has the other
+  if ((b.phase & 1u) != (parity & 1u)) return;
+  g_cur->waiting = &b.done;
+  g_cur->wait_gen = b.done.gen;
+  yield_to_scheduler();
+  g_cur->waiting = nullptr;
+}
+
+void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, int rank, uint32_t bar) {
+  const char* what = "cp.async.bulk.tensor";
+  if (reinterpret_cast<uintptr_t>(tensor_map) % 64 != 0) fail(where() + what + ": tensor map not 64-byte aligned");
+  TmaCopy c;
+  std::memcpy(&c.map, tensor_map, sizeof(TensorMap));
+  const TensorMap& m = c.map;
+  if (m.magic != TensorMap::kMagic) fail(where() + what + ": not a tensor map cuTensorMapEncodeTiled made");
+  if (static_cast<uint32_t>(rank) != m.rank)
+    fail(where() + what + ": a " + std::to_string(rank) + "-d copy with a tensor map of rank " +
+         std::to_string(m.rank));
+  if (dst % 128 != 0) fail(where() + what + ": shared destination " + std::to_string(dst) + " not 128-byte aligned");
+  c.dst = dst;
+  c.bytes = m.elem_bytes;
+  for (uint32_t d = 0; d < m.rank; ++d) {
+    c.coords[d] = coords[d];
+    c.bytes *= m.box[d];
+  }
+  check_shared(dst, c.bytes, what);
+  check_not_barrier(dst, c.bytes, what);
+  for (uint32_t k = dst / 16; k < (dst + c.bytes) / 16; ++k)
+    if (g_cta->pending[k] != 0)
+      fail(where() + what + " to shared address " + std::to_string(k * 16) + " while another copy to it is in flight");
+  // what it reads inside the tensor must be memory the test registered (rows checked whole)
+  const int64_t lo0 = std::max<int64_t>(coords[0], 0);
+  const int64_t hi0 = std::min<int64_t>(static_cast<int64_t>(coords[0]) + m.box[0], static_cast<int64_t>(m.dims[0]));
+  for_each_box_row(m, c.coords, [&](uint64_t, bool inside, uint64_t offset) {
+    if (!inside || lo0 >= hi0) return;
+    const uint8_t* from = m.base + offset + static_cast<uint64_t>(lo0) * m.elem_bytes;
+    const uint64_t bytes = static_cast<uint64_t>(hi0 - lo0) * m.elem_bytes;
+    bool registered = false;
+    for (const auto& [base, size] : g_globals)
+      if (from >= base && from + bytes <= base + size) registered = true;
+    if (!registered) fail(where() + what + " reads global memory outside every buffer");
+  });
+  for (uint32_t k = dst / 16; k < (dst + c.bytes) / 16; ++k) ++g_cta->pending[k];
+  MBarrier& b = mbarrier_at(bar, what);
+  b.copies.push_back(c);
+  try_complete(bar, b);  // its phase may have all its arrivals already
+}
+
+CUresult tensor_map_encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                 const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                 const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill oob) {
+  if (map == nullptr || address == nullptr || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+  TensorMap m;
+  m.magic = TensorMap::kMagic;
+  m.base = static_cast<const uint8_t*>(address);
+  m.rank = rank;
+  switch (type) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+      m.elem_bytes = 1;
+      break;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+      m.elem_bytes = 2;
+      break;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+    case CU_TENSOR_MAP_DATA_TYPE_INT32:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+      m.elem_bytes = 4;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  switch (swizzle) {
+    case CU_TENSOR_MAP_SWIZZLE_NONE:
+      m.swizzle_bytes = 0;
+      break;
+    case CU_TENSOR_MAP_SWIZZLE_32B:
+      m.swizzle_bytes = 32;
+      break;
+    case CU_TENSOR_MAP_SWIZZLE_64B:
+      m.swizzle_bytes = 64;
+      break;
+    case CU_TENSOR_MAP_SWIZZLE_128B:
+      m.swizzle_bytes = 128;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || oob != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (reinterpret_cast<uintptr_t>(address) % 16 != 0) return CUDA_ERROR_INVALID_VALUE;
+  m.strides[0] = m.elem_bytes;
+  for (uint32_t d = 0; d < rank; ++d) {
+    if (dims[d] == 0 || dims[d] > (uint64_t{1} << 32)) return CUDA_ERROR_INVALID_VALUE;
+    if (box[d] == 0 || box[d] > 256 || element_strides[d] != 1) return CUDA_ERROR_INVALID_VALUE;
+    m.dims[d] = dims[d];
+    m.box[d] = static_cast<uint16_t>(box[d]);
+    if (d > 0) {
+      const uint64_t s = strides[d - 1];  // the driver takes rank - 1 strides, of dimensions 1 ..
+      if (s % 16 != 0 || s >= (uint64_t{1} << 40)) return CUDA_ERROR_INVALID_VALUE;
+      m.strides[d] = s;
+    }
+  }
+  if (rank > 1 && m.strides[1] < dims[0] * m.elem_bytes) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t inner = static_cast<uint64_t>(box[0]) * m.elem_bytes;
+  if (inner % 16 != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (m.swizzle_bytes != 0 && inner > m.swizzle_bytes) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(map, 0, sizeof(CUtensorMap));
+  std::memcpy(map, &m, sizeof(TensorMap));
+  return CUDA_SUCCESS;
 }
 
 void fail(const std::string& message) {

@@ -33,6 +33,16 @@
 //     when a wgmma.wait_group retires its group, reading the A registers and
 //     accumulators then, so code that touches them before the wait computes
 //     a wrong answer; no wgmma or cp.async is left in flight at exit.
+//   - mbarriers and TMA (cp.async.bulk.tensor): a barrier used before its
+//     mbarrier.init is ordered by a __syncthreads (by another thread), more
+//     arrivals than its count in a phase, a phase whose copies bring more
+//     bytes than expect_tx announced, and at exit a phase left unfinished
+//     or a copy in flight; a tensor copy lands, as the 128-byte (or 64, 32)
+//     swizzle of its tensor map puts it on the shared address bits, only
+//     once every arrival of its barrier's phase is in (the latest it may),
+//     so that a read of it before the phase completes fails as a read of a
+//     cp.async not landed does; it reads only registered global memory and
+//     fills what lies outside the tensor with zeros;
 //   - fences: a wgmma that reads shared memory a cp.async wrote before the
 //     writing thread's fence.proxy.async (wgmma reads through the async
 //     proxy); a wgmma.mma_async with no wgmma.fence since the warpgroup's
@@ -43,6 +53,7 @@
 
 // the CUDA headers the kernels use, before the built-ins below are defined
 // (the runtime API names parameters gridDim and blockDim)
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <vector_functions.h>
 #include <vector_types.h>
@@ -115,6 +126,25 @@ void setmaxnreg(int regs, bool inc);
 void wgmma_commit();
 void wgmma_wait(int newest_left);
 void fence_proxy_async();
+
+// mbarrier at shared address `bar` (8 bytes, 8-byte aligned): init with the
+// arrivals of a phase; arrive; arrive.expect_tx (bytes the phase's tensor
+// copies will bring, then an arrival); wait: mbarrier.try_wait.parity until
+// the phase of that parity has completed
+void mbarrier_init(uint32_t bar, int count);
+void mbarrier_arrive(uint32_t bar);
+void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes);
+void mbarrier_wait(uint32_t bar, uint32_t parity);
+// cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes:
+// the box of `tensor_map` (one tensor_map_encode_tiled made) at `coords` into dst
+void tma_load(uint32_t dst, const void* tensor_map, const int32_t* coords, int rank, uint32_t bar);
+// cuTensorMapEncodeTiled for the emulator's TMA: the driver's checks, the
+// emulator's own encoding in the 128 opaque bytes. Not modelled (an error):
+// interleaved layouts, element strides other than 1
+CUresult tensor_map_encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                 const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                 const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob);
 
 // fails the launch from kernel code; does not return
 [[noreturn]] void fail(const std::string& message);
