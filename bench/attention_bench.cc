@@ -20,7 +20,7 @@
 // --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
-// --ws_tma: whether it copies the cache's whole tiles by TMA ("attention.ws_tma"; -1 the default)
+// --ws_tma: whether it copies whole key tiles by TMA ("attention.ws_tma"; -1 the default)
 // --probe=1: audit mode's drift probe of one call (4 queries per head, top
 // 8) against an fp16 reference cache of the same frames: probe_ms, on the
 // device (KvCache::probe_against, cuda/kv_probe.cuh; wall time, with its

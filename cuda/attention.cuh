@@ -30,6 +30,12 @@ struct AttentionArgs {
   // the overlapped kernel with two warpgroups: warpgroup 1 issues each
   // tile's MMAs after warpgroup 0 has issued its own ("attention.pingpong")
   int32_t pingpong = 0;
+  // the warp-specialised kernel's TMA build (attention_ws.cuh): the buffer
+  // that holds k16 and v16 as a tensor of head_dim-wide rows
+  // (tensor_map.h: encode_rows_map, device memory), or null; k16[0] and
+  // v16[0] are its rows k_map_row and v_map_row
+  const void* block_map = nullptr;
+  int64_t k_map_row = 0, v_map_row = 0;
 };
 
 // raises the kernels' shared-memory limits; once per device before the first launch

@@ -28,7 +28,8 @@
 // TURN 1 + 3 STAGES + wg (16 per CTA: STAGES 3 or 4).
 //
 // TMA (the kernel's last template parameter): the producer's first thread
-// copies every whole key tile of the cache with the tensor memory
+// copies every whole key tile, of the cache (kv.tensor_map) and of the
+// block's own keys (AttentionArgs::block_map), with the tensor memory
 // accelerator (cuda/tma.cuh): one instruction per 64 channels of a tile's K
 // and of its V (4 a tile at head_dim 128, where the 128 producer threads
 // issued 16 cp.async each, with their addresses), and FULL becomes
@@ -36,10 +37,10 @@
 // phase for step t completes when the first thread has announced the step's
 // tensor bytes (arrive.expect_tx, as it issues them), those bytes have
 // landed, and every producer thread has arrived once its own cp.async of
-// the step (Q, the block's own keys, a cache's partial last tile, zeros)
-// landed and was fenced: kProducer + 1 arrivals. A partial tile stays on
-// cp.async because its rows past the cache's end must be zeros (0 x V must
-// not be NaN), which a tensor copy gives only at the tensor's edge.
+// the step (Q, partial tiles, zeros) landed and was fenced: kProducer + 1
+// arrivals. A partial tile stays on cp.async because its rows past the
+// valid ones must be zeros (0 x V must not be NaN: a page's unwritten rows
+// may hold anything), which a tensor copy gives only at the tensor's edge.
 #pragma once
 
 #include <cstdint>
@@ -98,14 +99,15 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   const int n = c.w.tile_end - c.w.tile_begin;  // key tiles
   const int ns = (n + TPS - 1) / TPS;             // steps
 
-  // TMA: key tile i (of the item) is copied by tensor copies: a whole tile of the cache
+  // TMA: key tile i (of the item) is copied by tensor copies: a whole tile, of the cache or of the block's own
+  // keys, where its tensor map is set
   auto by_tma = [&](int i) {
     if constexpr (!TMA) {
       return false;
     } else {
       if (i >= n) return false;
       const TileRef r = tile_ref(c.s, c.cached, c.w.tile_begin + i);
-      return r.from_cache && r.valid == kTileKeys;
+      return r.valid == kTileKeys && (r.from_cache ? kv.tensor_map : a.block_map) != nullptr;
     }
   };
   if constexpr (TMA) {
@@ -144,15 +146,26 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
 #pragma unroll
             for (int h = 0; h < TPS; ++h) {
               if (!by_tma(TPS * t + h)) continue;
-              const int32_t first = tile_ref(c.s, c.cached, c.w.tile_begin + TPS * t + h).first;
-              const int32_t page = c.pt_row[first / kv.page_tokens], row = first % kv.page_tokens;
+              const TileRef r = tile_ref(c.s, c.cached, c.w.tile_begin + TPS * t + h);
+              // the cache: K at row `row` of page `page`, V page_tokens rows on; the block: rows of k16, v16
+              const void* map = kv.tensor_map;
+              int32_t k_row = 0, v_row = 0, page = 0;
+              if (r.from_cache) {
+                page = c.pt_row[r.first / kv.page_tokens];
+                k_row = r.first % kv.page_tokens;
+                v_row = kv.page_tokens + k_row;
+              } else {
+                map = a.block_map;
+                const int64_t row = c.head_rows + c.s.row0 + r.first;
+                k_row = static_cast<int32_t>(a.k_map_row + row);
+                v_row = static_cast<int32_t>(a.v_map_row + row);
+              }
               // panel p (channels 64 p .. 64 p + 63) of the step's BK-row panel tile, BK rows of 128 bytes
 #pragma unroll
               for (int p = 0; p < HD / 64; ++p) {
                 const uint32_t panel = static_cast<uint32_t>(p) * BK * 128;
-                tma_load_3d(key_tile(t, h) + panel, kv.tensor_map, 64 * p, row, page, full_bar(t));
-                tma_load_3d(value_tile(t, h) + panel, kv.tensor_map, 64 * p, kv.page_tokens + row, page,
-                            full_bar(t));
+                tma_load_3d(key_tile(t, h) + panel, map, 64 * p, k_row, page, full_bar(t));
+                tma_load_3d(value_tile(t, h) + panel, map, 64 * p, v_row, page, full_bar(t));
               }
             }
           }

@@ -29,7 +29,6 @@
 #include "cuda/query_gram.cuh"
 #include "cuda/rms_norm_rope.cuh"
 #include "cuda/span_encode.cuh"
-#include "cuda/tensor_map.h"
 #include "engine/plugin_kv_geometry.h"
 #include "quant/kmeans.h"
 #include "quant/kv_span.h"
@@ -295,12 +294,37 @@ void CudaBackend::encode_tensor_maps() {
                              kTileKeys) != CUDA_SUCCESS)
       return;
   }
-  if (!tensor_maps_.reserve(sizeof(maps)).ok() ||
+  // the pool's two maps, then the block maps' two (encode_block_maps)
+  if (!tensor_maps_.reserve(2 * sizeof(maps)).ok() ||
       cudaMemcpy(tensor_maps_.get(), maps, sizeof(maps), cudaMemcpyHostToDevice) != cudaSuccess) {
     cudaGetLastError();
     return;
   }
+  tensor_map_encoder_ = encode;
   tensor_maps_ready_ = true;
+}
+
+// qkv16_ as rows of 64 and of 128 channels, for the own keys' tiles; after
+// it grew (a growth has waited for the device: no launch reads the old maps)
+void CudaBackend::encode_block_maps() {
+  if (!tensor_maps_ready_ || t_recording_graph) return;
+  const std::pair<const void*, size_t> now{qkv16_.get(), qkv16_.size()};
+  if (now == block_maps_of_) return;
+  block_maps_ready_ = false;
+  block_maps_of_ = now;
+  CUtensorMap maps[2];
+  for (int i = 0; i < 2; ++i) {
+    const int32_t hd = i == 0 ? 64 : 128;
+    if (encode_rows_map(tensor_map_encoder_, &maps[i], qkv16_.get(), static_cast<int64_t>(qkv16_.size()) / (2 * hd),
+                        hd, kTileKeys) != CUDA_SUCCESS)
+      return;
+  }
+  if (cudaMemcpyAsync(tensor_maps_.as<uint8_t>() + sizeof(maps), maps, sizeof(maps), cudaMemcpyHostToDevice,
+                      stream_) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  block_maps_ready_ = true;
 }
 
 // what the occupancy calculator says of each kernel at this device, for the planner
@@ -483,7 +507,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.overlap_launches") return overlap_launches_;
   if (name == "attention.ws_launches") return ws_launches_;
   if (name == "attention.ws_tma_launches") return ws_tma_launches_;
-  // not a count: whether kernel 4 copies the cache's whole tiles by TMA now
+  // not a count: whether kernel 4 copies whole key tiles by TMA now
   if (name == "attention.ws_tma") return int64_t{ws_tma() ? 1 : 0};
   // not a count: the K/V stages of the overlapped kernel now
   if (name == "attention.stages") return int64_t{overlap_stages()};
@@ -2155,6 +2179,7 @@ absl::StatusOr<CudaBackend::PlanSlot*> CudaBackend::make_plan(std::span<DeviceKv
 absl::Status CudaBackend::reserve_attention_workspaces(const AttentionPlan& p) {
   const size_t one = static_cast<size_t>(p.heads) * p.rows_total * p.head_dim;
   absl::Status s = qkv16_.reserve(3 * one * sizeof(uint16_t));
+  if (s.ok()) encode_block_maps();
   if (!s.ok() || p.partials <= 0) return s;
   const size_t partial_rows = static_cast<size_t>(p.partials) * p.heads * p.block_q;
   return partials_.reserve(partial_rows * (p.head_dim + 2) * sizeof(float));
@@ -2315,6 +2340,11 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
     ++ws_launches_;
     const bool tma = ws_tma() && view.tensor_map != nullptr;
     if (tma) ++ws_tma_launches_;
+    if (tma && block_maps_ready_) {  // the block's own keys by TMA too
+      a.block_map = tensor_maps_.as<uint8_t>() + (Dh == 128 ? 3 : 2) * sizeof(CUtensorMap);
+      a.k_map_row = H * R;
+      a.v_map_row = 2 * H * R;
+    }
     WM_CUDA_RETURN_IF_ERROR(
         launch_attention_sm90_ws(a, view, p.head_dim, items, ws_stages(), ws_keys(p.block_q), tma, stream_));
   } else if (kernel == kWgmma || kernel == kOverlap) {

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,7 @@
 #include "cuda/span_coder_choice.h"
 #include "cuda/span_encode.cuh"
 #include "cuda/staging_ring.h"
+#include "cuda/tensor_map.h"
 #include "engine/plugin_api.h"
 
 namespace wm::cuda {
@@ -273,12 +275,17 @@ class CudaBackend {
   int64_t page_bytes_ = 0;
   DeviceBuffer pool_memory_;
   PagePool pool_;
-  // the pool as a tensor for TMA (cuda/tensor_map.h), one CUtensorMap per
-  // head_dim 64 and 128 (128 bytes each), encoded once at start-up; false
-  // where the driver has no encoder or refuses the shape
+  // tensors for TMA (cuda/tensor_map.h), CUtensorMaps of 128 bytes in
+  // device memory: the pool for head_dim 64 and 128, encoded once at
+  // start-up (false where the driver has no encoder or refuses the shape),
+  // then qkv16_'s rows for head_dim 64 and 128, encoded again whenever
+  // qkv16_ grows
   DeviceBuffer tensor_maps_;
-  bool tensor_maps_ready_ = false;
+  TensorMapEncodeTiled tensor_map_encoder_ = nullptr;
+  bool tensor_maps_ready_ = false, block_maps_ready_ = false;
+  std::pair<const void*, size_t> block_maps_of_{nullptr, 0};  // the qkv16_ they describe
   void encode_tensor_maps();
+  void encode_block_maps();
   uint64_t next_cache_id_ = 1;
 
   std::vector<std::unique_ptr<DeviceWeight>> weights_;
@@ -433,7 +440,7 @@ class CudaBackend {
   // or 128; 0: the default, WM_CUDA_ATTENTION_WS_KEYS at start-up, else 64)
   int32_t attention_ws_keys_ = 0, default_attention_ws_keys_ = 0;
   int32_t ws_keys(int32_t block_q) const;
-  // kernel 4 copies the cache's whole tiles by TMA ("attention.ws_tma" 0 or
+  // kernel 4 copies whole key tiles by TMA ("attention.ws_tma" 0 or
   // 1; -1: the default, WM_CUDA_ATTENTION_WS_TMA at start-up, else 0 until
   // the H200 has timed it); only where ws_tma_ready_
   int32_t attention_ws_tma_ = -1, default_attention_ws_tma_ = 0;

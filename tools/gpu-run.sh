@@ -13,7 +13,7 @@
 #               head_dim 128 only)
 #   ws          the same for the warp-specialised kernel (attention_ws.cuh), the
 #               default for 128-query tiles at head_dim 128
-#   ws_tma      its build that copies the cache's whole tiles by TMA (not a default):
+#   ws_tma      its build that copies whole key tiles by TMA (not a default):
 #               the TMA timings below run only where these cases passed
 #   parity      backend_ops_tests: every other op, CPU vs CUDA     -> $OUT/parity.json
 #   span        QVG-2 / QuantWM-2: the device coder's codes against the CPU's,
@@ -30,7 +30,7 @@
 #   attention   wm_attention_bench (JSON lines), every kernel
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
 #   attention_ws  the warp-specialised kernel with 3 and 4 stages, 64 and 128 keys a step,
-#               the cache's tiles by cp.async and by TMA
+#               key tiles by cp.async and by TMA
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
 #   torch_mg2   ../shared/research/torch_mg2_step.py
@@ -48,7 +48,7 @@
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 #   mg2_ws128   the forward with the warp-specialised kernel at 128 keys a step
-#   mg2_ws_tma  the same at 64 keys a step with the cache's tiles copied by TMA
+#   mg2_ws_tma  the same at 64 keys a step with whole key tiles copied by TMA
 #   ncu_ws64, ncu_ws128, ncu_ws_tma  Nsight Compute's counters for one
 #               warp-specialised launch (64 and 128 keys a step, 64 by TMA)
 #               at 2640 queries over 16k cached tokens
@@ -231,7 +231,7 @@ stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --s
 [ "$attention_kernels" = all ] && passed ws &&
   stage mg2_ws128 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_KEYS=128 \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
-# the warp-specialised kernel with the cache's whole tiles copied by TMA (2026-12-05: not yet the default)
+# the warp-specialised kernel with whole key tiles copied by TMA (2026-12-05: not yet the default)
 [ "$attention_kernels" = all ] && passed ws && passed ws_tma &&
   stage mg2_ws_tma 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_TMA=1 \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8

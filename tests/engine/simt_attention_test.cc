@@ -44,7 +44,7 @@ using simt::Schedule;
 
 // kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong);
 // kWs: the warp-specialised kernel, 4 stages, ping-pong; kWs3: 3 stages, no ping-pong; kWs128: 128 keys a
-// step (3 stages), ping-pong; kWsTma, kWs128Tma: kWs and kWs128 with the cache's whole tiles copied by TMA
+// step (3 stages), ping-pong; kWsTma, kWs128Tma: kWs and kWs128 with whole key tiles copied by TMA
 enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3, kWs128, kWsTma, kWs128Tma };
 
 bool uses_tma(Kernel k) { return k == Kernel::kWsTma || k == Kernel::kWs128Tma; }
@@ -246,21 +246,35 @@ Emulated emulate(const PagedAttentionCase& c, int32_t layer, Kernel k, Schedule 
   kv.page_elems = c.page_elems;
   kv.page_tokens = p.page_tokens;
   kv.head_dim = Dh;
-  CUtensorMap map;  // host memory here, device memory in the plugin
+  // TMA: the pool's map, and the block's keys and values as one buffer of rows (as the plugin's qkv16) with its
+  // map; host memory here, device memory in the plugin
+  CUtensorMap map, block_map;
+  std::vector<uint16_t> kv16;
   if (uses_tma(k)) {
     const int64_t pages = static_cast<int64_t>(c.pool.size()) / c.page_elems;
+    kv16 = c.k16;
+    kv16.insert(kv16.end(), c.v16.begin(), c.v16.end());
     const CUresult e = encode_fp16_pool_map(simt::tensor_map_encode_tiled, &map, c.pool.data(), pages,
                                             c.page_elems * 2, Dh, p.page_tokens, kTileKeys);
-    if (e != CUDA_SUCCESS) {
-      r.error = "encode_fp16_pool_map: " + std::to_string(static_cast<int>(e));
+    const CUresult eb = encode_rows_map(simt::tensor_map_encode_tiled, &block_map, kv16.data(),
+                                        static_cast<int64_t>(kv16.size()) / Dh, Dh, kTileKeys);
+    if (e != CUDA_SUCCESS || eb != CUDA_SUCCESS) {
+      r.error = "encoding the tensor maps: " + std::to_string(static_cast<int>(e)) + ", " +
+                std::to_string(static_cast<int>(eb));
       return r;
     }
     kv.tensor_map = &map;
+    a.k16 = kv16.data();
+    a.v16 = kv16.data() + c.k16.size();
+    a.block_map = &block_map;
+    a.k_map_row = 0;
+    a.v_map_row = static_cast<int64_t>(c.k16.size()) / Dh;
   }
 
   simt::clear_globals();
-  for (const std::vector<uint16_t>* v : {&c.q16, &c.k16, &c.v16, &c.pool})
-    simt::register_global(v->data(), v->size() * sizeof(uint16_t));
+  const std::vector<uint16_t>& block_rows = kv16;
+  for (const std::vector<uint16_t>* v : {&c.q16, &c.k16, &c.v16, &c.pool, &block_rows})
+    if (!v->empty()) simt::register_global(v->data(), v->size() * sizeof(uint16_t));
   const KernelLaunch l = kernel_launch(k, Dh, p.block_q);
   if (l.body == nullptr) {
     r.error = "no kernel";
@@ -423,8 +437,9 @@ TEST(SimtAttention, WarpSpecialisedKernel128KeysAStep) {
   run_cases(Kernel::kWs128, cases_for(64), kAllSchedules, {0, 16});
   run_cases(Kernel::kWs128, cases_for(128), kAllSchedules, {16});
 }
-// TMA for the cache's whole tiles (cp.async for the rest): one cache tile that is partial, cache tiles through
-// every stage more than once, several sessions, split ranges; 64 and 128 keys a step
+// TMA for whole key tiles, of the cache and of the block (cp.async for the rest): one cache tile that is
+// partial, cache tiles through every stage more than once, several sessions, split ranges; 64 and 128 keys
+// a step
 TEST(SimtAttention, WarpSpecialisedKernelWithTma) {
   run_cases(Kernel::kWsTma, cases_for(64), kAllSchedules, {0, 16});
   run_cases(Kernel::kWsTma, cases_for(128), kAllSchedules, {16});
