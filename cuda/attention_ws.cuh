@@ -121,6 +121,12 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   if (tid >= NC) {  // the producer
     if constexpr (NWG == 2) setmaxnreg_dec<kWsProducerRegs>();
     const int ptid = tid - NC;
+    if constexpr (TMA) {
+      if (ptid == 0) {
+        if (kv.tensor_map != nullptr) tensormap_acquire(kv.tensor_map);
+        if (a.block_map != nullptr) tensormap_acquire(a.block_map);
+      }
+    }
     for (int t = 0; t < ns + kAhead; ++t) {
       // first signal step t - kAhead (groups 0 .. t - 1 are committed), then wait for a stage: so the
       // consumers' FULL for step u hangs on their EMPTY for step u - 3, a whole step back

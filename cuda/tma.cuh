@@ -46,6 +46,13 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
+// orders this thread's tensor copies after the host's write of the tensor map at `map` (global memory,
+// 128 bytes): a map the backend rewrote between launches is not read from a stale copy
+__device__ __forceinline__ void tensormap_acquire(const void* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(map))
+               : "memory");
+}
+
 // the box of the 3-d tensor map at `map` (global memory) whose first element is (c0, c1, c2), into shared
 // memory at dst (128-byte aligned; 1024 for the 128-byte swizzle to match mma_layout.h's panel_swz); elements
 // outside the tensor are zeros; the bytes complete on the mbarrier `bar`
