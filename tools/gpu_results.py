@@ -165,7 +165,8 @@ def collect(raw, out_path, build_info):
     results["racecheck"] = sanitizer(raw, "racecheck")
     results["attention"] = (json_lines(os.path.join(raw, "attention.out")) +
                             json_lines(os.path.join(raw, "attention_stages.out")) +
-                            json_lines(os.path.join(raw, "attention_ws.out")))
+                            json_lines(os.path.join(raw, "attention_ws.out")) +
+                            json_lines(os.path.join(raw, "attention_ws_tma.out")))
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
     results["audit_probe"] = json_lines(os.path.join(raw, "audit_probe.out"))
