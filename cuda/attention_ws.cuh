@@ -143,15 +143,18 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
       if (t < ns) {
         if (t >= STAGES) named_barrier_sync(empty_id(t), kEmptyThreads);
         if (t == 0) load_query_tile<HD, BQ, kProducer, true>(a, c, sq, ptid);
+        bool tma[TPS];  // which of the step's tiles come by tensor copies
+#pragma unroll
+        for (int h = 0; h < TPS; ++h) tma[h] = by_tma(TPS * t + h);
         if constexpr (TMA) {
           if (ptid == 0) {
             uint32_t bytes = 0;
 #pragma unroll
-            for (int h = 0; h < TPS; ++h) bytes += by_tma(TPS * t + h) ? 2 * kTileKeys * HD * 2 : 0;
+            for (int h = 0; h < TPS; ++h) bytes += tma[h] ? 2 * kTileKeys * HD * 2 : 0;
             mbarrier_arrive_expect_tx(full_bar(t), bytes);
 #pragma unroll
             for (int h = 0; h < TPS; ++h) {
-              if (!by_tma(TPS * t + h)) continue;
+              if (!tma[h]) continue;
               const TileRef r = tile_ref(c.s, c.cached, c.w.tile_begin + TPS * t + h);
               // the cache: K at row `row` of page `page`, V page_tokens rows on; the block: rows of k16, v16
               const void* map = kv.tensor_map;
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
         }
 #pragma unroll
         for (int h = 0; h < TPS; ++h) {
-          if (by_tma(TPS * t + h)) continue;
+          if (tma[h]) continue;
           if (TPS * t + h < n) {
             load_key_tile<Fmt, HD, kProducer, true, true, BK>(a, kv, c, c.w.tile_begin + TPS * t + h, key_tile(t, h),
                                                               value_tile(t, h), ptid);

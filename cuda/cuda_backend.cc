@@ -163,19 +163,17 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     span_sm90_ready_ = sm90_ready_ && attention_sm90_span_prepare() == cudaSuccess;
     if (!span_sm90_ready_) cudaGetLastError();
     // a kernel whose registers or shared memory do not fit an SM would fail every launch
-    ws_ready_ = sm90_ready_;
-    for (int32_t hd : {64, 128})
-      for (int32_t bq : {64, 128})
-        for (int32_t st : {3, 4})
-          for (int32_t keys : {64, 128})
-            ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys) > 0;
     encode_tensor_maps();
-    ws_tma_ready_ = ws_ready_ && tensor_maps_ready_;
+    ws_ready_ = sm90_ready_;
+    ws_tma_ready_ = sm90_ready_ && tensor_maps_ready_;
     for (int32_t hd : {64, 128})
       for (int32_t bq : {64, 128})
         for (int32_t st : {3, 4})
-          for (int32_t keys : {64, 128})
+          for (int32_t keys : {64, 128}) {
+            ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys) > 0;
             ws_tma_ready_ = ws_tma_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys, true) > 0;
+          }
+    ws_tma_ready_ = ws_tma_ready_ && ws_ready_;
     cudaGetLastError();
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
