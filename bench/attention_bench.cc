@@ -9,7 +9,7 @@
 //
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
-//                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5] [--pingpong=0,1]
+//                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5,6] [--pingpong=0,1]
 //                   [--ws_keys=0,64,128] [--ws_tma=-1,0,1] [--format=fp16|kivi2|qvg2|quantwm2] [--probe=0|1]
 // append_ms: one append's wall time while the cache fills (a span
 // format's includes its k-means and coding, on the device, docs/PERFORMANCE.md).
@@ -17,7 +17,8 @@
 // the GPU only where a frame is whole chunks, so 64-token queries; qvg2,
 // quantwm2: decoding per-token codes, the cache filled a block per append,
 // coded as the write pass codes it)
-// --stages: the overlapped kernel's K/V stages to time ("attention.stages"; 0 the default)
+// --stages: the overlapped and warp-specialised kernels' K/V stages to time ("attention.stages"; 0 the
+// default; 6 for the latter's TMA build only)
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
 // --ws_tma: whether it copies whole key tiles by TMA ("attention.ws_tma"; -1 the default)
@@ -99,11 +100,13 @@ int run(int argc, char** argv) {
         for (int keys : ws_keys_list)
           for (int tma : ws_tma_list) {
             // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4), keys per step and
-            // TMA the latter's: the others run once; the warp-specialised one has 3 or 4 stages of 64 keys,
-            // 3 of 128
+            // TMA the latter's: the others run once. No variant twice: the overlapped kernel runs 6 stages as
+            // 5; the warp-specialised one 3 of 128 keys a step, 3 or 4 of 64 by cp.async (5 and 6 as 4), 3 to
+            // 6 of 64 by TMA (attention_sm90_ws_stages)
             if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
             if ((keys != ws_keys_list.front() || tma != ws_tma_list.front()) && kernel != 4) continue;
-            if (kernel == 4 && (st == 5 || (keys == 128 && st == 4))) continue;
+            if (kernel == 3 && st == 6) continue;
+            if (kernel == 4 && ((keys == 128 && st >= 4) || (tma != 1 && st >= 5))) continue;
             variants.push_back({kernel_name, kernel, st, pp, keys, tma});
           }
 

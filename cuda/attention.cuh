@@ -64,7 +64,10 @@ cudaError_t launch_attention_span(const AttentionArgs& a, const PagedKvSpanView&
 // the tensor cores, with that many K/V stages in shared memory (head_dim 64
 // or 128).
 bool attention_sm90_supports(int32_t head_dim, int32_t stages);
+// "attention.stages": 0 (the default) or 3..6; the overlapped kernels run
+// 3..5 (6 runs 5), the warp-specialised one attention_sm90_ws_stages
 bool attention_sm90_stages_valid(int32_t stages);
+int32_t attention_sm90_overlap_stages(int32_t stages);
 cudaError_t attention_sm90_prepare();
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
@@ -78,11 +81,11 @@ cudaError_t launch_attention_sm90_span(const AttentionArgs& a, const PagedKvSpan
                                        int32_t items, int32_t stages, cudaStream_t stream);
 // the warp-specialised variant (attention_ws.cuh): a producer loads, the
 // warpgroups synchronise through named barriers; head_dim 64 or 128; 64 keys
-// a step with 3 or 4 stages (5 runs 4), or 128 keys a step with 3. tma: the
-// cache's whole tiles by tensor copies, where kv.tensor_map is set (without
-// one the cp.async build runs)
+// a step with 3 or 4 stages (5 and 6 run 4) or, with tma, 3 to 6, or 128 keys a
+// step with 3. tma: whole key tiles by tensor copies, where kv.tensor_map is
+// set (without one the cp.async build runs)
 bool attention_sm90_ws_keys_valid(int32_t keys);  // 64 or 128
-int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys);  // the stages that run
+int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys, bool tma);  // the stages that run
 int32_t attention_sm90_ws_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages, int32_t keys,
                                       bool tma = false);
 cudaError_t launch_attention_sm90_ws(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim,

@@ -18,18 +18,28 @@ using KiviKernels = AttentionKernels<PlainAttention<WgMma, KiviPageFormat>, 128>
 template <int S>
 using KiviOverlapKernels = AttentionKernels<OverlapAttention<S, KiviPageFormat>, 64, 128>;
 
-// f(WsKernels<...>) for a stage count and keys per step: 64 keys with 3 or 4
-// stages (its named barriers; 5 runs 4), 128 keys with 3 (the shared memory
-// of 4 steps of 128 keys does not fit at head_dim 128); cp.async or TMA
+// f(WsKernels<...>) for a stage count and keys per step (attention_sm90_ws_stages):
+// 64 keys with 3 or 4 stages by cp.async (its named barriers; 5 and 6 run 4) and
+// 3 to 6 by TMA, 128 keys with 3 (the shared memory of 4 steps of 128 keys does
+// not fit at head_dim 128)
 template <class F>
 auto with_ws(int32_t stages, int32_t keys, bool tma, F&& f) {
-  const bool three = attention_sm90_ws_stages(stages, keys) == 3;
+  const int32_t s = attention_sm90_ws_stages(stages, keys, tma);
   if (tma) {
     if (keys == 128) return f(WsKernels<3, 2, true>{});
-    return three ? f(WsKernels<3, 1, true>{}) : f(WsKernels<4, 1, true>{});
+    switch (s) {
+      case 3:
+        return f(WsKernels<3, 1, true>{});
+      case 5:
+        return f(WsKernels<5, 1, true>{});
+      case 6:
+        return f(WsKernels<6, 1, true>{});
+      default:
+        return f(WsKernels<4, 1, true>{});
+    }
   }
   if (keys == 128) return f(WsKernels<3, 2>{});
-  return three ? f(WsKernels<3>{}) : f(WsKernels<4>{});
+  return s == 3 ? f(WsKernels<3>{}) : f(WsKernels<4>{});
 }
 
 // f(Family<S>) for the S of `stages` (3..5): OverlapKernels or KiviOverlapKernels
@@ -53,11 +63,21 @@ bool attention_sm90_supports(int32_t head_dim, int32_t stages) {
   return head_dim == 128 || (head_dim == 64 && stages != 0);
 }
 
-bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
+bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 6); }
+
+int32_t attention_sm90_overlap_stages(int32_t stages) { return stages < 5 ? stages : 5; }
+
+namespace {
+// the overlapped kernels' launches: 0 (the plain kernel) or 3..5
+bool overlap_launch_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
+}  // namespace
 
 bool attention_sm90_ws_keys_valid(int32_t keys) { return keys == 64 || keys == 128; }
 
-int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys) { return keys == 128 || stages == 3 ? 3 : 4; }
+int32_t attention_sm90_ws_stages(int32_t stages, int32_t keys, bool tma) {
+  if (keys == 128 || stages <= 3) return 3;
+  return tma ? (stages < 6 ? stages : 6) : 4;
+}
 
 cudaError_t attention_sm90_prepare() {
   cudaError_t e = Kernels::prepare();
@@ -70,6 +90,8 @@ cudaError_t attention_sm90_prepare() {
   if (e == cudaSuccess) e = WsKernels<3, 2>::prepare();
   if (e == cudaSuccess) e = WsKernels<3, 1, true>::prepare();
   if (e == cudaSuccess) e = WsKernels<4, 1, true>::prepare();
+  if (e == cudaSuccess) e = WsKernels<5, 1, true>::prepare();
+  if (e == cudaSuccess) e = WsKernels<6, 1, true>::prepare();
   if (e == cudaSuccess) e = WsKernels<3, 2, true>::prepare();
   return e;
 }
@@ -92,7 +114,7 @@ int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t st
 
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
                                   int32_t stages, cudaStream_t stream) {
-  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_stages_valid(stages))
+  if (!attention_sm90_supports(head_dim, stages) || !overlap_launch_valid(stages))
     return cudaErrorInvalidValue;
   if (stages == 0) return Kernels::launch(a, kv, head_dim, items, stream);
   return with_stages(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
@@ -100,7 +122,7 @@ cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View&
 
 cudaError_t launch_attention_sm90_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim,
                                        int32_t items, int32_t stages, cudaStream_t stream) {
-  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_stages_valid(stages))
+  if (!attention_sm90_supports(head_dim, stages) || !overlap_launch_valid(stages))
     return cudaErrorInvalidValue;
   if (stages == 0) return KiviKernels::launch(a, kv, head_dim, items, stream);
   return with_stages<KiviOverlapKernels>(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });

@@ -25,7 +25,10 @@
 // t + STAGES only after EMPTY for a tile past t, which the consumers arrive
 // at after their FULL for tile t; TURN keeps the two warpgroups within one
 // tile of each other. Barrier ids: FULL 1 + 2 s + wg, EMPTY 1 + 2 STAGES + s,
-// TURN 1 + 3 STAGES + wg (16 per CTA: STAGES 3 or 4).
+// TURN 1 + 3 STAGES + wg (16 per CTA: STAGES 3 or 4); the TMA build has no
+// FULL named barriers: EMPTY 1 + s, TURN 1 + STAGES + wg, so that it also
+// runs 5 and 6 stages (6 steps of 64 keys and the query tile: 224 KiB at
+// head_dim 128).
 //
 // TMA (the kernel's last template parameter): the producer's first thread
 // copies every whole key tile, of the cache (kv.tensor_map) and of the
@@ -73,7 +76,8 @@ constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps, bo
 template <class Fmt, int HD, int BQ, int STAGES, int TPS, bool TMA = false>
 __global__ void __launch_bounds__(ws_threads(BQ), 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
-  static_assert(STAGES == 3 || STAGES == 4, "the named barriers of 3 or 4 stages fit a CTA's 16");
+  static_assert(STAGES == 3 || STAGES == 4 || (TMA && STAGES <= 6),
+                "the named barriers of 3 or 4 stages fit a CTA's 16 (of up to 6 without FULL's: TMA)");
   static_assert(TPS == 1 || TPS == 2, "64 or 128 keys per step");
   constexpr int BK = kTileKeys * TPS, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
   constexpr int kAhead = STAGES - 2;  // steps landed and signalled behind the newest issued one
@@ -89,8 +93,10 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   };
   auto value_tile = [&](int t, int h) { return key_tile(t, h) + kSideBytes; };
   auto full_id = [](int t, int wg) { return 1 + 2 * (t % STAGES) + wg; };
-  auto empty_id = [](int t) { return 1 + 2 * STAGES + t % STAGES; };
-  auto turn_id = [](int wg) { return 1 + 3 * STAGES + wg; };
+  constexpr int kEmptyBase = TMA ? 1 : 1 + 2 * STAGES;  // FULL's named barriers come first, where they exist
+  static_assert(kEmptyBase + STAGES + 2 <= 16, "a CTA has 16 named barriers");
+  auto empty_id = [](int t) { return kEmptyBase + t % STAGES; };
+  auto turn_id = [](int wg) { return kEmptyBase + STAGES + wg; };
   const uint32_t full_bars = sq + BQ * HD * 2;  // TMA: FULL of stage s at full_bars + 8 s
   auto full_bar = [&](int t) { return full_bars + 8 * static_cast<uint32_t>(t % STAGES); };
 

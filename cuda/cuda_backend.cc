@@ -168,7 +168,7 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     ws_tma_ready_ = sm90_ready_ && tensor_maps_ready_;
     for (int32_t hd : {64, 128})
       for (int32_t bq : {64, 128})
-        for (int32_t st : {3, 4})
+        for (int32_t st : {3, 4, 5, 6})
           for (int32_t keys : {64, 128}) {
             ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys) > 0;
             ws_tma_ready_ = ws_tma_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys, true) > 0;
@@ -195,7 +195,7 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     int32_t stages = 0;
     if (!absl::SimpleAtoi(e, &stages) || (stages != 0 && !attention_sm90_stages_valid(stages)))
       return absl::InvalidArgumentError(
-          absl::StrCat("WM_CUDA_ATTENTION_STAGES='", e, "': use 0 (the default), 3, 4 or 5"));
+          absl::StrCat("WM_CUDA_ATTENTION_STAGES='", e, "': use 0 (the default), 3, 4, 5 or 6"));
     default_attention_stages_ = stages;
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION_WS_KEYS"); e != nullptr && *e != '\0') {
@@ -252,7 +252,7 @@ void CudaBackend::restart_span_choice(int32_t checks) {
 
 int32_t CudaBackend::overlap_stages() const {
   const int32_t s = attention_stages_ != 0 ? attention_stages_ : default_attention_stages_;
-  return s != 0 ? s : kDefaultStages;
+  return attention_sm90_overlap_stages(s != 0 ? s : kDefaultStages);
 }
 
 int32_t CudaBackend::ws_stages() const {
@@ -402,8 +402,8 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
       return absl::FailedPreconditionError("attention.kernel: the warp-specialised kernel does not fit this GPU");
     attention_kernel_ = static_cast<int32_t>(value);
   } else if (key == "attention.stages") {
-    if (value != 0 && (value < 3 || value > 5))
-      return absl::InvalidArgumentError("attention.stages: 0 (default), 3, 4 or 5");
+    if (value != 0 && (value < 3 || value > 6))
+      return absl::InvalidArgumentError("attention.stages: 0 (default), 3, 4, 5 or 6");
     attention_stages_ = static_cast<int32_t>(value);
     measure_ctas_per_sm();
   } else if (key == "attention.ws_keys") {
@@ -514,8 +514,10 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.ws_keys.block_q_128") return int64_t{ws_keys(128)};
   if (name == "attention.ws_keys.block_q_64") return int64_t{ws_keys(64)};
   // and its K/V stages (3 with 128 keys a step, whatever attention.stages says)
-  if (name == "attention.ws_stages.block_q_128") return int64_t{attention_sm90_ws_stages(ws_stages(), ws_keys(128))};
-  if (name == "attention.ws_stages.block_q_64") return int64_t{attention_sm90_ws_stages(ws_stages(), ws_keys(64))};
+  if (name == "attention.ws_stages.block_q_128")
+    return int64_t{attention_sm90_ws_stages(ws_stages(), ws_keys(128), ws_tma())};
+  if (name == "attention.ws_stages.block_q_64")
+    return int64_t{attention_sm90_ws_stages(ws_stages(), ws_keys(64), ws_tma())};
   // not a count: the kernel that attends a head size now (1 mma.sync, 2 wgmma, 3 overlapped, 4 warp-specialised),
   // 0 if none: attention.kernel.head_dim_N for 64-query tiles, attention.kernel.head_dim_N.block_q_128 for 128
   if (absl::ConsumePrefix(&name, "attention.kernel.head_dim_")) {

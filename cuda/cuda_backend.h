@@ -417,8 +417,8 @@ class CudaBackend {
   // named barriers; head_dim 64/128 on compute capability 9.0)
   static constexpr int32_t kMma = 1, kWgmma = 2, kOverlap = 3, kWs = 4;
   int32_t attention_kernel_ = 0, default_attention_kernel_ = 0;
-  // K/V stages of kernel 3 (3..5); "attention.stages" 0: the default,
-  // WM_CUDA_ATTENTION_STAGES at start-up, else kDefaultStages
+  // "attention.stages" (3..6; kernel 3 runs 3..5, 6 as 5) 0: the default,
+  // WM_CUDA_ATTENTION_STAGES at start-up, else kDefaultStages for kernel 3
   // docs/CUDA.md, "Split-KV": 3 stages hold two CTAs per SM at head_dim 128
   static constexpr int32_t kDefaultStages = 3;
   int32_t attention_stages_ = 0, default_attention_stages_ = 0;
@@ -433,7 +433,8 @@ class CudaBackend {
   // WM_CUDA_ATTENTION_STAGES where set, else kDefaultWsStages (4 stages of
   // 64 keys: 2,682 us at 2640 queries over 65,120 cached tokens on the H200,
   // 3 stages of 128 keys 3,044; docs/PERFORMANCE.md); what runs is
-  // attention_sm90_ws_stages of it (3 with 128 keys a step)
+  // attention_sm90_ws_stages of it (3 with 128 keys a step; 3 or 4 by
+  // cp.async, 3 to 6 by TMA at 64)
   static constexpr int32_t kDefaultWsStages = 4;
   int32_t ws_stages() const;
   // kernel 4's keys per step for a plan of block_q ("attention.ws_keys" 64

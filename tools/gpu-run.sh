@@ -30,7 +30,8 @@
 #   attention   wm_attention_bench (JSON lines), every kernel
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
 #   attention_ws  the warp-specialised kernel with 3 and 4 stages, 64 and 128 keys a step
-#   attention_ws_tma  its TMA build against its cp.async build at 2640 queries
+#   attention_ws_tma  its TMA build against its cp.async build at 2640 queries, and with
+#               5 and 6 stages (the TMA build only)
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
 #   mg2         wm_mg2_bench (Matrix-Game-2 shapes, sessions x window)
 #   torch_mg2   ../shared/research/torch_mg2_step.py
@@ -48,7 +49,8 @@
 #   mg2_invariant  wm_mg2_bench with every session batch-invariant (8 sessions,
 #               window 6): what per-session GEMMs and attention launches cost
 #   mg2_ws128   the forward with the warp-specialised kernel at 128 keys a step
-#   mg2_ws_tma  the same at 64 keys a step with whole key tiles copied by TMA
+#   mg2_ws_tma  the same with whole key tiles copied by TMA, at the stages and keys a step
+#               that timed fastest in attention_ws_tma
 #   ncu_ws64, ncu_ws128, ncu_ws_tma  Nsight Compute's counters for one
 #               warp-specialised launch (64 and 128 keys a step, 64 by TMA)
 #               at 2640 queries over 16k cached tokens
@@ -186,10 +188,11 @@ stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
 # the warp-specialised kernel (the default for 128-query tiles at head_dim 128), where its parity cases passed
 [ "$attention_kernels" = all ] && passed ws &&
   stage attention_ws 60 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1 --ws_keys=64,128
-# and its TMA build against its cp.async build at Matrix-Game-2's 2640 queries, side by side, 64 and 128
-# keys a step (the defaults otherwise: 4 stages of 64 keys, 3 of 128, ping-pong)
+# and its TMA build against its cp.async build at Matrix-Game-2's 2640 queries, side by side: the defaults
+# (4 stages of 64 keys, 3 of 128, ping-pong) by both, and the TMA build's deeper rings, 5 and 6 stages of 64
 [ "$attention_kernels" = all ] && passed ws && passed ws_tma &&
-  stage attention_ws_tma 45 .gpu/bin/wm_attention_bench --kernel=ws --queries=2640 --ws_keys=64,128 --ws_tma=0,1
+  stage attention_ws_tma 60 .gpu/bin/wm_attention_bench --kernel=ws --queries=2640 --stages=0,5,6 --ws_keys=64,128 \
+    --ws_tma=0,1
 stage torch_attn 45 env LD_LIBRARY_PATH="$py_ld" python3 .gpu/torch_attn.py
 stage mg2 110 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json
 # PyTorch's forward right after ours, so that a short budget cannot drop the ratio's other half
@@ -234,10 +237,12 @@ stage mg2_invariant 45 .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --s
 [ "$attention_kernels" = all ] && passed ws &&
   stage mg2_ws128 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_KEYS=128 \
     .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
-# the warp-specialised kernel with whole key tiles copied by TMA (2026-12-05: not yet the default)
+# the warp-specialised kernel with whole key tiles copied by TMA (2026-12-05: not yet the default), with
+# the stages and keys a step of its fastest row in attention_ws_tma (else 4 stages of 64 keys)
+best_tma=$(python3 tools/gpu_results.py --best-ws-tma "$raw/attention_ws_tma.out" 2>/dev/null || echo "4 64")
 [ "$attention_kernels" = all ] && passed ws && passed ws_tma &&
-  stage mg2_ws_tma 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_TMA=1 \
-    .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
+  stage mg2_ws_tma 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_TMA=1 WM_CUDA_ATTENTION_STAGES="${best_tma% *}" \
+    WM_CUDA_ATTENTION_WS_KEYS="${best_tma#* }" .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
 # last, so that they are what a short budget drops: hardware counters
 # where the 128-query tiles' kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware
 # counters): the warp-specialised kernel with 64 keys a step (their default), then with 128

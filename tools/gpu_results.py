@@ -7,6 +7,9 @@ results.json, with our numbers beside PyTorch's from the same call.
   gpu_results.py --best-stages ATTENTION_OUT       (the overlapped kernel's fastest
                                                     K/V stage count and ping-pong setting at
                                                     2640 queries: "STAGES PINGPONG")
+  gpu_results.py --best-ws-tma ATTENTION_OUT       (the warp-specialised kernel's TMA build:
+                                                    its fastest K/V stages and keys a step at
+                                                    2640 queries: "STAGES KEYS")
 """
 import csv
 import json
@@ -286,23 +289,34 @@ def summary(path):
                   "(first failing: %(first_failing)s)" % sv["capacity"])
 
 
-def best_stages(path):
-    """the stage count whose 2640-query rows take the least time in all (cached lengths timed by every count)"""
-    rows = [r for r in json_lines(path) if r.get("query_tokens") == 2640 and r.get("stages")]
+def fastest(rows, key):
+    """key(r) of the rows whose 2640-query times add up to the least (cached lengths timed by every key)"""
     by = {}
     for r in rows:
-        by.setdefault("%d %d" % (r["stages"], r.get("pingpong", 0)), {})[r["cached_tokens"]] = r["us"]
+        if r.get("query_tokens") == 2640 and r.get("stages"):
+            by.setdefault(key(r), {})[r["cached_tokens"]] = r["us"]
     common = set.intersection(*(set(v) for v in by.values())) if by else set()
     if not common:
         return None
-    return min(by, key=lambda st: sum(by[st][c] for c in common))
+    return min(by, key=lambda k: sum(by[k][c] for c in common))
+
+
+def best_stages(path):
+    """the overlapped kernel's stage count and ping-pong setting that timed fastest"""
+    return fastest(json_lines(path), lambda r: "%d %d" % (r["stages"], r.get("pingpong", 0)))
+
+
+def best_ws_tma(path):
+    """the TMA build's stage count and keys a step that timed fastest"""
+    rows = [r for r in json_lines(path) if r.get("kernel") == "ws" and r.get("ws_tma")]
+    return fastest(rows, lambda r: "%d %d" % (r["stages"], r.get("ws_keys", 64)))
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--summary":
         summary(sys.argv[2])
-    elif len(sys.argv) == 3 and sys.argv[1] == "--best-stages":
-        b = best_stages(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] in ("--best-stages", "--best-ws-tma"):
+        b = (best_stages if sys.argv[1] == "--best-stages" else best_ws_tma)(sys.argv[2])
         if b is None:
             sys.exit(1)
         print(b)

@@ -670,6 +670,16 @@ std::vector<OpCase> all_cases() {
             if (tma == 1) a.tuning.emplace_back("attention.ws_tma", 1);
             cases.push_back(attention_case(a));
           }
+        if (a.head_dim == 128) {  // the TMA build's deeper rings: 5 and 6 stages of 64 keys
+          for (int64_t stages : {5, 6}) {
+            a.tuning = base;
+            a.tuning.emplace_back("attention.kernel", kernel);
+            a.tuning.emplace_back("attention.ws_keys", 64);
+            a.tuning.emplace_back("attention.ws_tma", 1);
+            a.tuning.emplace_back("attention.stages", stages);
+            cases.push_back(attention_case(a));
+          }
+        }
       }
     }
   };
@@ -2347,7 +2357,7 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   if (std::getenv("WM_CUDA_ATTENTION_PINGPONG") == nullptr) {
     EXPECT_EQ(pingpong0, kPingpongDefault);
   }
-  for (int64_t bad : {int64_t{-1}, int64_t{1}, int64_t{2}, int64_t{6}, int64_t{64}, (int64_t{1} << 32) + 4})
+  for (int64_t bad : {int64_t{-1}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, (int64_t{1} << 32) + 4})
     EXPECT_EQ(pb->set_tuning("attention.stages", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   for (int64_t bad : {int64_t{-2}, int64_t{2}, (int64_t{1} << 32) + 1})
     EXPECT_EQ(pb->set_tuning("attention.pingpong", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -2370,6 +2380,16 @@ TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   {
     Tuning t(b, {{"attention.ws_keys", 64}, {"attention.stages", 5}});
     EXPECT_EQ(counter("attention.ws_stages.block_q_128"), 4);
+  }
+  {  // 6 stages: the overlapped kernel runs 5, the cp.async build 4, the TMA build 6
+    Tuning t(b, {{"attention.ws_keys", 64}, {"attention.stages", 6}, {"attention.ws_tma", 0}});
+    EXPECT_EQ(counter("attention.stages"), 5);
+    EXPECT_EQ(counter("attention.ws_stages.block_q_128"), 4);
+    if (ws_available()) {
+      Tuning tma(b, {{"attention.ws_tma", 1}});
+      EXPECT_EQ(counter("attention.ws_stages.block_q_128"), 6);
+      EXPECT_EQ(counter("attention.ws_stages.block_q_64"), 6);
+    }
   }
   // TMA for the warp-specialised kernel's cache tiles: off by default (not yet timed on the H200), 0 or 1;
   // on compute capability 9.0 the tensor maps of the pool exist (the driver's encoder, or the emulator's)

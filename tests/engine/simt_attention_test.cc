@@ -44,10 +44,23 @@ using simt::Schedule;
 
 // kOverlap5: 5 K/V stages; kOverlapPingPong: 4 stages, two warpgroups in ping-pong (AttentionArgs::pingpong);
 // kWs: the warp-specialised kernel, 4 stages, ping-pong; kWs3: 3 stages, no ping-pong; kWs128: 128 keys a
-// step (3 stages), ping-pong; kWsTma, kWs128Tma: kWs and kWs128 with whole key tiles copied by TMA
-enum class Kernel { kMma, kWgmma, kOverlap, kOverlap5, kOverlapPingPong, kWs, kWs3, kWs128, kWsTma, kWs128Tma };
+// step (3 stages), ping-pong; kWsTma, kWs128Tma: kWs and kWs128 with whole key tiles copied by TMA;
+// kWsTma6: kWsTma with 6 stages (the TMA build's named barriers, without FULL's)
+enum class Kernel {
+  kMma,
+  kWgmma,
+  kOverlap,
+  kOverlap5,
+  kOverlapPingPong,
+  kWs,
+  kWs3,
+  kWs128,
+  kWsTma,
+  kWs128Tma,
+  kWsTma6
+};
 
-bool uses_tma(Kernel k) { return k == Kernel::kWsTma || k == Kernel::kWs128Tma; }
+bool uses_tma(Kernel k) { return k == Kernel::kWsTma || k == Kernel::kWs128Tma || k == Kernel::kWsTma6; }
 
 const char* name(Kernel k) {
   switch (k) {
@@ -71,6 +84,8 @@ const char* name(Kernel k) {
       return "ws-tma";
     case Kernel::kWs128Tma:
       return "ws128-tma";
+    case Kernel::kWsTma6:
+      return "ws-tma6";
   }
   return "?";
 }
@@ -101,6 +116,8 @@ void run_kernel(const AttentionArgs& a, const PagedKvFp16View& kv) {
     attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 2>(a, kv);
   } else if constexpr (K == Kernel::kWsTma) {
     attention_ws_kernel<Fp16PageFormat, HD, BQ, 4, 1, true>(a, kv);
+  } else if constexpr (K == Kernel::kWsTma6) {
+    attention_ws_kernel<Fp16PageFormat, HD, BQ, 6, 1, true>(a, kv);
   } else {
     attention_ws_kernel<Fp16PageFormat, HD, BQ, 3, 2, true>(a, kv);
   }
@@ -137,6 +154,9 @@ KernelLaunch kernel_launch() {
   } else if constexpr (K == Kernel::kWsTma) {
     l.threads = WsAttention<4, 1, true>::threads(BQ);
     l.smem = WsAttention<4, 1, true>::smem(HD, BQ);
+  } else if constexpr (K == Kernel::kWsTma6) {
+    l.threads = WsAttention<6, 1, true>::threads(BQ);
+    l.smem = WsAttention<6, 1, true>::smem(HD, BQ);
   } else {
     l.threads = WsAttention<3, 2, true>::threads(BQ);
     l.smem = WsAttention<3, 2, true>::smem(HD, BQ);
@@ -177,6 +197,8 @@ KernelLaunch kernel_launch(Kernel k, int hd, int bq) {
       return kernel_launch<Kernel::kWsTma>(hd, bq);
     case Kernel::kWs128Tma:
       return kernel_launch<Kernel::kWs128Tma>(hd, bq);
+    case Kernel::kWsTma6:
+      return kernel_launch<Kernel::kWsTma6>(hd, bq);
   }
   return {};
 }
@@ -443,6 +465,11 @@ TEST(SimtAttention, WarpSpecialisedKernel128KeysAStep) {
 TEST(SimtAttention, WarpSpecialisedKernelWithTma) {
   run_cases(Kernel::kWsTma, cases_for(64), kAllSchedules, {0, 16});
   run_cases(Kernel::kWsTma, cases_for(128), kAllSchedules, {16});
+}
+// 6 stages (kAhead 4): the 12 key tiles of the last case refill every stage
+TEST(SimtAttention, WarpSpecialisedKernelSixStagesWithTma) {
+  run_cases(Kernel::kWsTma6, cases_for(64), kAllSchedules, {16});
+  run_cases(Kernel::kWsTma6, cases_for(128), kAllSchedules, {0});
 }
 TEST(SimtAttention, WarpSpecialisedKernel128KeysAStepWithTma) {
   run_cases(Kernel::kWs128Tma, cases_for(64), kAllSchedules, {16});
