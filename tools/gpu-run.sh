@@ -60,7 +60,14 @@
 # parsed, with the PyTorch ratios), parity.json, parity_span.json and the
 # servers' logs (at most 8 files come back from a device call).
 # WM_GPU_STAGES="parity e2e" runs only the stages named (a rerun after a fix).
+# WM_GPU_STAGES=tma names the stages that decide the warp-specialised kernel's
+# default (cp.async or TMA, its stages and keys a step) and the forward's rate
+# beside PyTorch's, within one call: what the whole script's 500 s reaches
+# only late, after the correctness stages and the serving runs.
 set -u
+if [ "${WM_GPU_STAGES:-}" = tma ]; then
+  WM_GPU_STAGES="info ws ws_tma attention_ws_tma torch_attn mg2 torch_mg2 mg2_ws_tma ncu_ws_tma"
+fi
 OUT=${OUT:-/tmp/wm-gpu-out}
 mkdir -p "$OUT"
 raw=$(mktemp -d /tmp/wm-gpu-raw.XXXXXX)
