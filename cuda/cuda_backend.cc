@@ -168,12 +168,22 @@ absl::Status CudaBackend::init(const WmPluginOptions& o) {
     ws_tma_ready_ = sm90_ready_ && tensor_maps_ready_;
     for (int32_t hd : {64, 128})
       for (int32_t bq : {64, 128})
-        for (int32_t st : {3, 4, 5, 6})
+        for (int32_t st : {3, 4})
           for (int32_t keys : {64, 128}) {
             ws_ready_ = ws_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys) > 0;
             ws_tma_ready_ = ws_tma_ready_ && attention_sm90_ws_ctas_per_sm(hd, bq, st, keys, true) > 0;
           }
     ws_tma_ready_ = ws_tma_ready_ && ws_ready_;
+    // the TMA build's deeper rings, as far as every head size and query tile fits (6 stages of 64 keys
+    // take 224 KiB at head_dim 128): a deeper request runs the deepest that does
+    ws_tma_max_stages_ = 4;
+    for (int32_t st = 5; st <= 6 && ws_tma_ready_; ++st) {
+      bool fits = true;
+      for (int32_t hd : {64, 128})
+        for (int32_t bq : {64, 128}) fits = fits && attention_sm90_ws_ctas_per_sm(hd, bq, st, 64, true) > 0;
+      if (!fits) break;
+      ws_tma_max_stages_ = st;
+    }
     cudaGetLastError();
   }
   if (const char* e = std::getenv("WM_CUDA_ATTENTION"); e != nullptr && *e != '\0') {
@@ -257,7 +267,8 @@ int32_t CudaBackend::overlap_stages() const {
 
 int32_t CudaBackend::ws_stages() const {
   const int32_t s = attention_stages_ != 0 ? attention_stages_ : default_attention_stages_;
-  return s != 0 ? s : kDefaultWsStages;
+  const int32_t asked = s != 0 ? s : kDefaultWsStages;
+  return ws_tma() ? std::min(asked, ws_tma_max_stages_) : asked;
 }
 
 int32_t CudaBackend::ws_keys(int32_t /*block_q*/) const {

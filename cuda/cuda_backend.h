@@ -437,6 +437,9 @@ class CudaBackend {
   // cp.async, 3 to 6 by TMA at 64)
   static constexpr int32_t kDefaultWsStages = 4;
   int32_t ws_stages() const;
+  // the TMA build's deepest ring at 64 keys a step that fits every head size
+  // and query tile here (4 to 6; measured at start-up)
+  int32_t ws_tma_max_stages_ = 4;
   // kernel 4's keys per step for a plan of block_q ("attention.ws_keys" 64
   // or 128; 0: the default, WM_CUDA_ATTENTION_WS_KEYS at start-up, else 64)
   int32_t attention_ws_keys_ = 0, default_attention_ws_keys_ = 0;

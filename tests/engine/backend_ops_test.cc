@@ -2308,6 +2308,48 @@ TEST(CudaCounters, MisalignedGemmOutputsGiveTheAlignedValues) {
 // "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped, 4 warp-specialised
 // (2, 3 and 4 for head_dim 64 and 128 only, on compute capability 9.0), 0 the process default
 // (WM_CUDA_ATTENTION, else 4 for 128-query tiles at head_dim 128 and 3 for the rest, wherever they run)
+// The TMA build's ring as deep as asked where the device holds it: 6 stages of 64 keys take 224 KiB
+// (head_dim 128, 128 queries), which an H100 or H200 CTA may have (227). Where it may not, the backend
+// runs the deepest that fits and says so in attention.ws_stages.*: the test "simt:...SmallerDevice"
+// emulates a CTA of 230,430 bytes, 18 short of 6 stages (WM_TEST_TMA_DEEPEST is what it expects: 5).
+// Either way the attention of two warpgroups through 24 key tiles matches the CPU's.
+TEST(CudaCounters, TmaRingsAreAsDeepAsTheDeviceHolds) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  auto* pb = backends().cuda.get();
+  if (!ws_available() || !pb->set_tuning("attention.ws_tma", 1).ok())
+    GTEST_SKIP() << "no warp-specialised kernel with tensor maps here";
+  ASSERT_TRUE(pb->set_tuning("attention.ws_tma", -1).ok());
+  const char* e = std::getenv("WM_TEST_TMA_DEEPEST");
+  const int64_t deepest = e != nullptr && *e != '\0' ? std::atoi(e) : 6;
+  for (int64_t asked : {5, 6}) {
+    AttnSpec a;
+    a.heads = 2;
+    a.head_dim = 128;
+    a.tokens_per_frame = 64;
+    a.window = 22;
+    a.sinks = 0;
+    a.frames_per_block = 2;
+    a.cached = {22};
+    a.q_scale = 3.0f;
+    a.tuning = {{"attention.kernel", 4},        {"attention.ws_tma", 1},  {"attention.ws_keys", 64},
+                {"attention.stages", asked},    {"attention.block_q", 128}, {"attention.split", 1}};
+    {
+      Tuning t(b, a.tuning);
+      EXPECT_EQ(counter("attention.ws_stages.block_q_128"), std::min(asked, deepest)) << asked;
+      EXPECT_EQ(counter("attention.ws_stages.block_q_64"), std::min(asked, deepest)) << asked;
+    }
+    const OpCase c = attention_case(a);
+    const auto cpu = c.run(*backends().cpu, 11);
+    const int64_t tma0 = counter("attention.ws_tma_launches");
+    const auto cuda = c.run(b, 11);
+    ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+    EXPECT_EQ(counter("attention.ws_tma_launches") - tma0, a.layers) << asked;
+    const auto r = close(cpu, cuda, c.tol);
+    EXPECT_TRUE(r) << asked << c.explain(cpu, cuda);
+  }
+}
+
 TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;

@@ -116,10 +116,26 @@ cudaError_t launch_on_device(const void* kernel, dim3 grid, dim3 block, size_t s
   return run_launch(d, cfg, thread_body);
 }
 
+size_t max_shared_per_block() {
+  static const size_t limit = [] {
+    const char* e = std::getenv("WM_SIMT_MAX_SHARED_PER_BLOCK");
+    if (e == nullptr || *e == '\0') return kMaxSharedPerBlock;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(e, &end, 10);
+    if (*end != '\0' || v < kDefaultSharedPerBlock || v > kMaxSharedPerBlock) {
+      std::fprintf(stderr, "WM_SIMT_MAX_SHARED_PER_BLOCK='%s': bytes from %zu to %zu\n", e, kDefaultSharedPerBlock,
+                   kMaxSharedPerBlock);
+      std::abort();
+    }
+    return static_cast<size_t>(v);
+  }();
+  return limit;
+}
+
 cudaError_t set_kernel_smem_limit(const void* kernel, size_t bytes) {
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
-  if (bytes > kMaxSharedPerBlock) return fail_with(cudaErrorInvalidValue);
+  if (bytes > max_shared_per_block()) return fail_with(cudaErrorInvalidValue);
   d.smem_limits[kernel] = bytes;
   return cudaSuccess;
 }
@@ -176,7 +192,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int dev) {
   p->multiProcessorCount = wm::simt::kMultiprocessors;
   p->totalGlobalMem = wm::simt::kDeviceBytes;
   p->sharedMemPerBlock = wm::simt::kDefaultSharedPerBlock;
-  p->sharedMemPerBlockOptin = wm::simt::kMaxSharedPerBlock;
+  p->sharedMemPerBlockOptin = wm::simt::max_shared_per_block();
   p->sharedMemPerMultiprocessor = wm::simt::kSharedPerSm;
   p->maxThreadsPerBlock = static_cast<int>(wm::simt::kMaxThreadsPerBlock);
   p->maxThreadsPerMultiProcessor = static_cast<int>(wm::simt::kMaxThreadsPerSm);

@@ -87,6 +87,10 @@ std::string launch(const LaunchConfig& config, const std::function<void()>& thre
 // the launch limits of the emulated device (those of an H100/H200)
 inline constexpr unsigned kMaxThreadsPerBlock = 1024;
 inline constexpr size_t kMaxSharedPerBlock = 227 * 1024;    // with the opt-in attribute
+// what a CTA may hold with the opt-in attribute here: kMaxSharedPerBlock, or
+// less where WM_SIMT_MAX_SHARED_PER_BLOCK (bytes, read once) says so, to
+// emulate a device with less shared memory
+size_t max_shared_per_block();
 inline constexpr size_t kDefaultSharedPerBlock = 48 * 1024;  // without it
 inline constexpr size_t kSharedPerSm = 228 * 1024;
 inline constexpr unsigned kMaxThreadsPerSm = 2048;
