@@ -102,7 +102,9 @@ struct Device {
   }
 };
 
-inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {
+// the backend --device names (cuda by default, through --plugin), with a KV
+// pool of pool_bytes and reserve_bytes kept for the model
+inline absl::StatusOr<Device> try_open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {
   Device d;
   if (f.str("device", "cuda") == "cpu") {
     d.owned = make_cpu_backend(0);
@@ -115,15 +117,22 @@ inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_by
   o.kv_pool_bytes = pool_bytes;
   o.reserve_bytes = reserve_bytes;
   auto b = make_plugin_backend(o);
-  if (!b.ok()) {
-    std::fprintf(stderr, "no CUDA backend: %s\n", b.status().ToString().c_str());
-    std::exit(2);
-  }
+  if (!b.ok()) return b.status();
   d.plugin = b->get();
   d.name = d.plugin->device_info().name;
   d.owned = std::move(*b);
   d.backend = d.owned.get();
   return d;
+}
+
+// the same, or exit 2 after saying why
+inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {
+  auto d = try_open_device(f, pool_bytes, reserve_bytes);
+  if (!d.ok()) {
+    std::fprintf(stderr, "no CUDA backend: %s\n", d.status().ToString().c_str());
+    std::exit(2);
+  }
+  return std::move(*d);
 }
 
 inline double now_s() {

@@ -7,8 +7,12 @@
 // ../shared/research/torch_mg2_step.py, which tools/gpu-run.sh runs beside it.
 //
 // On a device it also times every layer's attention alone over the same
-// sessions and caches: attention_ms_per_forward, its share and TFLOP/s, and
-// a forward run from a recorded CUDA graph (forward_ms_graph).
+// sessions and caches: attention_ms_per_forward, its share and TFLOP/s;
+// every layer's dense ops alone (the four projections and the feed-forward
+// block with their operands' bf16 copies): dense_ms_per_forward, its share
+// and TFLOP/s; what is left of a forward (other_ms_per_forward: norms,
+// modulation, RoPE, the attention's input conversion, the head); and a
+// forward run from a recorded CUDA graph (forward_ms_graph).
 //
 // A block is what Engine::step does on the device: 3 x (forward + Euler),
 // unpatchify, the frames' download, then the write pass. The caches are
@@ -54,14 +58,36 @@ int run(int argc, char** argv) {
   const int T = cfg.tokens_per_frame(), B = cfg.frames_per_block, D = cfg.dim, L = cfg.layers;
   const int64_t Q = cfg.qkv_dim();
 
-  // the pool holds the largest grid point: most sessions at the longest window
-  const int max_s = *std::max_element(sessions.begin(), sessions.end());
-  const int max_w = *std::max_element(windows.begin(), windows.end());
+  // the pool holds the largest grid point that fits the device: where one does not (8 sessions at
+  // window 60 hold 78 GB of cache, more than an H100 has beside the model), the points whose caches
+  // would not fit are left out, each with a line that says so
   const int64_t page_bytes = int64_t{64} << 10, page_tokens = page_bytes / (4 * cfg.head_dim);
-  const int64_t pages_per_head = (static_cast<int64_t>(max_w + cfg.sink_frames) * T + page_tokens - 1) / page_tokens;
-  const int64_t pool = max_s * L * cfg.heads * pages_per_head * page_bytes;
-
-  Device dev = open_device(f, pool, cfg.parameter_count() * 2);
+  auto pool_for = [&](int S, int W) {
+    const int64_t pages_per_head = (static_cast<int64_t>(W + cfg.sink_frames) * T + page_tokens - 1) / page_tokens;
+    return S * L * cfg.heads * pages_per_head * page_bytes;
+  };
+  int64_t pool = 0;
+  for (int W : windows)
+    for (int S : sessions) pool = std::max(pool, pool_for(S, W));
+  Device dev;
+  for (;;) {
+    auto d = try_open_device(f, pool, cfg.parameter_count() * 2);
+    int64_t smaller = 0;  // the next smaller grid point's pool
+    for (int W : windows)
+      for (int S : sessions)
+        if (pool_for(S, W) < pool) smaller = std::max(smaller, pool_for(S, W));
+    if (d.ok()) {
+      dev = std::move(*d);
+      break;
+    }
+    if (d.status().code() != absl::StatusCode::kResourceExhausted || smaller == 0) {
+      std::fprintf(stderr, "no CUDA backend: %s\n", d.status().ToString().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "a KV pool of %lld bytes does not fit (%s): trying %lld\n", static_cast<long long>(pool),
+                 d.status().ToString().c_str(), static_cast<long long>(smaller));
+    pool = smaller;
+  }
   Backend& b = *dev.backend;
   double t0 = now_s();
   HostWeights weights = fast_random_weights(cfg, static_cast<uint64_t>(f.num("seed", 1)));
@@ -88,6 +114,17 @@ int run(int argc, char** argv) {
   std::normal_distribution<float> nd;
   for (int W : windows)
     for (int S : sessions) {
+      if (pool_for(S, W) > pool) {
+        const nlohmann::json skipped = {{"bench", "mg2"},
+                                        {"device", dev.name},
+                                        {"sessions_batched", S},
+                                        {"window_latent_frames", W},
+                                        {"skipped", "the KV pool does not fit the device"},
+                                        {"kv_pool_bytes_needed", pool_for(S, W)}};
+        std::printf("%s\n", skipped.dump().c_str());
+        std::fflush(stdout);
+        continue;
+      }
       KvGeometry g;
       g.layers = L;
       g.heads = cfg.heads;
@@ -286,6 +323,55 @@ int run(int argc, char** argv) {
             j["attention_ws_keys"] = count("attention.ws_keys.block_q_128");
             j["attention_ws_tma"] = count("attention.ws_tma");
           }
+        }
+        // and every layer's dense ops alone, at the forward's rows: the q, k, v and output projections
+        // and the feed-forward block, each with its operand's bf16 copy as in the forward (the
+        // projections of q, k and v share one; the attention's output and the feed-forward's input
+        // are new each layer). What neither these nor the attention take is the rest of a forward:
+        // norms, modulation, RoPE, the attention's input conversion, the conditioning, the head.
+        const int64_t rows = static_cast<int64_t>(frames) * T, F = cfg.ffn;
+        uint32_t lcg = 12345;
+        auto weight = [&](int out, int in) {
+          std::vector<float> w(static_cast<size_t>(out) * in);
+          for (float& x : w) x = static_cast<float>((lcg = lcg * 1664525u + 1013904223u) >> 8) * 0x1p-24f * 0.04f - 0.02f;
+          LinearWeight lw;
+          lw.w = b.upload_weight(w.data(), out, in);
+          lw.out = out;
+          lw.in = in;
+          return lw;
+        };
+        const LinearWeight wq = weight(static_cast<int>(Q), D), wk = weight(static_cast<int>(Q), D),
+                           wv = weight(static_cast<int>(Q), D), wo = weight(D, static_cast<int>(Q)),
+                           w0 = weight(static_cast<int>(F), D), w2 = weight(D, static_cast<int>(F));
+        const std::vector<float> rows_d(static_cast<size_t>(rows) * D, 0.5f), rows_q(static_cast<size_t>(rows) * Q, 0.5f);
+        float* ua = put(rows_d);  // the projections' input
+        float* uf = put(rows_d);  // the feed-forward block's
+        float* att = put(rows_q);
+        float* dq = put(rows_q);
+        float* dk = put(rows_q);
+        float* dv = put(rows_q);
+        float* dy = put(rows_d);
+        float* hidden = put(std::vector<float>(static_cast<size_t>(rows) * F, 0.0f));
+        auto dense_layer = [&] {
+          b.linear(wq, ua, static_cast<int>(rows), dq);
+          b.linear(wk, ua, static_cast<int>(rows), dk);
+          b.linear(wv, ua, static_cast<int>(rows), dv);
+          b.linear(wo, att, static_cast<int>(rows), dy);
+          b.ffn(w0, w2, uf, static_cast<int>(rows), hidden, dy);
+        };
+        dense_layer();
+        dev.sync();
+        if (dev.plugin->timer_start().ok()) {
+          for (int r = 0; r < reps; ++r)
+            for (int l = 0; l < L; ++l) dense_layer();
+          const double ms = dev.plugin->timer_stop_ms().value_or(-1.0) / reps;
+          const double flops = 2.0 * L * static_cast<double>(rows) * (4.0 * D * Q + 2.0 * D * F);
+          j["dense_ms_per_forward"] = std::round(ms * 100) / 100;
+          j["dense_share_of_forward"] = std::round(ms / (forward_s * 1e3) * 1000) / 1000;
+          j["dense_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
+          if (j.contains("attention_ms_per_forward"))
+            j["other_ms_per_forward"] =
+                std::round((forward_s * 1e3 - ms - j["attention_ms_per_forward"].get<double>()) * 100) / 100;
         }
       }
       std::printf("%s\n", j.dump().c_str());

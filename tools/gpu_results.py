@@ -105,12 +105,13 @@ def compare(results):
     torch_runs = {(r["sessions_batched"], r["window_latent_frames"]): r for r in results.get("torch_mg2", [])
                   if "sessions_batched" in r}
     for r in results.get("mg2", []):
-        if r.get("bench") != "mg2":
+        if r.get("bench") != "mg2" or "skipped" in r:
             continue
         t = torch_runs.get((r["sessions_batched"], r["window_latent_frames"]))
         row = {"sessions": r["sessions_batched"], "window": r["window_latent_frames"], "ours_forward_ms": r["forward_ms"],
                "ours_block_ms": r["block_ms"], "ours_fps": r["fps_aggregate"]}
         for k in ("attention_ms_per_forward", "attention_share_of_forward", "attention_TFLOPs", "attention_kernel",
+                  "dense_ms_per_forward", "dense_TFLOPs", "other_ms_per_forward",
                   "ffn_fused_per_block", "forward_ms_ffn_unfused", "ffn_fusion_speedup"):
             if k in r:
                 row[k] = r[k]
@@ -253,6 +254,8 @@ def summary(path):
                                         if "torch_fps" in m else "") +
               (" [attention %(attention_ms_per_forward)s ms/forward, %(attention_TFLOPs)s TF/s, %(attention_kernel)s]" % m
                if "attention_ms_per_forward" in m else "") +
+              (" [dense %(dense_ms_per_forward)s ms/forward, %(dense_TFLOPs)s TF/s; the rest %(other_ms_per_forward)s ms]"
+               % m if "other_ms_per_forward" in m else "") +
               (" [ffn unfused %(forward_ms_ffn_unfused)s ms/forward: fusion x%(ffn_fusion_speedup)s]" % m
                if "ffn_fusion_speedup" in m else ""))
     for m in r.get("mg2_stages", []):
