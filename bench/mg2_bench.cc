@@ -8,11 +8,13 @@
 //
 // On a device it also times every layer's attention alone over the same
 // sessions and caches: attention_ms_per_forward, its share and TFLOP/s;
-// every layer's dense ops alone (the four projections and the feed-forward
-// block with their operands' bf16 copies): dense_ms_per_forward, its share
-// and TFLOP/s; what is left of a forward (other_ms_per_forward: norms,
-// modulation, RoPE, the attention's input conversion, the head); and a
-// forward run from a recorded CUDA graph (forward_ms_graph).
+// every layer's dense ops (the four projections and the feed-forward block
+// with their operands' bf16 copies as the forward has them):
+// dense_ms_per_forward, its share and TFLOP/s; the two residual norms of
+// every layer alone (residual_norms_ms_per_forward); what is left of a
+// forward (other_ms_per_forward: the norms, modulation, RoPE, the
+// attention's input conversion, the head); and a forward run from a
+// recorded CUDA graph (forward_ms_graph).
 //
 // A block is what Engine::step does on the device: 3 x (forward + Euler),
 // unpatchify, the frames' download, then the write pass. The caches are
@@ -324,11 +326,12 @@ int run(int argc, char** argv) {
             j["attention_ws_tma"] = count("attention.ws_tma");
           }
         }
-        // and every layer's dense ops alone, at the forward's rows: the q, k, v and output projections
-        // and the feed-forward block, each with its operand's bf16 copy as in the forward (the
-        // projections of q, k and v share one; the attention's output and the feed-forward's input
-        // are new each layer). What neither these nor the attention take is the rest of a forward:
-        // norms, modulation, RoPE, the attention's input conversion, the conditioning, the head.
+        // and every layer's dense ops, at the forward's rows: the q, k, v and output projections and
+        // the feed-forward block, with their operands' bf16 copies as the forward has them (the
+        // residual norms write the projections' and the feed-forward's as they normalise; the
+        // attention's output is converted). Timed as the layer's sequence with its two residual norms,
+        // less the norms alone. What neither these nor the attention take is the rest of a forward:
+        // the norms, modulation, RoPE, the attention's input conversion, the conditioning, the head.
         const int64_t rows = static_cast<int64_t>(frames) * T, F = cfg.ffn;
         uint32_t lcg = 12345;
         auto weight = [&](int out, int in) {
@@ -344,31 +347,46 @@ int run(int argc, char** argv) {
                            wv = weight(static_cast<int>(Q), D), wo = weight(D, static_cast<int>(Q)),
                            w0 = weight(static_cast<int>(F), D), w2 = weight(D, static_cast<int>(F));
         const std::vector<float> rows_d(static_cast<size_t>(rows) * D, 0.5f), rows_q(static_cast<size_t>(rows) * Q, 0.5f);
-        float* ua = put(rows_d);  // the projections' input
-        float* uf = put(rows_d);  // the feed-forward block's
+        float* dh = put(rows_d);  // the residual stream
+        float* du = put(rows_d);  // the norms' output: the projections' and the feed-forward block's input
         float* att = put(rows_q);
         float* dq = put(rows_q);
         float* dk = put(rows_q);
         float* dv = put(rows_q);
         float* dy = put(rows_d);
         float* hidden = put(std::vector<float>(static_cast<size_t>(rows) * F, 0.0f));
+        // gate, shift and scale rows of each frame, as the modulation holds them
+        float* mods = put(std::vector<float>(static_cast<size_t>(frames) * 6 * D, 0.01f));
+        const int n = static_cast<int>(rows);
+        auto norm = [&] { b.gated_residual_norm(dh, dy, mods, 6 * D, n, D, T, mods + D, mods + 2 * D, 6 * D, 1e-6f, du); };
         auto dense_layer = [&] {
-          b.linear(wq, ua, static_cast<int>(rows), dq);
-          b.linear(wk, ua, static_cast<int>(rows), dk);
-          b.linear(wv, ua, static_cast<int>(rows), dv);
-          b.linear(wo, att, static_cast<int>(rows), dy);
-          b.ffn(w0, w2, uf, static_cast<int>(rows), hidden, dy);
+          norm();
+          b.linear(wq, du, n, dq);
+          b.linear(wk, du, n, dk);
+          b.linear(wv, du, n, dv);
+          b.linear(wo, att, n, dy);
+          norm();
+          b.ffn(w0, w2, du, n, hidden, dy);
         };
-        dense_layer();
-        dev.sync();
-        if (dev.plugin->timer_start().ok()) {
+        auto timed = [&](const auto& layer) {
+          layer();
+          dev.sync();
+          if (!dev.plugin->timer_start().ok()) return -1.0;
           for (int r = 0; r < reps; ++r)
-            for (int l = 0; l < L; ++l) dense_layer();
-          const double ms = dev.plugin->timer_stop_ms().value_or(-1.0) / reps;
+            for (int l = 0; l < L; ++l) layer();
+          return dev.plugin->timer_stop_ms().value_or(-1.0) / reps;
+        };
+        const double with_norms = timed(dense_layer), norms = timed([&] {
+          norm();
+          norm();
+        });
+        if (with_norms >= 0 && norms >= 0) {
+          const double ms = with_norms - norms;
           const double flops = 2.0 * L * static_cast<double>(rows) * (4.0 * D * Q + 2.0 * D * F);
           j["dense_ms_per_forward"] = std::round(ms * 100) / 100;
           j["dense_share_of_forward"] = std::round(ms / (forward_s * 1e3) * 1000) / 1000;
           j["dense_TFLOPs"] = std::round(flops / (ms / 1e3) / 1e11) / 10;
+          j["residual_norms_ms_per_forward"] = std::round(norms * 100) / 100;  // part of the rest below
           if (j.contains("attention_ms_per_forward"))
             j["other_ms_per_forward"] =
                 std::round((forward_s * 1e3 - ms - j["attention_ms_per_forward"].get<double>()) * 100) / 100;
