@@ -68,6 +68,8 @@ bool attention_sm90_supports(int32_t head_dim, int32_t stages);
 // 3..5 (6 runs 5), the warp-specialised one attention_sm90_ws_stages
 bool attention_sm90_stages_valid(int32_t stages);
 int32_t attention_sm90_overlap_stages(int32_t stages);
+// what the overlapped kernels' launches take: 0 (the plain kernel) or 3..5
+bool attention_sm90_overlap_launch_valid(int32_t stages);
 cudaError_t attention_sm90_prepare();
 int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t stages);
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,

@@ -67,10 +67,7 @@ bool attention_sm90_stages_valid(int32_t stages) { return stages == 0 || (stages
 
 int32_t attention_sm90_overlap_stages(int32_t stages) { return stages < 5 ? stages : 5; }
 
-namespace {
-// the overlapped kernels' launches: 0 (the plain kernel) or 3..5
-bool overlap_launch_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
-}  // namespace
+bool attention_sm90_overlap_launch_valid(int32_t stages) { return stages == 0 || (stages >= 3 && stages <= 5); }
 
 bool attention_sm90_ws_keys_valid(int32_t keys) { return keys == 64 || keys == 128; }
 
@@ -116,7 +113,7 @@ int32_t attention_sm90_ctas_per_sm(int32_t head_dim, int32_t block_q, int32_t st
 
 cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View& kv, int32_t head_dim, int32_t items,
                                   int32_t stages, cudaStream_t stream) {
-  if (!attention_sm90_supports(head_dim, stages) || !overlap_launch_valid(stages))
+  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_overlap_launch_valid(stages))
     return cudaErrorInvalidValue;
   if (stages == 0) return Kernels::launch(a, kv, head_dim, items, stream);
   return with_stages(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
@@ -124,7 +121,7 @@ cudaError_t launch_attention_sm90(const AttentionArgs& a, const PagedKvFp16View&
 
 cudaError_t launch_attention_sm90_kivi(const AttentionArgs& a, const PagedKvKiviView& kv, int32_t head_dim,
                                        int32_t items, int32_t stages, cudaStream_t stream) {
-  if (!attention_sm90_supports(head_dim, stages) || !overlap_launch_valid(stages))
+  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_overlap_launch_valid(stages))
     return cudaErrorInvalidValue;
   if (stages == 0) return KiviKernels::launch(a, kv, head_dim, items, stream);
   return with_stages<KiviOverlapKernels>(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });

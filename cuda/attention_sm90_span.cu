@@ -34,7 +34,7 @@ cudaError_t attention_sm90_span_prepare() {
 
 cudaError_t launch_attention_sm90_span(const AttentionArgs& a, const PagedKvSpanView& kv, int32_t head_dim,
                                        int32_t items, int32_t stages, cudaStream_t stream) {
-  if (!attention_sm90_supports(head_dim, stages) || (stages != 0 && (stages < 3 || stages > 5)))
+  if (!attention_sm90_supports(head_dim, stages) || !attention_sm90_overlap_launch_valid(stages))
     return cudaErrorInvalidValue;
   if (stages == 0) return SpanKernels::launch(a, kv, head_dim, items, stream);
   return with_span_stages(stages, [&](auto k) { return k.launch(a, kv, head_dim, items, stream); });
