@@ -10,8 +10,9 @@ struct Tensors {
   uint16_t* dst[3];
 };
 
-// grid.y picks q, k or v; one thread per 8 channels of one (row, head) of
-// rows [first_row, rows); total counts those
+// grid.y picks the tensor (q, k or v; v alone where q and k are made
+// already); one thread per 8 channels of one (row, head) of rows
+// [first_row, rows); total counts those
 __global__ void attention_inputs_kernel(Tensors t, int32_t first_row, int32_t rows, int32_t heads, int32_t head_dim,
                                         int64_t total) {
   const float* src = t.src[blockIdx.y] + static_cast<int64_t>(first_row) * heads * head_dim;
@@ -41,7 +42,7 @@ __global__ void attention_inputs_kernel(Tensors t, int32_t first_row, int32_t ro
 
 cudaError_t launch_attention_inputs(const float* q, const float* k, const float* v, int32_t first_row, int32_t rows,
                                     int32_t heads, int32_t head_dim, uint16_t* q16, uint16_t* k16, uint16_t* v16,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, bool v_only) {
   if (first_row < 0 || first_row > rows) return cudaErrorInvalidValue;
   const int64_t total = static_cast<int64_t>(rows - first_row) * heads * (head_dim / 8);
   if (total <= 0) return cudaSuccess;
@@ -49,9 +50,9 @@ cudaError_t launch_attention_inputs(const float* q, const float* k, const float*
                         static_cast<const void*>(q16), static_cast<const void*>(k16), static_cast<const void*>(v16)})
     if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return cudaErrorMisalignedAddress;
   if (head_dim % 8 != 0 || total >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  Tensors t{{q, k, v}, {q16, k16, v16}};
-  return launch_kernel(attention_inputs_kernel, dim3(grid_for(total), 3), kThreads, 0, stream, t, first_row, rows, heads,
-                       head_dim, total);
+  const Tensors t = v_only ? Tensors{{v}, {v16}} : Tensors{{q, k, v}, {q16, k16, v16}};
+  return launch_kernel(attention_inputs_kernel, dim3(grid_for(total), v_only ? 1 : 3), kThreads, 0, stream, t,
+                       first_row, rows, heads, head_dim, total);
 }
 
 }  // namespace wm::cuda

@@ -387,6 +387,7 @@ absl::StatusOr<WmMemoryStats> CudaBackend::memory_stats() const {
 
 absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   invalidate_shadow();
+  invalidate_half_inputs();
   if (key == "attention.block_q") {
     if (value != 0 && value != 64 && value != 128) return absl::InvalidArgumentError("attention.block_q: 0, 64 or 128");
     plan_tuning_.block_q = static_cast<int32_t>(value);
@@ -438,6 +439,9 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     use_shadow_ = value != 0;
   } else if (key == "ffn.fused") {
     fused_ffn_ = value != 0;
+  } else if (key == "attention.fused_inputs") {
+    if (value != 0 && value != 1) return absl::InvalidArgumentError("attention.fused_inputs: 0 or 1");
+    fused_inputs_ = value != 0;
   } else if (key == "span.scratch_bytes") {
     if (value < 0) return absl::InvalidArgumentError("span.scratch_bytes: 0 (default) or a budget in bytes");
     span_scratch_bytes_ = value == 0 ? kSpanScratchBytes : value;
@@ -488,6 +492,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.gelu_epilogue_calls") return gemm_ != nullptr ? gemm_->gelu_epilogue_calls() : 0;
   if (name == "gemm.realigned_outputs") return gemm_ != nullptr ? gemm_->realigned_outputs() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
+  if (name == "attention.fused_input_calls") return fused_input_calls_;
   if (name == "kv.append_launches") return append_launches_;
   if (name == "kv.probe_launches") return probe_launches_;
   if (name == "attention.kivi_launches") return kivi_attention_launches_;
@@ -948,8 +953,26 @@ absl::Status CudaBackend::rms_norm_rope_qk(float* q, const float* q_norm, float*
   }
   auto table = rope_table(rope, head_dim);
   if (!table.ok()) return table.status();
+  // q and k for the attention call that follows, fp16 in its layout, written
+  // with the rotated values: that call then reads and converts v alone
+  // (rows of q, k, v back to back, as the attention reads them)
+  uint16_t *q16 = nullptr, *k16 = nullptr;
+  const size_t one = static_cast<size_t>(heads) * n * head_dim;
+  if (fused_inputs_ && k != nullptr && row_stride == heads * head_dim && head_dim % 8 == 0) {
+    const size_t bytes = 3 * one * sizeof(uint16_t);
+    bool fits = bytes <= qkv16_.size();
+    if (!fits && !recording_) {  // (growing it while a graph is recorded would fail the recording)
+      fits = qkv16_.reserve(bytes).ok();
+      graph_exec_ = nullptr;  // a kept graph reads the buffer it was recorded with
+    }
+    if (fits) {
+      q16 = qkv16_.as<uint16_t>();
+      k16 = q16 + one;
+    }
+  }
   WM_CUDA_RETURN_IF_ERROR(launch_rms_norm_rope(q, q_norm, k, k_norm, n, heads, head_dim, row_stride, pos,
-                                               (*table)->freqs.as<RopeFreq>(), eps, stream_));
+                                               (*table)->freqs.as<RopeFreq>(), eps, stream_, q16, k16));
+  if (q16 != nullptr) half_inputs_ = HalfInputs{true, q, k, qkv16_.get(), qkv16_.size(), n, heads, head_dim};
   return absl::OkStatus();
 }
 
@@ -2293,8 +2316,19 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   int32_t first_row = static_cast<int32_t>(R);
   for (const PlanSession& ps : p.sessions)
     if (ps.rows > 0) first_row = std::min(first_row, ps.row0);
+  // q and k made by the RoPE before this call, in this call's layout: v alone
+  const HalfInputs& hi = half_inputs_;
+  const bool made = hi.valid && hi.q == q && hi.k == k && hi.buffer == qkv16_.get() &&
+                    hi.buffer_bytes == qkv16_.size() && hi.rows == R && hi.heads == H && hi.head_dim == Dh;
+  // (converting all three writes this call's layout, which a later call's may not share)
+  if (!made) invalidate_half_inputs();
   WM_CUDA_RETURN_IF_ERROR(launch_attention_inputs(q, k, v, first_row, static_cast<int32_t>(R), static_cast<int32_t>(H),
-                                                  static_cast<int32_t>(Dh), q16, q16 + one, q16 + 2 * one, stream_));
+                                                  static_cast<int32_t>(Dh), q16, q16 + one, q16 + 2 * one, stream_,
+                                                  made));
+  if (made) ++fused_input_calls_;
+  // an output over q or k changes what the copies are of
+  const size_t qkv_bytes = static_cast<size_t>(R) * H * Dh * sizeof(float);
+  if (overlaps(out, qkv_bytes, q, qkv_bytes) || overlaps(out, qkv_bytes, k, qkv_bytes)) invalidate_half_inputs();
   auto* base = (*slot)->memory.as<uint8_t>();
   const AttentionPlan::Layout& plan_layout = (*slot)->layout;
   AttentionArgs a;

@@ -97,6 +97,10 @@ class CudaBackend {
   // a bf16 copy of an activation made by the last call stays valid for the
   // next linear() on the same input only; every other entry point drops it
   void invalidate_shadow() { shadow_.valid = false; }
+  // the fp16 q and k that rms_norm_rope_qk wrote for the attention call(s)
+  // after it; every entry point but attention() (and those that write no
+  // device memory) drops them
+  void invalidate_half_inputs() { half_inputs_.valid = false; }
 
   absl::StatusOr<void*> alloc(size_t bytes);
   void free(void* p);
@@ -393,6 +397,19 @@ class CudaBackend {
   int64_t graphs_recorded_ = 0, graph_recordings_failed_ = 0, graph_launches_ = 0, graphs_instantiated_ = 0;
   std::vector<std::tuple<int32_t, bool, int32_t, int32_t>> recorded_attention_;  // the recording's calls (GraphKey): rows, split, query tile, KIVI group (0: fp16)
   DeviceBuffer qkv16_;
+  // q and k as the attention kernels read them (fp16 [heads, rows,
+  // head_dim] in qkv16_), written by rms_norm_rope_qk with its results:
+  // attention() then converts v alone (tuning "attention.fused_inputs")
+  struct HalfInputs {
+    bool valid = false;
+    const float *q = nullptr, *k = nullptr;  // the fp32 tensors they are copies of
+    const void* buffer = nullptr;            // qkv16_ as it was (a reserve that grows it drops them)
+    size_t buffer_bytes = 0;
+    int32_t rows = 0, heads = 0, head_dim = 0;
+  };
+  HalfInputs half_inputs_;
+  bool fused_inputs_ = true;
+  int64_t fused_input_calls_ = 0;  // attention calls that converted v alone
   DeviceBuffer partials_;
   DeviceBuffer probe_memory_;  // the drift probes' inputs, logits, partials and outputs (audit mode only)
   // kept plans: at least kPlanSlots, and all of the current pass's; when a

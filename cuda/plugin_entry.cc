@@ -44,15 +44,21 @@ int32_t finish(WmPluginBackend* b, const absl::Status& s) {
   return code_of(s);
 }
 
+// what an entry point leaves valid of the copies the calls before it made:
+// the bf16 activation copy (linear reuses it) and the fp16 q and k of
+// rms_norm_rope_qk (attention reads them); those that write no device memory keep both
+enum Keeps : uint32_t { kKeepsNothing = 0, kKeepsShadow = 1, kKeepsHalfInputs = 2, kKeepsAll = 3 };
+
 // runs one entry point: the backend's device current on this thread, the
-// bf16 activation copy dropped unless the entry is linear, exceptions caught
+// copies it does not keep dropped, exceptions caught
 template <class F>
-int32_t guarded(WmPluginBackend* b, bool keeps_shadow, F&& body) {
+int32_t guarded(WmPluginBackend* b, Keeps keeps, F&& body) {
   if (b == nullptr || b->impl == nullptr) return WM_INVALID_ARGUMENT;
   try {
     const cudaError_t e = cudaSetDevice(b->impl->device());
     if (e != cudaSuccess) return finish(b, wm::cuda::cuda_status(e, "cudaSetDevice", __FILE__, __LINE__));
-    if (!keeps_shadow) b->impl->invalidate_shadow();
+    if ((keeps & kKeepsShadow) == 0) b->impl->invalidate_shadow();
+    if ((keeps & kKeepsHalfInputs) == 0) b->impl->invalidate_half_inputs();
     absl::Status s = body(*b->impl);
     // the graph being recorded would lack this op's work
     if (!s.ok() && b->impl->recording()) b->impl->recording_failed();
@@ -111,7 +117,7 @@ void api_destroy(WmPluginBackend* b) {
 const char* api_last_error(WmPluginBackend* b) { return b == nullptr ? "null backend" : b->error.c_str(); }
 
 int32_t api_device_info(WmPluginBackend* b, WmPluginDeviceInfo* info) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) {
     if (info == nullptr) return absl::InvalidArgumentError("null info");
     *info = c.info();
     return absl::OkStatus();
@@ -119,7 +125,7 @@ int32_t api_device_info(WmPluginBackend* b, WmPluginDeviceInfo* info) {
 }
 
 int32_t api_memory_stats(WmPluginBackend* b, WmMemoryStats* stats) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) {
     if (stats == nullptr) return absl::InvalidArgumentError("null stats");
     auto m = c.memory_stats();
     if (!m.ok()) return m.status();
@@ -131,14 +137,14 @@ int32_t api_memory_stats(WmPluginBackend* b, WmMemoryStats* stats) {
 int32_t api_supports(WmPluginBackend* b, int32_t op) { return b != nullptr && op >= 0 && op < kOpCount ? 1 : 0; }
 
 int32_t api_set_tuning(WmPluginBackend* b, const char* key, int64_t value) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (key == nullptr) return absl::InvalidArgumentError("null tuning key");
     return c.set_tuning(key, value);
   });
 }
 
 int32_t api_counter(WmPluginBackend* b, const char* name, int64_t* value) {
-  return guarded(b, true, [&](CudaBackend& c) -> absl::Status {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) -> absl::Status {
     if (name == nullptr || value == nullptr) return absl::InvalidArgumentError("counter: null name or value");
     auto v = c.counter(name);
     if (!v.ok()) return v.status();
@@ -149,7 +155,7 @@ int32_t api_counter(WmPluginBackend* b, const char* name, int64_t* value) {
 
 void* api_alloc(WmPluginBackend* b, size_t bytes) {
   void* result = nullptr;
-  guarded(b, false, [&](CudaBackend& c) {
+  guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     auto p = c.alloc(bytes);
     if (!p.ok()) return p.status();
     result = *p;
@@ -159,30 +165,30 @@ void* api_alloc(WmPluginBackend* b, size_t bytes) {
 }
 
 void api_free(WmPluginBackend* b, void* p) {
-  guarded(b, false, [&](CudaBackend& c) {
+  guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     c.free(p);
     return absl::OkStatus();
   });
 }
 
 int32_t api_upload(WmPluginBackend* b, void* dst, const void* host, size_t bytes) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.upload(dst, host, bytes); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.upload(dst, host, bytes); });
 }
 
 int32_t api_download(WmPluginBackend* b, void* host, const void* src, size_t bytes) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.download(host, src, bytes); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.download(host, src, bytes); });
 }
 
 int32_t api_synchronize(WmPluginBackend* b) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.synchronize(); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.synchronize(); });
 }
 
 int32_t api_timer_start(WmPluginBackend* b) {
-  return guarded(b, true, [&](CudaBackend& c) { return c.timer_start(); });
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) { return c.timer_start(); });
 }
 
 int32_t api_timer_stop(WmPluginBackend* b, double* ms) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) {
     auto t = c.timer_stop();
     if (!t.ok()) return t.status();
     if (ms != nullptr) *ms = *t;
@@ -191,7 +197,7 @@ int32_t api_timer_stop(WmPluginBackend* b, double* ms) {
 }
 
 int32_t api_upload_weight(WmPluginBackend* b, const float* host, int32_t out, int32_t in, const void** handle) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (handle == nullptr) return absl::InvalidArgumentError("null weight handle");
     auto w = c.upload_weight(host, out, in);
     if (!w.ok()) return w.status();
@@ -202,7 +208,7 @@ int32_t api_upload_weight(WmPluginBackend* b, const float* host, int32_t out, in
 
 int32_t api_linear(WmPluginBackend* b, const void* weight, const float* bias, int32_t out, int32_t in,
                    const float* x, int32_t n, float* y) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsShadow, [&](CudaBackend& c) {
     return c.linear(static_cast<const wm::cuda::DeviceWeight*>(weight), bias, out, in, x, n, y);
   });
 }
@@ -210,7 +216,7 @@ int32_t api_linear(WmPluginBackend* b, const void* weight, const float* bias, in
 int32_t api_layer_norm_modulate(WmPluginBackend* b, const float* x, int32_t n, int32_t d, const float* shift,
                                 const float* scale, int32_t mod_stride, int32_t tokens_per_frame, float eps,
                                 float* y) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     return c.layer_norm_modulate(x, n, d, shift, scale, mod_stride, tokens_per_frame, eps, y);
   });
 }
@@ -218,20 +224,20 @@ int32_t api_layer_norm_modulate(WmPluginBackend* b, const float* x, int32_t n, i
 int32_t api_rms_norm_rope(WmPluginBackend* b, float* x, int32_t n, int32_t heads, int32_t head_dim,
                           int32_t row_stride, const float* norm_w, const int32_t* pos, const WmRopeParams* rope,
                           float eps) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (rope == nullptr) return absl::InvalidArgumentError("null rope params");
     return c.rms_norm_rope(x, n, heads, head_dim, row_stride, norm_w, pos, *rope, eps);
   });
 }
 
 int32_t api_gelu(WmPluginBackend* b, float* x, int64_t count) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.gelu(x, count); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.gelu(x, count); });
 }
 
 int32_t api_ffn(WmPluginBackend* b, const void* w0, const float* b0, const void* w2, const float* b2, int32_t in,
                 int32_t hidden_dim, int32_t out, const float* x, int32_t n, float* hidden, float* y) {
   // keeps the bf16 copy: x is usually the LayerNorm output that wrote it
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsShadow, [&](CudaBackend& c) {
     return c.ffn(static_cast<const wm::cuda::DeviceWeight*>(w0), b0, static_cast<const wm::cuda::DeviceWeight*>(w2),
                  b2, in, hidden_dim, out, x, n, hidden, y);
   });
@@ -239,14 +245,14 @@ int32_t api_ffn(WmPluginBackend* b, const void* w0, const float* b0, const void*
 
 int32_t api_gated_residual(WmPluginBackend* b, float* h, const float* y, const float* gate, int32_t mod_stride,
                            int32_t n, int32_t d, int32_t tokens_per_frame) {
-  return guarded(b, false,
+  return guarded(b, kKeepsNothing,
                  [&](CudaBackend& c) { return c.gated_residual(h, y, gate, mod_stride, n, d, tokens_per_frame); });
 }
 
 int32_t api_gated_residual_norm(WmPluginBackend* b, float* h, const float* y, const float* gate, int32_t gate_stride,
                                 int32_t n, int32_t d, int32_t tokens_per_frame, const float* shift,
                                 const float* scale, int32_t mod_stride, float eps, float* u) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     return c.gated_residual_norm(h, y, gate, gate_stride, n, d, tokens_per_frame, shift, scale, mod_stride, eps, u);
   });
 }
@@ -254,7 +260,7 @@ int32_t api_gated_residual_norm(WmPluginBackend* b, float* h, const float* y, co
 int32_t api_rms_norm_rope_qk(WmPluginBackend* b, float* q, const float* q_norm, float* k, const float* k_norm,
                              int32_t n, int32_t heads, int32_t head_dim, int32_t row_stride, const int32_t* pos,
                              const WmRopeParams* rope, float eps) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (rope == nullptr) return absl::InvalidArgumentError("null rope params");
     if (k == nullptr) return absl::InvalidArgumentError("rms_norm_rope_qk: null k");
     return c.rms_norm_rope_qk(q, q_norm, k, k_norm, n, heads, head_dim, row_stride, pos, *rope, eps);
@@ -263,7 +269,7 @@ int32_t api_rms_norm_rope_qk(WmPluginBackend* b, float* q, const float* q_norm, 
 
 int32_t api_patchify(WmPluginBackend* b, const float* frames, int32_t frames_count, const WmFrameShape* s,
                      float* tokens) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (s == nullptr) return absl::InvalidArgumentError("null frame shape");
     return c.patchify(frames, frames_count, *s, tokens);
   });
@@ -271,7 +277,7 @@ int32_t api_patchify(WmPluginBackend* b, const float* frames, int32_t frames_cou
 
 int32_t api_unpatchify(WmPluginBackend* b, const float* tokens, int32_t frames_count, const WmFrameShape* s,
                        float* frames) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (s == nullptr) return absl::InvalidArgumentError("null frame shape");
     return c.unpatchify(tokens, frames_count, *s, frames);
   });
@@ -279,13 +285,13 @@ int32_t api_unpatchify(WmPluginBackend* b, const float* tokens, int32_t frames_c
 
 int32_t api_euler_step(WmPluginBackend* b, float* x, const float* v, const float* dt_per_frame, int32_t frames_count,
                        int64_t values_per_frame, int32_t clamp) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     return c.euler_step(x, v, dt_per_frame, frames_count, values_per_frame, clamp != 0);
   });
 }
 
 int32_t api_kv_reservation_bytes(WmPluginBackend* b, const char* format, const WmKvGeometry* g, int64_t* bytes) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) {
     if (format == nullptr || g == nullptr || bytes == nullptr) return absl::InvalidArgumentError("null argument");
     auto r = c.kv_reservation_bytes(format, *g);
     if (!r.ok()) return r.status();
@@ -295,7 +301,7 @@ int32_t api_kv_reservation_bytes(WmPluginBackend* b, const char* format, const W
 }
 
 int32_t api_kv_create(WmPluginBackend* b, const char* format, const WmKvGeometry* g, WmPluginKv** out) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (format == nullptr || g == nullptr || out == nullptr) return absl::InvalidArgumentError("null argument");
     *out = nullptr;
     auto kv = c.kv_create(format, *g);
@@ -309,7 +315,7 @@ int32_t api_kv_create(WmPluginBackend* b, const char* format, const WmKvGeometry
 
 void api_kv_destroy(WmPluginBackend* b, WmPluginKv* kv) {
   if (kv == nullptr) return;
-  guarded(b, false, [&](CudaBackend& c) {
+  guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     c.kv_destroy(std::move(kv->impl));
     return absl::OkStatus();
   });
@@ -318,7 +324,7 @@ void api_kv_destroy(WmPluginBackend* b, WmPluginKv* kv) {
 
 int32_t api_kv_append(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const float* k, const float* v,
                       int64_t first_frame, int32_t frames) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (kv == nullptr || kv->impl == nullptr) return absl::InvalidArgumentError("null cache");
     return c.kv_append(*kv->impl, layer, k, v, first_frame, frames);
   });
@@ -326,7 +332,7 @@ int32_t api_kv_append(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const f
 
 int32_t api_kv_append_batch(WmPluginBackend* b, int32_t layer, const WmKvWrite* writes, int32_t count,
                             const float* k, const float* v) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (count < 0 || (count > 0 && writes == nullptr)) return absl::InvalidArgumentError("kv append: bad write list");
     std::vector<wm::cuda::KvWriteRequest> w(static_cast<size_t>(count));
     for (int32_t i = 0; i < count; ++i) {
@@ -339,7 +345,7 @@ int32_t api_kv_append_batch(WmPluginBackend* b, int32_t layer, const WmKvWrite* 
 }
 
 int32_t api_kv_bytes(WmPluginBackend* b, WmPluginKv* kv, int64_t* bytes) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) {
     if (kv == nullptr || kv->impl == nullptr || bytes == nullptr) return absl::InvalidArgumentError("null argument");
     *bytes = c.kv_bytes(*kv->impl);
     return absl::OkStatus();
@@ -348,7 +354,7 @@ int32_t api_kv_bytes(WmPluginBackend* b, WmPluginKv* kv, int64_t* bytes) {
 
 int32_t api_kv_frames(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, int64_t* frames, int32_t capacity,
                       int32_t* count) {
-  return guarded(b, true, [&](CudaBackend& c) {
+  return guarded(b, kKeepsAll, [&](CudaBackend& c) {
     if (kv == nullptr || kv->impl == nullptr || count == nullptr) return absl::InvalidArgumentError("null argument");
     if (layer < 0 || layer >= kv->impl->geometry.layers) return absl::InvalidArgumentError("bad layer");
     const std::vector<int64_t> f = kv->impl->pages.frames(layer);
@@ -360,7 +366,7 @@ int32_t api_kv_frames(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, int64_t
 
 int32_t api_kv_reconstruct(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, float* k, float* v, int64_t capacity,
                            int64_t* values) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (kv == nullptr || kv->impl == nullptr || values == nullptr) return absl::InvalidArgumentError("null argument");
     std::vector<float> kh, vh;
     absl::Status s = c.kv_reconstruct(*kv->impl, layer, &kh, &vh);
@@ -377,7 +383,7 @@ int32_t api_kv_reconstruct(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, fl
 int32_t api_kv_probe(WmPluginBackend* b, WmPluginKv* reference, WmPluginKv* candidate, int32_t layer, const float* q,
                      const float* k_cur, const float* v_cur, int32_t n, const int32_t* samples, int32_t count,
                      int32_t topk, WmProbeResults* r) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (reference == nullptr || reference->impl == nullptr || candidate == nullptr || candidate->impl == nullptr ||
         r == nullptr || (count > 0 && samples == nullptr))
       return absl::InvalidArgumentError("null argument");
@@ -417,7 +423,7 @@ absl::StatusOr<std::vector<wm::cuda::DeviceKvCache*>> caches_of(const WmSessionR
 
 int32_t api_attention(WmPluginBackend* b, int32_t layer, const WmSessionRows* sessions, int32_t count,
                       const float* q, const float* k, const float* v, float* out) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsHalfInputs, [&](CudaBackend& c) {
     auto caches = caches_of(sessions, count);
     if (!caches.ok()) return caches.status();
     return c.attention(layer, *caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)), q, k, v,
@@ -426,7 +432,7 @@ int32_t api_attention(WmPluginBackend* b, int32_t layer, const WmSessionRows* se
 }
 
 int32_t api_prepare_attention(WmPluginBackend* b, const WmSessionRows* sessions, int32_t count) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     auto caches = caches_of(sessions, count);
     if (!caches.ok()) return caches.status();
     return c.prepare_recording(*caches, std::span<const WmSessionRows>(sessions, static_cast<size_t>(count)));
@@ -435,7 +441,7 @@ int32_t api_prepare_attention(WmPluginBackend* b, const WmSessionRows* sessions,
 
 int32_t api_noise_frames(WmPluginBackend* b, const uint64_t* seeds, const int64_t* frames, int32_t count,
                          int64_t values_per_frame, float* out) {
-  return guarded(b, false, [&](CudaBackend& c) {
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
     if (count < 0 || (count > 0 && (seeds == nullptr || frames == nullptr)))
       return absl::InvalidArgumentError("noise_frames: bad frame list");
     return c.noise_frames(seeds, frames, count, values_per_frame, out);
@@ -444,19 +450,19 @@ int32_t api_noise_frames(WmPluginBackend* b, const uint64_t* seeds, const int64_
 
 int32_t api_add_rows(WmPluginBackend* b, const float* rows, const float* per_block, int32_t n_rows, int32_t blocks,
                      int32_t width, float* out) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.add_rows(rows, per_block, n_rows, blocks, width, out); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.add_rows(rows, per_block, n_rows, blocks, width, out); });
 }
 
 int32_t api_graph_begin(WmPluginBackend* b) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.graph_begin(); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.graph_begin(); });
 }
 
 int32_t api_graph_end(WmPluginBackend* b, int32_t keep) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.graph_end(keep != 0); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.graph_end(keep != 0); });
 }
 
 int32_t api_graph_launch(WmPluginBackend* b) {
-  return guarded(b, false, [&](CudaBackend& c) { return c.graph_launch(); });
+  return guarded(b, kKeepsNothing, [&](CudaBackend& c) { return c.graph_launch(); });
 }
 
 #define WM_STR2(x) #x

@@ -117,6 +117,7 @@ class Tuning {
     for (const std::string& k : reset_) {
       const int64_t def = k == "attention.split"                   ? -1
                           : k == "shadow" || k == "ffn.fused"        ? 1
+                          : k == "attention.fused_inputs"            ? 1
                           : k == "attention.min_tiles_per_split"     ? 4
                           : k == "attention.pingpong"                ? -1
                           : k == "attention.ws_tma"                  ? -1
@@ -2248,6 +2249,78 @@ TEST(CudaAttention, BatchInvariantSessionsAttendAsIfAlone) {
   ASSERT_TRUE(backends().cuda->synchronize().ok());
   EXPECT_EQ(counter("attention.plans") - plans0, 0) << "the same batch again is planned already";
   EXPECT_GE(counter("attention.plans_kept"), 5);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// rms_norm_rope_qk writes q and k in fp16 as the attention kernels read
+// them, and the attention call after it converts v alone: the same outputs
+// bit for bit as converting all three (tuning attention.fused_inputs 0).
+// A call that lays out fewer rows (its sessions end before the batch's)
+// converts all three, and every call after it too (its layout overwrote
+// the copies): so a batch-invariant session's call after the shared one,
+// and a KIVI-2 session's call before the fp16 sessions'. Copies that a
+// write since has made stale are never read.
+TEST(CudaAttention, RopeWritesTheAttentionsHalfInputs) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  AttnSpec a;
+  a.heads = 3;
+  a.head_dim = 64;
+  a.tokens_per_frame = 64;  // KIVI-2 on the GPU: a multiple of its residual
+  a.window = 8;
+  a.sinks = 1;
+  a.frames_per_block = 1;
+  a.layers = 1;
+  a.cached = {5, 2, 7};
+  Buffers buf(b);
+  auto fp16 = filled_caches(b, buf, a, 91);
+  a.formats = {"kivi2", "fp16", "fp16"};
+  auto mixed = filled_caches(b, buf, a, 91);
+  ASSERT_EQ(fp16.size(), a.cached.size());
+  ASSERT_EQ(mixed.size(), a.cached.size());
+  const int S = static_cast<int>(a.cached.size()), n = S * a.tokens_per_frame;
+  const size_t vals = static_cast<size_t>(n) * a.heads * a.head_dim;
+  const auto q0 = randn(vals, 92, 1.5f), k0 = randn(vals, 93, 0.7f), v0 = randn(vals, 94), later = randn(vals, 95);
+  const float* qw = buf.put(randn(static_cast<size_t>(a.head_dim), 96, 0.2f, 1.0f));
+  const float* kw = buf.put(randn(static_cast<size_t>(a.head_dim), 97, 0.2f, 0.5f));
+  const int32_t* pos = buf.put(rope_positions(n, 11));
+  enum Batch { kOneCall, kInvariant, kMixed };
+  // the attention over the rotated q, k (q overwritten by `later` after the rotation where asked), and how many
+  // of its calls converted v alone
+  auto attend = [&](bool fused, Batch batch, bool write_q) {
+    Tuning t(b, {{"attention.fused_inputs", fused ? 1 : 0}});
+    std::vector<SessionSlice> slices;
+    for (int s = 0; s < S; ++s)
+      slices.push_back({(batch == kMixed ? mixed : fp16)[static_cast<size_t>(s)].get(), s, 1,
+                        batch == kInvariant && s == 1});
+    float *q = buf.put(q0), *k = buf.put(k0), *v = buf.put(v0), *out = buf.zeros(vals);
+    b.rms_norm_rope_qk(q, qw, k, kw, n, a.heads, a.head_dim, a.heads * a.head_dim, pos, rope_of(a.head_dim), 1e-6f);
+    if (write_q) b.upload(q, later.data(), vals * sizeof(float));
+    const int64_t before = counter("attention.fused_input_calls");
+    b.attention(0, slices, a.tokens_per_frame, q, k, v, out);
+    const int64_t calls = counter("attention.fused_input_calls") - before;
+    return std::pair{buf.get(out, vals), calls};
+  };
+  for (Batch batch : {kOneCall, kInvariant, kMixed})
+    for (bool write_q : {false, true}) {
+      SCOPED_TRACE(std::string(batch == kOneCall ? "one call" : batch == kInvariant ? "a batch-invariant session" : "KIVI-2 first") +
+                   (write_q ? ", q written after the rotation" : ""));
+      const auto [fused, fused_calls] = attend(true, batch, write_q);
+      const auto [plain, plain_calls] = attend(false, batch, write_q);
+      ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+      EXPECT_EQ(plain_calls, 0);
+      EXPECT_EQ(fused_calls, write_q || batch == kMixed ? 0 : 1);
+      EXPECT_TRUE(fused == plain) << "the outputs differ where q and k came from the RoPE";
+    }
+  // the copies are the attention's only: any call between drops them (here a download, which writes nothing)
+  float *q = buf.put(q0), *k = buf.put(k0), *v = buf.put(v0), *out = buf.zeros(vals);
+  b.rms_norm_rope_qk(q, qw, k, kw, n, a.heads, a.head_dim, a.heads * a.head_dim, pos, rope_of(a.head_dim), 1e-6f);
+  buf.get(q, 1);
+  std::vector<SessionSlice> slices;
+  for (int s = 0; s < S; ++s) slices.push_back({fp16[static_cast<size_t>(s)].get(), s, 1});
+  const int64_t before = counter("attention.fused_input_calls");
+  b.attention(0, slices, a.tokens_per_frame, q, k, v, out);
+  EXPECT_EQ(counter("attention.fused_input_calls") - before, 0);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
