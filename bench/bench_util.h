@@ -135,6 +135,29 @@ inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_by
   return std::move(*d);
 }
 
+// --tuning=key=value[,key=value...]: plugin tunings (docs/CUDA.md, "Tuning")
+// set before anything runs, so that one device call can time a setting
+// against the default; what was set, as "key=value,..." (empty: none)
+inline absl::StatusOr<std::string> apply_tuning(const Flags& f, Device& d) {
+  const std::string spec = f.str("tuning", "");
+  if (spec.empty()) return std::string();
+  if (d.plugin == nullptr) return absl::InvalidArgumentError("--tuning: the CPU backend has no tunings");
+  size_t at = 0;
+  while (at < spec.size()) {
+    size_t comma = spec.find(',', at);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string item = spec.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    char* end = nullptr;
+    const long long value = eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || eq == 0 || end == item.c_str() + eq + 1 || *end != '\0')
+      return absl::InvalidArgumentError("--tuning: expected key=integer, got \"" + item + "\"");
+    if (absl::Status s = d.plugin->set_tuning(item.substr(0, eq), value); !s.ok()) return s;
+    at = comma + 1;
+  }
+  return spec;
+}
+
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -31,7 +31,10 @@
 //
 //   mg2_bench [--device=cuda|cpu] [--plugin=PATH] [--config=configs/mg2-shape.json]
 //             [--sessions=1,2,4,8] [--windows=6,60] [--reps=3] [--blocks=2] [--batch_invariant=0|1]
-//             [--format=fp16|kivi2|qvg2|quantwm2]
+//             [--format=fp16|kivi2|qvg2|quantwm2] [--tuning=key=value,...]
+//
+// --tuning sets plugin tunings (docs/CUDA.md) for the whole run, e.g.
+// --tuning=attention.fused_inputs=0 to time a setting against the default.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -92,6 +95,11 @@ int run(int argc, char** argv) {
                  d.status().ToString().c_str(), static_cast<long long>(smaller));
     pool = smaller;
   }
+  auto tuning = apply_tuning(f, dev);
+  if (!tuning.ok()) {
+    std::fprintf(stderr, "%s\n", tuning.status().ToString().c_str());
+    return 1;
+  }
   Backend& b = *dev.backend;
   double t0 = now_s();
   HostWeights weights = fast_random_weights(cfg, static_cast<uint64_t>(f.num("seed", 1)));
@@ -105,7 +113,8 @@ int run(int argc, char** argv) {
                          {"params_M", cfg.parameter_count() / 1e6}, {"layers", L},
                          {"dim", D},                  {"tokens_per_frame", T},
                          {"frames_per_block", B},     {"random_weights_s", std::round(weights_s * 100) / 100},
-                         {"upload_s", std::round(upload_s * 100) / 100}, {"kv_pool_bytes", pool}};
+                         {"upload_s", std::round(upload_s * 100) / 100}, {"kv_pool_bytes", pool},
+                         {"tuning", *tuning}};
   if (dev.plugin != nullptr) {
     const BackendMemory m = b.memory();
     head["device_total_bytes"] = m.device_total;
@@ -221,7 +230,7 @@ int run(int argc, char** argv) {
         return v.ok() ? *v : -1;
       };
       const int64_t plans0 = count("attention.plans"), fallback0 = count("gemm.fallback_calls");
-      const int64_t ffn0 = count("ffn.fused_calls");
+      const int64_t ffn0 = count("ffn.fused_calls"), inputs0 = count("attention.fused_input_calls");
       const int64_t downloads0 = count("query.gram_downloads");
       double write_s = 0;  // the write passes' part (their coding, for a quantized format)
       double write_min_s = 1e30, write_max_s = 0;  // one that refreshes QuantWM-2's bases is the longest
@@ -279,18 +288,29 @@ int run(int argc, char** argv) {
         // feed-forward blocks with the GELU in the GEMM epilogue (every layer of every forward but
         // the write pass's last), and the forward without that fusion
         j["ffn_fused_per_block"] = static_cast<double>(count("ffn.fused_calls") - ffn0) / block_reps;
-        if (dev.plugin->set_tuning("ffn.fused", 0).ok()) {
-          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+        // attention calls whose q and k the RoPE wrote in fp16 (every attention call of a forward
+        // but a batch-invariant session's, which lays out its own rows)
+        j["attention_fused_inputs_per_block"] =
+            static_cast<double>(count("attention.fused_input_calls") - inputs0) / block_reps;
+        // the forward with a fusion switched off (tuning KEY 0, then back to 1), where --tuning
+        // left KEY alone: its time and the fusion's speedup
+        auto without = [&](const char* key, const char* ms_field, const char* speedup_field) -> bool {
+          if (tuning->find(std::string(key) + "=") != std::string::npos) return true;
+          if (!dev.plugin->set_tuning(key, 0).ok()) return true;
+          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return false;
           dev.sync();
           const double u0 = now_s();
           for (int r = 0; r < reps; ++r)
-            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return false;
           dev.sync();
-          const double unfused_s = (now_s() - u0) / reps;
-          if (!dev.plugin->set_tuning("ffn.fused", 1).ok()) return 1;
-          j["forward_ms_ffn_unfused"] = std::round(unfused_s * 1e5) / 100;
-          j["ffn_fusion_speedup"] = std::round(unfused_s / forward_s * 1000) / 1000;
-        }
+          const double off_s = (now_s() - u0) / reps;
+          if (!dev.plugin->set_tuning(key, 1).ok()) return false;
+          j[ms_field] = std::round(off_s * 1e5) / 100;
+          j[speedup_field] = std::round(off_s / forward_s * 1000) / 1000;
+          return true;
+        };
+        if (!without("ffn.fused", "forward_ms_ffn_unfused", "ffn_fusion_speedup")) return 1;
+        if (!without("attention.fused_inputs", "forward_ms_inputs_unfused", "inputs_fusion_speedup")) return 1;
         // a denoising forward run from a recorded graph (EngineOptions::device_graphs): the host's
         // part, then one graph launch instead of the ops
         {

@@ -112,7 +112,8 @@ def compare(results):
                "ours_block_ms": r["block_ms"], "ours_fps": r["fps_aggregate"]}
         for k in ("attention_ms_per_forward", "attention_share_of_forward", "attention_TFLOPs", "attention_kernel",
                   "dense_ms_per_forward", "dense_TFLOPs", "other_ms_per_forward",
-                  "ffn_fused_per_block", "forward_ms_ffn_unfused", "ffn_fusion_speedup"):
+                  "ffn_fused_per_block", "forward_ms_ffn_unfused", "ffn_fusion_speedup",
+                  "attention_fused_inputs_per_block", "forward_ms_inputs_unfused", "inputs_fusion_speedup"):
             if k in r:
                 row[k] = r[k]
         if t:
@@ -257,7 +258,9 @@ def summary(path):
               (" [dense %(dense_ms_per_forward)s ms/forward, %(dense_TFLOPs)s TF/s; the rest %(other_ms_per_forward)s ms]"
                % m if "other_ms_per_forward" in m else "") +
               (" [ffn unfused %(forward_ms_ffn_unfused)s ms/forward: fusion x%(ffn_fusion_speedup)s]" % m
-               if "ffn_fusion_speedup" in m else ""))
+               if "ffn_fusion_speedup" in m else "") +
+              (" [q, k, v converted by the attention %(forward_ms_inputs_unfused)s ms/forward: fusion "
+               "x%(inputs_fusion_speedup)s]" % m if "inputs_fusion_speedup" in m else ""))
     for m in r.get("mg2_stages", []):
         if "fps_aggregate" in m:
             print("mg2 B=%s W=%s %s with %s stages, ping-pong %s%s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (
