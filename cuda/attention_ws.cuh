@@ -238,9 +238,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
 
   for (int t = 1; t < ns; ++t) {
     wait_full(t);
-    float sc[BK / 8][4];
-#pragma unroll
-    for (int j = 0; j < BK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    float sc[BK / 8][4];  // written by S's first k-step
     if (pingpong) named_barrier_sync(turn_id(wg), kTurnThreads);
     WgMma::issue_s_and_pv<HD, BK, BK>(sc, o, pa, qf, key_tile(t, 0), value_tile(t - 1, 0));
     // the other warpgroup's turn (the second's last arrival would have nobody to meet)

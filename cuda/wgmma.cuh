@@ -75,9 +75,12 @@ __device__ __forceinline__ void fence_regs(uint32_t (&x)[R][C]) {
 
 // d[j][e] += (A B)[row][8j + c_col(lane, e)], A = 64x16 fp16 from registers
 // (the m16n8k16 A fragment of each warp's 16 rows), B = 16x64 fp16 in shared
-// memory (desc); TRANS_B 0: B K-major, 1: MN-major
+// memory (desc); TRANS_B 0: B K-major, 1: MN-major. accumulate 0 (the
+// instruction's scale-d) writes d = A B and never reads d: the first k-step
+// of a product starts it without the accumulators being zeroed first.
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
+                                                int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
@@ -91,14 +94,13 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
         "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "r"(accumulate));
 }
 
-// d[j][e] += (A B)[row][8j + c_col(lane, e)], A = 64x16 fp16 from registers
-// (the m16n8k16 A fragment of each warp's 16 rows), B = 16x128 fp16 in shared
-// memory (desc); TRANS_B 0: B K-major, 1: MN-major
+// as wgmma_m64n64k16, B = 16x128 fp16 in shared memory (desc)
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc,
+                                                 int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
@@ -120,7 +122,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32
         "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
         "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "r"(accumulate));
 }
 
 }  // namespace wm::cuda

@@ -122,10 +122,11 @@ inline uint32_t wgmma_b_address(uint64_t desc, bool mn_major, int k, int n) {
   return addr ^ (((addr >> 7) & 7) << 4);
 }
 
-// d += A B for one warpgroup: d[thread] points to its N / 2 accumulators,
+// d += A B for one warpgroup (d = A B without accumulate: scale-d 0, d's
+// values before are not read): d[thread] points to its N / 2 accumulators,
 // a[thread] to its 4 A registers; B[k][n] = the fp16 at smem + b_addr(k, n)
 template <class BAddr>
-void wgmma_m64nNk16(int n_cols, float* const (&d)[128], const uint32_t* const (&a)[128], const uint8_t* smem,
+void wgmma_m64nNk16(int n_cols, bool accumulate, float* const (&d)[128], const uint32_t* const (&a)[128], const uint8_t* smem,
                     BAddr b_addr) {
   float B[16][256];
   for (int k = 0; k < 16; ++k)
@@ -140,7 +141,7 @@ void wgmma_m64nNk16(int n_cols, float* const (&d)[128], const uint32_t* const (&
       const int g = lane / 4, t = lane % 4;
       for (int i = 0; i < n_cols / 2; ++i) {
         const int row = g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * t + i % 2;
-        double acc = d[32 * w + lane][i];
+        double acc = accumulate ? d[32 * w + lane][i] : 0.0;
         for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
         d[32 * w + lane][i] = static_cast<float>(acc);
       }

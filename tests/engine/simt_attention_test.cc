@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -667,6 +668,36 @@ TEST(SimtChecks, FencesWgmmaNeedsAreChecked) {
   EXPECT_NE(e.find("fence.proxy.async"), std::string::npos) << e;
   e = run_one_cta(128, 1024 + 8192, Schedule::kRoundRobin, [] { load_tile_then_wgmma(true, false); });
   EXPECT_NE(e.find("without a wgmma.fence"), std::string::npos) << e;
+}
+
+// wgmma's scale-d: 0 writes D = A B whatever the accumulators held (the
+// attention kernels start S so, without zeroing it), 1 adds to them. A is
+// fp16 1.0 and the K tile all 1.0, so each score is the 16 products' sum.
+TEST(SimtChecks, WgmmaScaleDZeroWritesTheProductOverTheAccumulators) {
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> got(128 * 32, 0.0f);
+    const std::string e = run_one_cta(128, 1024 + 8192, Schedule::kRoundRobin, [&] {
+      const int tid = static_cast<int>(threadIdx.x);
+      for (int i = tid; i < 64 * 8; i += 128)
+        cp_async_16(1024 + panel_swz<64, 64>(i / 8, i % 8), global_tile().data() + (i % 8) * 8, true);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_smem();
+      __syncthreads();
+      float d[8][4];
+      for (auto& row : d)
+        for (float& x : row) x = accumulate ? 5.0f : std::numeric_limits<float>::quiet_NaN();
+      const uint32_t a[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+      wgmma_fence();
+      wgmma_m64n64k16<0>(d, a, key_desc<64, 64>(1024, 0), accumulate ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      for (int j = 0; j < 8; ++j)
+        for (int k = 0; k < 4; ++k) got[static_cast<size_t>(tid * 32 + j * 4 + k)] = d[j][k];
+    });
+    ASSERT_EQ(e, "");
+    for (float x : got) ASSERT_EQ(x, accumulate ? 21.0f : 16.0f) << "accumulate " << accumulate;
+  }
 }
 
 // ---- tensor copies (TMA) and mbarriers ----

@@ -128,6 +128,7 @@ struct WgmmaOp {
   int n_cols = 0;
   uint64_t desc = 0;
   bool trans_b = false;
+  bool accumulate = true;
   float* d[128] = {};
   const uint32_t* a[128] = {};
 };
@@ -136,6 +137,7 @@ struct Warpgroup {
   int n_cols[128];
   uint64_t desc[128];
   bool trans_b[128];
+  bool accumulate[128];
   float* d[128];
   const uint32_t* a[128];
   int regs[128];  // setmaxnreg's value per thread
@@ -324,7 +326,7 @@ Warpgroup& my_warpgroup(const char* what) {
 
 void run_wgmma(const WgmmaOp& op) {
   const uint8_t* smem = g_cta->smem.data();
-  ptx_model::wgmma_m64nNk16(op.n_cols, op.d, op.a, smem, [&](int k, int n) {
+  ptx_model::wgmma_m64nNk16(op.n_cols, op.accumulate, op.d, op.a, smem, [&](int k, int n) {
     const uint32_t addr = ptx_model::wgmma_b_address(op.desc, op.trans_b, k, n);
     check_read(addr, 2, "wgmma B operand");
     // wgmma reads through the async proxy: what cp.async wrote (the generic
@@ -693,12 +695,13 @@ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) 
   for (int k = 0; k < 4; ++k) c[k] = s.out_c[l][k];
 }
 
-void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b) {
+void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b, bool accumulate) {
   Warpgroup& wg = my_warpgroup("wgmma");
   const int t = linear_tid() % 128;
   wg.n_cols[t] = n_cols;
   wg.desc[t] = desc;
   wg.trans_b[t] = trans_b;
+  wg.accumulate[t] = accumulate;
   wg.d[t] = d;
   wg.a[t] = a;
   meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], "wgmma.mma_async", [&] {
@@ -706,10 +709,12 @@ void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool tra
     op.n_cols = wg.n_cols[0];
     op.desc = wg.desc[0];
     op.trans_b = wg.trans_b[0];
+    op.accumulate = wg.accumulate[0];
     const size_t first = static_cast<size_t>(linear_tid() / 128 * 128);
     for (int i = 0; i < 128; ++i) {
-      if (wg.n_cols[i] != op.n_cols || wg.desc[i] != op.desc || wg.trans_b[i] != op.trans_b)
-        fail(where() + "wgmma: the threads of a warpgroup pass different shapes or descriptors");
+      if (wg.n_cols[i] != op.n_cols || wg.desc[i] != op.desc || wg.trans_b[i] != op.trans_b ||
+          wg.accumulate[i] != op.accumulate)
+        fail(where() + "wgmma: the threads of a warpgroup pass different shapes, descriptors or scale-d");
       if (!(*g_cta->fibers)[first + static_cast<size_t>(i)].wgmma_fenced)
         fail(where() + "wgmma.mma_async without a wgmma.fence since the warpgroup's last wgmma.wait_group "
                        "(or before its first MMA): its registers may have been touched");

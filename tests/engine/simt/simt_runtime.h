@@ -122,8 +122,9 @@ void cp_async_commit();
 void cp_async_wait(int newest_left);
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans);
 void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-// n_cols 64 or 128: d holds the thread's n_cols / 2 accumulators
-void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b);
+// n_cols 64 or 128: d holds the thread's n_cols / 2 accumulators;
+// accumulate false (scale-d 0): d = A B, d's values before are not read
+void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b, bool accumulate);
 void wgmma_fence();
 // setmaxnreg.{inc,dec}: the whole warpgroup, one value
 void setmaxnreg(int regs, bool inc);

@@ -36,12 +36,12 @@ template <int R, int C>
 inline void fence_regs(uint32_t (&)[R][C]) {}
 
 template <int TRANS_B>
-inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
-  simt::wgmma(64, &d[0][0], a, desc, TRANS_B != 0);
+inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate = 1) {
+  simt::wgmma(64, &d[0][0], a, desc, TRANS_B != 0, accumulate != 0);
 }
 template <int TRANS_B>
-inline void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
-  simt::wgmma(128, &d[0][0], a, desc, TRANS_B != 0);
+inline void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int accumulate = 1) {
+  simt::wgmma(128, &d[0][0], a, desc, TRANS_B != 0, accumulate != 0);
 }
 
 }  // namespace wm::cuda
