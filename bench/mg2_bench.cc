@@ -230,7 +230,8 @@ int run(int argc, char** argv) {
         return v.ok() ? *v : -1;
       };
       const int64_t plans0 = count("attention.plans"), fallback0 = count("gemm.fallback_calls");
-      const int64_t ffn0 = count("ffn.fused_calls"), inputs0 = count("attention.fused_input_calls");
+      const int64_t ffn0 = count("ffn.fused_calls"), inputs0 = count("attention.fused_input_calls"),
+                    out16_0 = count("attention.bf16_output_calls");
       const int64_t downloads0 = count("query.gram_downloads");
       double write_s = 0;  // the write passes' part (their coding, for a quantized format)
       double write_min_s = 1e30, write_max_s = 0;  // one that refreshes QuantWM-2's bases is the longest
@@ -292,6 +293,10 @@ int run(int argc, char** argv) {
         // but a batch-invariant session's, which lays out its own rows)
         j["attention_fused_inputs_per_block"] =
             static_cast<double>(count("attention.fused_input_calls") - inputs0) / block_reps;
+        // attention calls that wrote the output projection's bf16 operand (one a layer and forward
+        // where no session is batch-invariant: a call that writes only some rows leaves it)
+        j["attention_bf16_outputs_per_block"] =
+            static_cast<double>(count("attention.bf16_output_calls") - out16_0) / block_reps;
         // the forward with a fusion switched off (tuning KEY 0, then back to 1), where --tuning
         // left KEY alone: its time and the fusion's speedup
         auto without = [&](const char* key, const char* ms_field, const char* speedup_field) -> bool {
@@ -311,6 +316,7 @@ int run(int argc, char** argv) {
         };
         if (!without("ffn.fused", "forward_ms_ffn_unfused", "ffn_fusion_speedup")) return 1;
         if (!without("attention.fused_inputs", "forward_ms_inputs_unfused", "inputs_fusion_speedup")) return 1;
+        if (!without("attention.bf16_output", "forward_ms_output_unfused", "output_fusion_speedup")) return 1;
         // a denoising forward run from a recorded graph (EngineOptions::device_graphs): the host's
         // part, then one graph launch instead of the ops
         {

@@ -19,6 +19,9 @@ struct AttentionArgs {
   const uint16_t* k16 = nullptr;      // own-block keys, same layout
   const uint16_t* v16 = nullptr;
   float* out = nullptr;               // [rows_total][heads][head_dim] fp32
+  // out rounded to bf16 in the same layout, the operand of the linear that
+  // reads out next (the output projection), or null
+  uint16_t* out16 = nullptr;
   float* partial_o = nullptr;         // [partials][heads][block_q][head_dim], unnormalised
   float* partial_ml = nullptr;        // [partials][heads][block_q][2]: running max (log2 units), sum
   const PlanSession* sessions = nullptr;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/attention.cuh"
+#include "cuda/device_util.cuh"
 #include "cuda/kv_layout.h"
 
 namespace wm::cuda {
@@ -79,8 +80,10 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(cons
   for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
   if (!has_col) return;
   const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-  float* dst = a.out + ((static_cast<int64_t>(s.row0) + q0 + row) * a.heads + head) * head_dim + col;
-  *reinterpret_cast<float4*>(dst) = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+  const int64_t at = ((static_cast<int64_t>(s.row0) + q0 + row) * a.heads + head) * head_dim + col;
+  const float4 v = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+  *reinterpret_cast<float4*>(a.out + at) = v;
+  if (a.out16 != nullptr) *reinterpret_cast<uint2*>(a.out16 + at) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
 }
 
 }  // namespace wm::cuda

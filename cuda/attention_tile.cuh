@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/attention.cuh"
+#include "cuda/device_util.cuh"
 #include "cuda/kv_layout.h"
 #include "cuda/mma.cuh"
 #include "cuda/mma_layout.h"
@@ -215,11 +216,14 @@ __device__ __forceinline__ void store_rows(const AttentionArgs& a, const ItemCon
     if (row >= c.nq) continue;
     if (w.partial < 0) {
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      float* dst = a.out + ((static_cast<int64_t>(c.s.row0) + c.q0 + row) * a.heads + head) * HD;
+      const int64_t at = ((static_cast<int64_t>(c.s.row0) + c.q0 + row) * a.heads + head) * HD;
 #pragma unroll
-      for (int j = 0; j < HD / 8; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j + c_col(lane, 2 * r)) =
-            make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      for (int j = 0; j < HD / 8; ++j) {
+        const float2 v = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        *reinterpret_cast<float2*>(a.out + at + 8 * j + c_col(lane, 2 * r)) = v;
+        if (a.out16 != nullptr)
+          *reinterpret_cast<uint32_t*>(a.out16 + at + 8 * j + c_col(lane, 2 * r)) = pack_bf16x2(v.x, v.y);
+      }
     } else {
       const int64_t prow = (static_cast<int64_t>(w.partial) * a.heads + head) * BQ + row;
       float* dst = a.partial_o + prow * HD;

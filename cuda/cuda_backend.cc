@@ -442,6 +442,9 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "attention.fused_inputs") {
     if (value != 0 && value != 1) return absl::InvalidArgumentError("attention.fused_inputs: 0 or 1");
     fused_inputs_ = value != 0;
+  } else if (key == "attention.bf16_output") {
+    if (value != 0 && value != 1) return absl::InvalidArgumentError("attention.bf16_output: 0 or 1");
+    attention_bf16_output_ = value != 0;
   } else if (key == "span.scratch_bytes") {
     if (value < 0) return absl::InvalidArgumentError("span.scratch_bytes: 0 (default) or a budget in bytes");
     span_scratch_bytes_ = value == 0 ? kSpanScratchBytes : value;
@@ -493,6 +496,8 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.realigned_outputs") return gemm_ != nullptr ? gemm_->realigned_outputs() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "attention.fused_input_calls") return fused_input_calls_;
+  if (name == "attention.bf16_output_calls") return bf16_output_calls_;
+  if (name == "linear.operand_conversions") return operand_conversions_;
   if (name == "kv.append_launches") return append_launches_;
   if (name == "kv.probe_launches") return probe_launches_;
   if (name == "attention.kivi_launches") return kivi_attention_launches_;
@@ -773,6 +778,7 @@ absl::StatusOr<const uint16_t*> CudaBackend::bf16_operand(const float* x, int32_
   absl::Status s = reserve_rows(shadow_memory_, shadow_row_bytes_, n, static_cast<size_t>(ld) * sizeof(uint16_t));
   if (!s.ok()) return s;
   WM_CUDA_RETURN_IF_ERROR(launch_f32_to_bf16(x, n, in, ld, shadow_memory_.as<uint16_t>(), stream_));
+  ++operand_conversions_;
   // the next linear on the same input (q, k, v of one LN output) reuses it
   shadow_ = Shadow{use_shadow_, x, n, in, ld};
   return shadow_memory_.as<uint16_t>();
@@ -2329,6 +2335,18 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   // an output over q or k changes what the copies are of
   const size_t qkv_bytes = static_cast<size_t>(R) * H * Dh * sizeof(float);
   if (overlaps(out, qkv_bytes, q, qkv_bytes) || overlaps(out, qkv_bytes, k, qkv_bytes)) invalidate_half_inputs();
+  // the output in bf16 too, for the output projection (bf16_operand finds
+  // it as the copy of out), where this call writes every row of out: one
+  // session's call of several (batch-invariant ones) leaves rows to others
+  int64_t rows_written = 0;
+  for (const PlanSession& ps : p.sessions) rows_written += ps.rows;
+  const int64_t out_cols = H * Dh;
+  uint16_t* out16 = nullptr;
+  if (attention_bf16_output_ && use_shadow_ && first_row == 0 && rows_written == R) {
+    s = reserve_rows(shadow_memory_, shadow_row_bytes_, R, static_cast<size_t>(out_cols) * sizeof(uint16_t));
+    if (!s.ok()) return s;
+    out16 = shadow_memory_.as<uint16_t>();
+  }
   auto* base = (*slot)->memory.as<uint8_t>();
   const AttentionPlan::Layout& plan_layout = (*slot)->layout;
   AttentionArgs a;
@@ -2336,6 +2354,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.k16 = q16 + one;
   a.v16 = q16 + 2 * one;
   a.out = out;
+  a.out16 = out16;
   a.partial_o = p.partials > 0 ? partials_.as<float>() : nullptr;
   const size_t partial_rows = static_cast<size_t>(p.partials) * H * p.block_q;
   a.partial_ml = p.partials > 0 ? partials_.as<float>() + partial_rows * Dh : nullptr;
@@ -2403,6 +2422,11 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   if (!p.groups.empty())
     WM_CUDA_RETURN_IF_ERROR(
         launch_attention_combine(a, p.head_dim, static_cast<int32_t>(p.groups.size()), stream_));
+  if (out16 != nullptr) {
+    // rows of out_cols bf16, as bf16_operand's conversion lays out a linear's input of that width (ld = in)
+    shadow_ = Shadow{true, out, R, out_cols, out_cols};
+    ++bf16_output_calls_;
+  }
   return absl::OkStatus();
 }
 

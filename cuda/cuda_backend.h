@@ -410,6 +410,12 @@ class CudaBackend {
   HalfInputs half_inputs_;
   bool fused_inputs_ = true;
   int64_t fused_input_calls_ = 0;  // attention calls that converted v alone
+  // attention() also writes its output in bf16 into the activation copy
+  // (shadow_), as the output projection's operand, where the call writes
+  // every row of the batch (tuning "attention.bf16_output")
+  bool attention_bf16_output_ = true;
+  int64_t bf16_output_calls_ = 0;  // attention calls that wrote it
+  int64_t operand_conversions_ = 0;  // fp32 -> bf16 conversions of a linear's input (bf16_operand)
   DeviceBuffer partials_;
   DeviceBuffer probe_memory_;  // the drift probes' inputs, logits, partials and outputs (audit mode only)
   // kept plans: at least kPlanSlots, and all of the current pass's; when a

@@ -324,7 +324,8 @@ void api_kv_destroy(WmPluginBackend* b, WmPluginKv* kv) {
 
 int32_t api_kv_append(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const float* k, const float* v,
                       int64_t first_frame, int32_t frames) {
-  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
+  // writes cache pages and their scratch only: a write pass's output projection still finds the attention's copy
+  return guarded(b, kKeepsShadow, [&](CudaBackend& c) {
     if (kv == nullptr || kv->impl == nullptr) return absl::InvalidArgumentError("null cache");
     return c.kv_append(*kv->impl, layer, k, v, first_frame, frames);
   });
@@ -332,7 +333,7 @@ int32_t api_kv_append(WmPluginBackend* b, WmPluginKv* kv, int32_t layer, const f
 
 int32_t api_kv_append_batch(WmPluginBackend* b, int32_t layer, const WmKvWrite* writes, int32_t count,
                             const float* k, const float* v) {
-  return guarded(b, kKeepsNothing, [&](CudaBackend& c) {
+  return guarded(b, kKeepsShadow, [&](CudaBackend& c) {  // as api_kv_append
     if (count < 0 || (count > 0 && writes == nullptr)) return absl::InvalidArgumentError("kv append: bad write list");
     std::vector<wm::cuda::KvWriteRequest> w(static_cast<size_t>(count));
     for (int32_t i = 0; i < count; ++i) {

@@ -113,7 +113,8 @@ def compare(results):
         for k in ("attention_ms_per_forward", "attention_share_of_forward", "attention_TFLOPs", "attention_kernel",
                   "dense_ms_per_forward", "dense_TFLOPs", "other_ms_per_forward",
                   "ffn_fused_per_block", "forward_ms_ffn_unfused", "ffn_fusion_speedup",
-                  "attention_fused_inputs_per_block", "forward_ms_inputs_unfused", "inputs_fusion_speedup"):
+                  "attention_fused_inputs_per_block", "forward_ms_inputs_unfused", "inputs_fusion_speedup",
+                  "attention_bf16_outputs_per_block", "forward_ms_output_unfused", "output_fusion_speedup"):
             if k in r:
                 row[k] = r[k]
         if t:
@@ -260,7 +261,9 @@ def summary(path):
               (" [ffn unfused %(forward_ms_ffn_unfused)s ms/forward: fusion x%(ffn_fusion_speedup)s]" % m
                if "ffn_fusion_speedup" in m else "") +
               (" [q, k, v converted by the attention %(forward_ms_inputs_unfused)s ms/forward: fusion "
-               "x%(inputs_fusion_speedup)s]" % m if "inputs_fusion_speedup" in m else ""))
+               "x%(inputs_fusion_speedup)s]" % m if "inputs_fusion_speedup" in m else "") +
+              (" [attention output converted by the projection %(forward_ms_output_unfused)s ms/forward: fusion "
+               "x%(output_fusion_speedup)s]" % m if "output_fusion_speedup" in m else ""))
     for m in r.get("mg2_stages", []):
         if "fps_aggregate" in m:
             print("mg2 B=%s W=%s %s with %s stages, ping-pong %s%s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (

@@ -118,6 +118,7 @@ class Tuning {
       const int64_t def = k == "attention.split"                   ? -1
                           : k == "shadow" || k == "ffn.fused"        ? 1
                           : k == "attention.fused_inputs"            ? 1
+                          : k == "attention.bf16_output"             ? 1
                           : k == "attention.min_tiles_per_split"     ? 4
                           : k == "attention.pingpong"                ? -1
                           : k == "attention.ws_tma"                  ? -1
@@ -2321,6 +2322,103 @@ TEST(CudaAttention, RopeWritesTheAttentionsHalfInputs) {
   const int64_t before = counter("attention.fused_input_calls");
   b.attention(0, slices, a.tokens_per_frame, q, k, v, out);
   EXPECT_EQ(counter("attention.fused_input_calls") - before, 0);
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
+// The attention writes its output in bf16 too, where the output projection
+// reads it, so that the linear after it converts nothing: the projection's
+// values are bit for bit those of converting, from the kernels' own rows and
+// from the combine pass of a split cache alike. A call that writes only some
+// rows of the batch (a batch-invariant session's, or the others' beside it)
+// leaves the conversion to the linear; appending to the caches in between (a
+// write pass) keeps the copy, and any other write drops it.
+TEST(CudaAttention, AttentionWritesTheOutputProjectionsOperand) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  AttnSpec a;
+  a.heads = 3;
+  a.head_dim = 64;
+  a.tokens_per_frame = 64;
+  a.window = 16;
+  a.frames_per_block = 1;
+  a.layers = 1;
+  Buffers buf(b);
+  const int dim = a.heads * a.head_dim, proj = 40;
+  LinearWeight lw{b.upload_weight(randn(static_cast<size_t>(proj) * dim, 71, 0.05f).data(), proj, dim),
+                  buf.put(randn(static_cast<size_t>(proj), 72)), proj, dim};
+  enum Batch { kOneCall, kInvariant };
+  struct Run {
+    std::vector<float> out, y;
+    int64_t written = 0, converted = 0;
+  };
+  // the attention of sessions with `cached` frames, then the projection of its output
+  auto run = [&](const std::vector<int>& cached, bool bf16_output, Batch batch) {
+    Tuning t(b, {{"attention.bf16_output", bf16_output ? 1 : 0}});
+    AttnSpec spec = a;
+    spec.cached = cached;
+    auto caches = filled_caches(b, buf, spec, 73);
+    EXPECT_EQ(caches.size(), cached.size());
+    const int S = static_cast<int>(cached.size()), n = S * a.tokens_per_frame;
+    const size_t vals = static_cast<size_t>(n) * dim;
+    float *q = buf.put(randn(vals, 74)), *k = buf.put(randn(vals, 75)), *v = buf.put(randn(vals, 76));
+    float *out = buf.zeros(vals), *y = buf.zeros(static_cast<size_t>(n) * proj);
+    std::vector<SessionSlice> slices;
+    for (int s = 0; s < S; ++s) slices.push_back({caches[static_cast<size_t>(s)].get(), s, 1, batch == kInvariant && s == 0});
+    Run r;
+    const int64_t w0 = counter("attention.bf16_output_calls");
+    b.attention(0, slices, a.tokens_per_frame, q, k, v, out);
+    r.written = counter("attention.bf16_output_calls") - w0;
+    const int64_t c0 = counter("linear.operand_conversions");
+    b.linear(lw, out, n, y);
+    r.converted = counter("linear.operand_conversions") - c0;
+    r.out = buf.get(out, vals);
+    r.y = buf.get(y, static_cast<size_t>(n) * proj);
+    return r;
+  };
+  const std::vector<std::pair<std::string, std::vector<int>>> cases = {
+      {"three short caches", {3, 0, 5}},
+      {"one long cache, split", {14}},
+      {"a long and a short cache", {14, 2}}};
+  for (const auto& [name, cached] : cases)
+    for (Batch batch : {kOneCall, kInvariant}) {
+      SCOPED_TRACE(name + (batch == kInvariant ? ", the first session batch-invariant" : ""));
+      const Run fused = run(cached, true, batch), plain = run(cached, false, batch);
+      ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+      EXPECT_EQ(plain.written, 0);
+      EXPECT_EQ(plain.converted, 1);
+      // (a batch-invariant session's call that starts the batch writes a copy of its rows, which the next
+      // call drops; a lone invariant session is the whole batch)
+      const bool whole = batch == kOneCall || cached.size() == 1;
+      if (whole) {
+        EXPECT_EQ(fused.written, 1);
+      }
+      EXPECT_EQ(fused.converted, whole ? 0 : 1);
+      EXPECT_TRUE(fused.out == plain.out);
+      EXPECT_TRUE(fused.y == plain.y) << "the projection of the attention's own bf16 output differs";
+    }
+  // a write pass appends between the attention and the projection: the copy stays; a write to out drops it
+  AttnSpec spec = a;
+  spec.cached = {2, 4};
+  auto caches = filled_caches(b, buf, spec, 77);
+  ASSERT_EQ(caches.size(), 2u);
+  const int n = 2 * a.tokens_per_frame;
+  const size_t vals = static_cast<size_t>(n) * dim;
+  float *q = buf.put(randn(vals, 78)), *k = buf.put(randn(vals, 79)), *v = buf.put(randn(vals, 80));
+  float *out = buf.zeros(vals), *y = buf.zeros(static_cast<size_t>(n) * proj);
+  const std::vector<SessionSlice> slices = {{caches[0].get(), 0, 1}, {caches[1].get(), 1, 1}};
+  const int64_t w0 = counter("attention.bf16_output_calls");
+  b.attention(0, slices, a.tokens_per_frame, q, k, v, out);
+  EXPECT_EQ(counter("attention.bf16_output_calls") - w0, 1);
+  const std::vector<int64_t> next_frames = {2, 4};
+  ASSERT_TRUE(b.kv_append(0, slices, next_frames, a.tokens_per_frame, k, v).ok());
+  int64_t c0 = counter("linear.operand_conversions");
+  b.linear(lw, out, n, y);
+  EXPECT_EQ(counter("linear.operand_conversions") - c0, 0) << "the cache append dropped the copy";
+  b.attention(0, slices, a.tokens_per_frame, q, k, v, out);
+  b.upload(out, randn(vals, 81).data(), vals * sizeof(float));
+  c0 = counter("linear.operand_conversions");
+  b.linear(lw, out, n, y);
+  EXPECT_EQ(counter("linear.operand_conversions") - c0, 1) << "a write to the output left the copy in use";
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
