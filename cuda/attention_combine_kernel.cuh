@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(cons
   const int64_t at = ((static_cast<int64_t>(s.row0) + q0 + row) * a.heads + head) * head_dim + col;
   const float4 v = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
   *reinterpret_cast<float4*>(a.out + at) = v;
-  if (a.out16 != nullptr) *reinterpret_cast<uint2*>(a.out16 + at) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  if (a.out16 != nullptr)
+    *reinterpret_cast<uint2*>(a.out16 + at) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
 }
 
 }  // namespace wm::cuda

@@ -12,10 +12,10 @@ __global__ void f32_to_bf16_flat8(const float* __restrict__ x, int64_t n8, uint1
     const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
     const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
     uint4 o;
-    o.x = bf16_bits(a.x) | (static_cast<uint32_t>(bf16_bits(a.y)) << 16);
-    o.y = bf16_bits(a.z) | (static_cast<uint32_t>(bf16_bits(a.w)) << 16);
-    o.z = bf16_bits(b.x) | (static_cast<uint32_t>(bf16_bits(b.y)) << 16);
-    o.w = bf16_bits(b.z) | (static_cast<uint32_t>(bf16_bits(b.w)) << 16);
+    o.x = pack_bf16x2(a.x, a.y);
+    o.y = pack_bf16x2(a.z, a.w);
+    o.z = pack_bf16x2(b.x, b.y);
+    o.w = pack_bf16x2(b.z, b.w);
     reinterpret_cast<uint4*>(y)[i] = o;
   }
 }

@@ -2363,7 +2363,8 @@ TEST(CudaAttention, AttentionWritesTheOutputProjectionsOperand) {
     float *q = buf.put(randn(vals, 74)), *k = buf.put(randn(vals, 75)), *v = buf.put(randn(vals, 76));
     float *out = buf.zeros(vals), *y = buf.zeros(static_cast<size_t>(n) * proj);
     std::vector<SessionSlice> slices;
-    for (int s = 0; s < S; ++s) slices.push_back({caches[static_cast<size_t>(s)].get(), s, 1, batch == kInvariant && s == 0});
+    for (int s = 0; s < S; ++s)
+      slices.push_back({caches[static_cast<size_t>(s)].get(), s, 1, batch == kInvariant && s == 0});
     Run r;
     const int64_t w0 = counter("attention.bf16_output_calls");
     b.attention(0, slices, a.tokens_per_frame, q, k, v, out);

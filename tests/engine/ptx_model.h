@@ -126,8 +126,8 @@ inline uint32_t wgmma_b_address(uint64_t desc, bool mn_major, int k, int n) {
 // values before are not read): d[thread] points to its N / 2 accumulators,
 // a[thread] to its 4 A registers; B[k][n] = the fp16 at smem + b_addr(k, n)
 template <class BAddr>
-void wgmma_m64nNk16(int n_cols, bool accumulate, float* const (&d)[128], const uint32_t* const (&a)[128], const uint8_t* smem,
-                    BAddr b_addr) {
+void wgmma_m64nNk16(int n_cols, bool accumulate, float* const (&d)[128], const uint32_t* const (&a)[128],
+                    const uint8_t* smem, BAddr b_addr) {
   float B[16][256];
   for (int k = 0; k < 16; ++k)
     for (int n = 0; n < n_cols; ++n) B[k][n] = f16_to_f32(half_at(smem, b_addr(k, n)));
