@@ -58,8 +58,9 @@ ABSL_FLAG(std::string, session_log, "-",
           "(opened again on SIGHUP), or off");
 ABSL_FLAG(std::string, device, "cpu",
           "engine device: cpu, cuda (the CUDA plugin and a GPU, or an error) or auto (cuda if possible)");
-ABSL_FLAG(bool, device_graphs, false,
-          "on the GPU: record each step's first denoising pass as a CUDA graph and run the others from it");
+ABSL_FLAG(bool, device_graphs, true,
+          "on the GPU: record each step's first denoising pass as a CUDA graph and run the others from it "
+          "(--device_graphs=false issues every op of every pass)");
 ABSL_FLAG(bool, batch_invariant, false,
           "every session's frames are exactly those it gets alone (on the CPU: and from wmgen) whatever shares its "
           "batch: the dense layers (on a GPU: and attention) run per session, some 10-15% of a CPU's batched "

@@ -38,8 +38,9 @@
 #   mg2_overlap, mg2_stages  the forward with the overlapped kernel for 128-query
 #               tiles (and with its fastest stages, where not the default)
 #   serving     tools/serving_capacity.sh: wmserve --device cuda on the default
-#               model, how many players hold 20 frames/s with p99 < 100 ms
-#   serving_graphs  the same with --device_graphs
+#               model with --device_graphs=false (every op of every pass issued),
+#               how many players hold 20 frames/s with p99 < 100 ms
+#   serving_graphs  the same with --device_graphs (the default)
 #   attention_kivi2  wm_attention_bench over KIVI-2 caches (64-query blocks; CUDA.md, "KIVI-2 pages")
 #   attention_quantwm2  the same over QuantWM-2 caches (CUDA.md, "Span pages")
 #   mg2_quantwm2  wm_mg2_bench over QuantWM-2 caches (1 and 8 sessions, window 6):
@@ -217,7 +218,8 @@ if [ "$attention_kernels" = all ] && [ -n "$best" ] && [ "$best" != "3 1" ]; the
 fi
 # 6 s a step: with 3 s the same kernels gave 30 to 52 sessions in three runs
 stage serving 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity" LADDER="1 2 4 8 16 32 64 128 256" \
-  bash tools/serving_capacity.sh .gpu/bin --device cuda --kv_budget_bytes 8589934592 --encoder_threads 6 --threads 4
+  bash tools/serving_capacity.sh .gpu/bin --device cuda --device_graphs=false --kv_budget_bytes 8589934592 \
+  --encoder_threads 6 --threads 4
 cp "$raw/capacity/wmserve.log" "$OUT/serving-wmserve.log" 2>/dev/null
 # the same with each step's denoising passes run from a recorded CUDA graph
 stage serving_graphs 90 env BUDGET_S=70 SECONDS_PER_RUN=6 OUT="$raw/capacity_graphs" \

@@ -2340,8 +2340,8 @@ TEST(ServerIntegration, DeviceCudaServesQuantizedCachesAndAuditsThem) {
 #endif
 }
 
-// --device_graphs: each step's later denoising passes run from a recorded
-// graph; the player gets the same JPEG bytes as without
+// --device_graphs (the default): each step's later denoising passes run from
+// a recorded graph; the player gets the same JPEG bytes as without
 TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {
 #ifndef WM_CUDA_SIMT_PLUGIN
   GTEST_SKIP() << "the emulated CUDA plugin is not built (no CUDA headers)";
@@ -2350,7 +2350,7 @@ TEST(ServerIntegration, DeviceGraphsChangeNoFrame) {
   for (bool graphs : {false, true}) {
     std::vector<std::string> args = {"--device=cuda", "--cuda_plugin=" WM_CUDA_SIMT_PLUGIN,
                                      "--kv_budget_bytes=67108864"};
-    if (graphs) args.push_back("--device_graphs");
+    if (!graphs) args.push_back("--device_graphs=false");  // graphs are the default
     // 64 tokens a frame: the device holds the quantized formats (whole key tiles of sinks)
     auto server = ServerProcess::start(tiny_patch4_model(), args);
     ASSERT_NE(server, nullptr);
