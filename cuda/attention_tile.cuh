@@ -92,6 +92,20 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 #endif
 }
 
+// part[r][0] = the max of part[r][0 .. 2W - 1], for both rows r, in log2(2W)
+// dependent steps (a max is the same in any order)
+template <int W, int N>
+__device__ __forceinline__ void max_tree(float (&part)[2][N]) {
+  static_assert(N >= 2 * W && (W & (W - 1)) == 0, "halves down to one column");
+  if constexpr (W >= 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < W; ++j) part[r][j] = fmaxf(part[r][j], part[r][j + W]);
+    max_tree<W / 2>(part);
+  }
+}
+
 // sc: this thread's scores for BK keys (sc[j][e]: row c_row(lane, e), key
 // 8j + c_col(lane, e)); keys >= valid are masked. On return sc holds the
 // unnormalised probabilities exp2(s * scale_log2 - m), m and l are updated
@@ -108,13 +122,21 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BK / 8][4], float (&m)[
       for (int e = 0; e < 4; ++e)
         if (8 * j + c_col(lane, e) >= valid) sc[j][e] = -INFINITY;
   }
+  // each row's max over this thread's scores as a tree (log2(BK / 4) dependent
+  // steps, not BK / 4: a row's max is the same in any order), both rows at once
+  float part[2][BK / 8];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < BK / 8; ++j) part[r][j] = fmaxf(sc[j][2 * r], sc[j][2 * r + 1]);
+  max_tree<BK / 16>(part);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) part[r][0] = fmaxf(part[r][0], __shfl_xor_sync(0xffffffffu, part[r][0], 1));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) part[r][0] = fmaxf(part[r][0], __shfl_xor_sync(0xffffffffu, part[r][0], 2));
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < BK / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mx = part[r][0];
     const float m_new = fmaxf(m[r], mx * scale_log2);
     // no key seen yet: subtract 0 so that exp2(-inf) gives 0, not nan
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
