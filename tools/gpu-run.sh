@@ -55,19 +55,23 @@
 #   ncu_ws64, ncu_ws128, ncu_ws_tma  Nsight Compute's counters for one
 #               warp-specialised launch (64 and 128 keys a step, 64 by TMA)
 #               at 2640 queries over 16k cached tokens
+#   ncu_sass    the default 128-query kernel's launch instruction by instruction: its
+#               SASS with the warp-state samples taken at each instruction
+#               ($OUT/ws-sass.csv; tools/ncu_sass_hotspots.py prints the hot spots)
 #   ncu_split   each kernel's duration for a 64-query block over 64k cached
 #               tokens (input conversion, split attention, combine)
 # $OUT gets gpu-check.log (every stage's output), results.json (everything
-# parsed, with the PyTorch ratios), parity.json, parity_span.json and the
-# servers' logs (at most 8 files come back from a device call).
+# parsed, with the PyTorch ratios), parity.json, parity_span.json, the
+# servers' logs and ws-sass.csv (at most 8 files come back from a device call).
 # WM_GPU_STAGES="parity e2e" runs only the stages named (a rerun after a fix).
 # WM_GPU_STAGES=tma names the stages that decide the warp-specialised kernel's
-# default (cp.async or TMA, its stages and keys a step) and the forward's rate
-# beside PyTorch's, within one call: what the whole script's 500 s reaches
-# only late, after the correctness stages and the serving runs.
+# default (cp.async or TMA, its stages and keys a step), the forward's rate
+# beside PyTorch's and where the default kernel's warps wait (ncu_sass), within
+# one call: what the whole script's 500 s reaches only late, after the
+# correctness stages and the serving runs.
 set -u
 if [ "${WM_GPU_STAGES:-}" = tma ]; then
-  WM_GPU_STAGES="info ws ws_tma attention_ws_tma torch_attn mg2 torch_mg2 mg2_ws_tma ncu_ws_tma"
+  WM_GPU_STAGES="info ws ws_tma attention_ws_tma torch_attn mg2 torch_mg2 mg2_ws_tma ncu_sass ncu_ws_tma"
 fi
 OUT=${OUT:-/tmp/wm-gpu-out}
 mkdir -p "$OUT"
@@ -252,7 +256,13 @@ best_tma=$(python3 tools/gpu_results.py --best-ws-tma "$raw/attention_ws_tma.out
 [ "$attention_kernels" = all ] && passed ws && passed ws_tma &&
   stage mg2_ws_tma 80 env WM_CUDA_ATTENTION=ws WM_CUDA_ATTENTION_WS_TMA=1 WM_CUDA_ATTENTION_STAGES="${best_tma% *}" \
     WM_CUDA_ATTENTION_WS_KEYS="${best_tma#* }" .gpu/bin/wm_mg2_bench --config=configs/mg2-shape.json --sessions=1,8
-# last, so that they are what a short budget drops: hardware counters
+# last, so that they are what a short budget drops: hardware counters. First one launch of the
+# default 128-query kernel (2640 queries over 16k cached tokens) instruction by instruction, where
+# its warps wait ($OUT/ws-sass.csv, the hot spots in the log)
+if [ -n "$ncu" ] && passed ws; then
+  stage ncu_sass 50 bash tools/ncu_sass.sh "$ncu" "$raw" "$OUT/ws-sass.csv" \
+    .gpu/bin/wm_attention_bench --kernel=ws --cached=16384 --queries=2640 --reps=1
+fi
 # where the 128-query tiles' kernel's time goes, at the Matrix-Game-2 shape (one launch, hardware
 # counters): the warp-specialised kernel with 64 keys a step (their default), then with 128
 if [ -n "$ncu" ] && [ "$attention_kernels" = all ] && passed ws; then

@@ -176,7 +176,7 @@ def collect(raw, out_path, build_info):
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
     results["audit_probe"] = json_lines(os.path.join(raw, "audit_probe.out"))
-    for name in ("ncu_ws64", "ncu_ws128", "ncu_ws_tma"):
+    for name in ("ncu_ws64", "ncu_ws128", "ncu_ws_tma", "ncu_sass"):
         results[name] = text(os.path.join(raw, name + ".out"))[-20000:]
     results["ncu_split"] = text(os.path.join(raw, "ncu_split.out"))[-20000:]
     results["torch_attn"] = json_lines(os.path.join(raw, "torch_attn.out"))
