@@ -29,6 +29,22 @@ __device__ __forceinline__ void pv_mma(float (&o)[HD / 8][4], const uint32_t (&p
   }
 }
 
+// a warpgroup's 64 query rows in shared memory, the A operand of S by
+// descriptor: rows 64 wg .. 64 wg + 63 of a QR-row panel tile (mma_layout.h:
+// panel_swz<HD, QR>), addr the first row's (the tile's start + 64 wg x 128)
+template <int QR>
+struct QTile {
+  uint32_t addr;
+};
+
+// compiler fences on Q's registers; Q in shared memory has none
+template <int N>
+__device__ __forceinline__ void fence_q(uint32_t (&qf)[N][4]) {
+  fence_regs(qf);
+}
+template <int QR>
+__device__ __forceinline__ void fence_q(QTile<QR>&) {}
+
 struct WgMma {
   __host__ __device__ static constexpr int kThreads(int bq) { return bq * 2; }  // 128 threads per 64 rows
   __host__ __device__ static constexpr int kMinCtas(int) { return 1; }
@@ -70,6 +86,17 @@ struct WgMma {
     }
   }
 
+  // issues S as above for one 128-row panel tile of keys, with Q in shared
+  // memory too: one m64n128k16 per 16 channels, both operands by
+  // descriptor, so that Q takes no registers (32 a thread at head_dim 128)
+  template <int HD, int BK, int PR, int QR>
+  __device__ static void issue_s(float (&sc)[BK / 8][4], QTile<QR>& q, uint32_t sk) {
+    static_assert(PR == BK && BK == 128, "Q from shared memory: one 128-row panel tile of keys");
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+      wgmma_m64n128k16_ss<0>(sc, key_desc<HD, QR>(q.addr, kk), key_desc<HD, BK>(sk, kk), kk > 0);
+  }
+
   // issues O += P V for P already in A registers, one m64n{HD}k16 per 16 keys
   template <int HD, int BK, int PR = kTileKeys>
   __device__ static void issue_pv(float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4], uint32_t sv) {
@@ -84,16 +111,16 @@ struct WgMma {
     }
   }
 
-  // S = Q K^T, waited for
-  template <int HD, int BK, int PR = kTileKeys>
-  __device__ static void qk(float (&sc)[BK / 8][4], uint32_t (&qf)[HD / 16][4], uint32_t sk, int) {
+  // S = Q K^T, waited for; Q: its registers (uint32_t[HD / 16][4]) or a QTile
+  template <int HD, int BK, int PR = kTileKeys, class Q>
+  __device__ static void qk(float (&sc)[BK / 8][4], Q& q, uint32_t sk, int) {
     fence_regs(sc);
     wgmma_fence();
-    issue_s<HD, BK, PR>(sc, qf, sk);
+    issue_s<HD, BK, PR>(sc, q, sk);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sc);
-    fence_regs(qf);
+    fence_q(q);
   }
 
   // O += P V, waited for
@@ -113,14 +140,14 @@ struct WgMma {
   // the K tiles at sk, then O += P V with P of t - 1 and its V tiles at
   // sv_prev, as two asynchronous groups in that order (wgmma_wait<1> then
   // gives S)
-  template <int HD, int BK, int PR = kTileKeys>
+  template <int HD, int BK, int PR = kTileKeys, class Q>
   __device__ static void issue_s_and_pv(float (&sc)[BK / 8][4], float (&o)[HD / 8][4], uint32_t (&pa)[BK / 16][4],
-                                        uint32_t (&qf)[HD / 16][4], uint32_t sk, uint32_t sv_prev) {
+                                        Q& q, uint32_t sk, uint32_t sv_prev) {
     fence_regs(sc);
     fence_regs(o);
     fence_regs(pa);
     wgmma_fence();
-    issue_s<HD, BK, PR>(sc, qf, sk);
+    issue_s<HD, BK, PR>(sc, q, sk);
     wgmma_commit();
     issue_pv<HD, BK, PR>(o, pa, sv_prev);
     wgmma_commit();

@@ -44,10 +44,11 @@ __device__ __forceinline__ ItemContext item_context(const AttentionArgs& a, cons
 }
 
 // starts the copy of the item's query rows into the BQ x HD tile at sq (swz
-// layout), zero-filling rows past the session's block
-template <int HD, int BQ, int NT, bool LEAN = false>
+// layout, or PANEL: the wgmma layout of a BQ-row panel tile, for Q read by
+// descriptor), zero-filling rows past the session's block
+template <int HD, int BQ, int NT, bool LEAN = false, bool PANEL = false>
 __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const ItemContext& c, uint32_t sq, int tid) {
-  load_rows_async<HD, BQ, NT, false, LEAN>(sq, a.q16 + (c.head_rows + c.s.row0 + c.q0) * HD, c.nq, a.q16, tid);
+  load_rows_async<HD, BQ, NT, PANEL, LEAN>(sq, a.q16 + (c.head_rows + c.s.row0 + c.q0) * HD, c.nq, a.q16, tid);
 }
 
 // this warp's 16 query rows as m16n8k16 A fragments, one per 16 channels

@@ -68,11 +68,23 @@ constexpr size_t ws_smem(int32_t hd, int32_t bq, int32_t stages, int32_t tps, bo
          (tma ? 8 * static_cast<size_t>(stages) : 0);
 }
 
+// a if A, else b (of another type)
+template <bool A, class X, class Y>
+__device__ __forceinline__ auto& either(X& a, Y& b) {
+  if constexpr (A) {
+    return a;
+  } else {
+    return b;
+  }
+}
+
 // TPS: key tiles per step, 1 (64 keys) or 2 (128: half the barriers, waits
 // and row reductions per key; the S accumulators and P double). A step's K
 // (and its V) are one panel tile of BK rows (mma_layout.h: panel_swz<HD, BK>;
 // the second 64-key tile's rows start 64 x 128 bytes in), so that S is one
-// m64n128k16 per 16 channels at 128 keys rather than two m64n64k16.
+// m64n128k16 per 16 channels at 128 keys rather than two m64n64k16, with
+// Q from shared memory (the query tile in the same panel layout) so that
+// the doubled scores have the registers Q's fragments took.
 template <class Fmt, int HD, int BQ, int STAGES, int TPS, bool TMA = false>
 __global__ void __launch_bounds__(ws_threads(BQ), 1)
     attention_ws_kernel(const AttentionArgs a, const typename Fmt::View kv) {
@@ -80,6 +92,9 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
                 "the named barriers of 3 or 4 stages fit a CTA's 16 (of up to 6 without FULL's: TMA)");
   static_assert(TPS == 1 || TPS == 2, "64 or 128 keys per step");
   constexpr int BK = kTileKeys * TPS, NWG = BQ / 64, NC = BQ * 2, kProducer = ws_producer_threads(BQ);
+  // 128 keys a step read Q from shared memory by descriptor (both operands of S), which frees the 32
+  // registers a thread's query fragments take at head_dim 128 for the step's doubled scores
+  constexpr bool kQSmem = TPS == 2;
   constexpr int kAhead = STAGES - 2;  // steps landed and signalled behind the newest issued one
   constexpr int kFullThreads = kProducer + 128, kEmptyThreads = kProducer + NC, kTurnThreads = 256;
   // a stage: the step's K as one BK-row panel tile, then its V likewise;
@@ -148,7 +163,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
       }
       if (t < ns) {
         if (t >= STAGES) named_barrier_sync(empty_id(t), kEmptyThreads);
-        if (t == 0) load_query_tile<HD, BQ, kProducer, true>(a, c, sq, ptid);
+        if (t == 0) load_query_tile<HD, BQ, kProducer, true, kQSmem>(a, c, sq, ptid);
         bool tma[TPS];  // which of the step's tiles come by tensor copies
 #pragma unroll
         for (int h = 0; h < TPS; ++h) tma[h] = by_tma(TPS * t + h);
@@ -205,7 +220,9 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   if constexpr (NWG == 2) setmaxnreg_inc<kWsConsumerRegs>();
   const int wg = warp >> 2;
   const bool pingpong = NWG == 2 && a.pingpong != 0;
-  uint32_t qf[HD / 16][4];
+  uint32_t qf[HD / 16][4];  // Q's fragments, where Q is read from registers
+  QTile<BQ> qs{sq + static_cast<uint32_t>(wg) * 64 * 128};  // this warpgroup's rows of the Q tile
+  auto& q = either<kQSmem>(qs, qf);  // the A operand of S
   float o[HD / 8][4], m[2], l[2];  // output, running max of scaled logits (log2 units), this thread's sum
   start_rows<HD>(o, m, l);
   float corr[2];
@@ -226,9 +243,9 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
   uint32_t pa[BK / 16][4];  // P of the step before, as the A operand of P V
   if (ns > 0) {
     wait_full(0);  // Q and step 0
-    query_fragments<HD>(sq, warp, lane, qf);
+    if constexpr (!kQSmem) query_fragments<HD>(sq, warp, lane, qf);
     float sc[BK / 8][4];
-    WgMma::qk<HD, BK, BK>(sc, qf, key_tile(0, 0), lane);
+    WgMma::qk<HD, BK, BK>(sc, q, key_tile(0, 0), lane);
     step_valid(0);
     softmax_tiles<BK>(sc, m, l, corr, valid, a.scale_log2, lane);
 #pragma unroll
@@ -240,7 +257,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
     wait_full(t);
     float sc[BK / 8][4];  // written by S's first k-step
     if (pingpong) named_barrier_sync(turn_id(wg), kTurnThreads);
-    WgMma::issue_s_and_pv<HD, BK, BK>(sc, o, pa, qf, key_tile(t, 0), value_tile(t - 1, 0));
+    WgMma::issue_s_and_pv<HD, BK, BK>(sc, o, pa, q, key_tile(t, 0), value_tile(t - 1, 0));
     // the other warpgroup's turn (the second's last arrival would have nobody to meet)
     if (pingpong && !(wg == 1 && t == ns - 1)) named_barrier_arrive(turn_id(1 - wg), kTurnThreads);
 
@@ -252,7 +269,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
     wgmma_wait<0>();  // P V of step t - 1: its stage is free
     fence_regs(o);
     fence_regs(pa);
-    fence_regs(qf);
+    fence_q(q);
     if (t - 1 + STAGES < ns) named_barrier_arrive(empty_id(t - 1), kEmptyThreads);
     rescale_rows<HD>(o, corr);
 #pragma unroll

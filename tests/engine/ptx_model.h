@@ -123,20 +123,18 @@ inline uint32_t wgmma_b_address(uint64_t desc, bool mn_major, int k, int n) {
 }
 
 // d += A B for one warpgroup (d = A B without accumulate: scale-d 0, d's
-// values before are not read): d[thread] points to its N / 2 accumulators,
-// a[thread] to its 4 A registers; B[k][n] = the fp16 at smem + b_addr(k, n)
-template <class BAddr>
-void wgmma_m64nNk16(int n_cols, bool accumulate, float* const (&d)[128], const uint32_t* const (&a)[128],
-                    const uint8_t* smem, BAddr b_addr) {
+// values before are not read), d[thread] pointing to its N / 2
+// accumulators, B[k][n] = the fp16 at smem + b_addr(k, n), and
+// a_rows(w, A) filling warp w's 16 x 16 part of A (rows 16w .. 16w + 15)
+template <class ARows, class BAddr>
+void wgmma_m64nNk16_with(int n_cols, bool accumulate, float* const (&d)[128], const uint8_t* smem, ARows a_rows,
+                         BAddr b_addr) {
   float B[16][256];
   for (int k = 0; k < 16; ++k)
     for (int n = 0; n < n_cols; ++n) B[k][n] = f16_to_f32(half_at(smem, b_addr(k, n)));
   for (int w = 0; w < 4; ++w) {
-    Lanes4 lanes{};
-    for (int lane = 0; lane < 32; ++lane)
-      for (int r = 0; r < 4; ++r) lanes[static_cast<size_t>(lane)][static_cast<size_t>(r)] = a[32 * w + lane][r];
     float A[16][16];
-    unpack_a(lanes, A);
+    a_rows(w, A);
     for (int lane = 0; lane < 32; ++lane) {
       const int g = lane / 4, t = lane % 4;
       for (int i = 0; i < n_cols / 2; ++i) {
@@ -147,6 +145,36 @@ void wgmma_m64nNk16(int n_cols, bool accumulate, float* const (&d)[128], const u
       }
     }
   }
+}
+
+// A from registers: a[thread] points to its 4 A registers (each warp's 16
+// rows as an m16n8k16 A fragment)
+template <class BAddr>
+void wgmma_m64nNk16(int n_cols, bool accumulate, float* const (&d)[128], const uint32_t* const (&a)[128],
+                    const uint8_t* smem, BAddr b_addr) {
+  wgmma_m64nNk16_with(
+      n_cols, accumulate, d, smem,
+      [&](int w, float (&A)[16][16]) {
+        Lanes4 lanes{};
+        for (int lane = 0; lane < 32; ++lane)
+          for (int r = 0; r < 4; ++r) lanes[static_cast<size_t>(lane)][static_cast<size_t>(r)] = a[32 * w + lane][r];
+        unpack_a(lanes, A);
+      },
+      b_addr);
+}
+
+// A from shared memory as well: A[m][k] = the fp16 at smem + a_addr(k, m)
+// (K-major, addressed as wgmma_b_address addresses a K-major B's (k, n))
+template <class AAddr, class BAddr>
+void wgmma_m64nNk16_ss(int n_cols, bool accumulate, float* const (&d)[128], const uint8_t* smem, AAddr a_addr,
+                       BAddr b_addr) {
+  wgmma_m64nNk16_with(
+      n_cols, accumulate, d, smem,
+      [&](int w, float (&A)[16][16]) {
+        for (int r = 0; r < 16; ++r)
+          for (int k = 0; k < 16; ++k) A[r][k] = f16_to_f32(half_at(smem, a_addr(k, 16 * w + r)));
+      },
+      b_addr);
 }
 
 }  // namespace wm::ptx_model

@@ -129,6 +129,8 @@ struct WgmmaOp {
   uint64_t desc = 0;
   bool trans_b = false;
   bool accumulate = true;
+  bool a_smem = false;  // A from shared memory (a_desc), not from registers (a)
+  uint64_t a_desc = 0;
   float* d[128] = {};
   const uint32_t* a[128] = {};
 };
@@ -138,6 +140,8 @@ struct Warpgroup {
   uint64_t desc[128];
   bool trans_b[128];
   bool accumulate[128];
+  bool a_smem[128];
+  uint64_t a_desc[128];
   float* d[128];
   const uint32_t* a[128];
   int regs[128];  // setmaxnreg's value per thread
@@ -326,16 +330,25 @@ Warpgroup& my_warpgroup(const char* what) {
 
 void run_wgmma(const WgmmaOp& op) {
   const uint8_t* smem = g_cta->smem.data();
-  ptx_model::wgmma_m64nNk16(op.n_cols, op.accumulate, op.d, op.a, smem, [&](int k, int n) {
-    const uint32_t addr = ptx_model::wgmma_b_address(op.desc, op.trans_b, k, n);
-    check_read(addr, 2, "wgmma B operand");
-    // wgmma reads through the async proxy: what cp.async wrote (the generic
-    // proxy) is visible to it only after the writer's fence.proxy.async
-    if (const int32_t w = g_cta->generic_writer[addr / 16]; w >= 0)
-      fail(where() + "wgmma reads shared address " + std::to_string(addr) + ", written by thread " +
-           std::to_string(w) + "'s cp.async, which has not executed fence.proxy.async since");
-    return addr;
-  });
+  // an operand's (k, n) (A: (k, m), K-major) in shared memory, read as wgmma reads it
+  auto operand = [&](uint64_t desc, bool mn_major, const char* what) {
+    return [&, desc, mn_major, what](int k, int n) {
+      const uint32_t addr = ptx_model::wgmma_b_address(desc, mn_major, k, n);
+      check_read(addr, 2, what);
+      // wgmma reads through the async proxy: what cp.async wrote (the generic
+      // proxy) is visible to it only after the writer's fence.proxy.async
+      if (const int32_t w = g_cta->generic_writer[addr / 16]; w >= 0)
+        fail(where() + "wgmma reads shared address " + std::to_string(addr) + ", written by thread " +
+             std::to_string(w) + "'s cp.async, which has not executed fence.proxy.async since");
+      return addr;
+    };
+  };
+  const auto b = operand(op.desc, op.trans_b, "wgmma B operand");
+  if (op.a_smem) {
+    ptx_model::wgmma_m64nNk16_ss(op.n_cols, op.accumulate, op.d, smem, operand(op.a_desc, false, "wgmma A operand"), b);
+  } else {
+    ptx_model::wgmma_m64nNk16(op.n_cols, op.accumulate, op.d, op.a, smem, b);
+  }
 }
 
 [[noreturn]] void fiber_entry() {
@@ -695,13 +708,19 @@ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) 
   for (int k = 0; k < 4; ++k) c[k] = s.out_c[l][k];
 }
 
-void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b, bool accumulate) {
+namespace {
+
+// wgmma.mma_async, A from registers (a) or from shared memory (a_smem: a_desc)
+void issue_wgmma(int n_cols, float* d, const uint32_t* a, bool a_smem, uint64_t a_desc, uint64_t desc, bool trans_b,
+                 bool accumulate) {
   Warpgroup& wg = my_warpgroup("wgmma");
   const int t = linear_tid() % 128;
   wg.n_cols[t] = n_cols;
   wg.desc[t] = desc;
   wg.trans_b[t] = trans_b;
   wg.accumulate[t] = accumulate;
+  wg.a_smem[t] = a_smem;
+  wg.a_desc[t] = a_desc;
   wg.d[t] = d;
   wg.a[t] = a;
   meet(g_cta->warpgroups[static_cast<size_t>(linear_tid() / 128)], "wgmma.mma_async", [&] {
@@ -710,10 +729,12 @@ void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool tra
     op.desc = wg.desc[0];
     op.trans_b = wg.trans_b[0];
     op.accumulate = wg.accumulate[0];
+    op.a_smem = wg.a_smem[0];
+    op.a_desc = wg.a_desc[0];
     const size_t first = static_cast<size_t>(linear_tid() / 128 * 128);
     for (int i = 0; i < 128; ++i) {
       if (wg.n_cols[i] != op.n_cols || wg.desc[i] != op.desc || wg.trans_b[i] != op.trans_b ||
-          wg.accumulate[i] != op.accumulate)
+          wg.accumulate[i] != op.accumulate || wg.a_smem[i] != op.a_smem || wg.a_desc[i] != op.a_desc)
         fail(where() + "wgmma: the threads of a warpgroup pass different shapes, descriptors or scale-d");
       if (!(*g_cta->fibers)[first + static_cast<size_t>(i)].wgmma_fenced)
         fail(where() + "wgmma.mma_async without a wgmma.fence since the warpgroup's last wgmma.wait_group "
@@ -721,11 +742,23 @@ void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool tra
       op.d[i] = wg.d[i];
       op.a[i] = wg.a[i];
     }
-    const ptx_model::Descriptor fields(op.desc);
-    if (fields.swizzle != 1 || fields.base_offset != 0)
-      fail(where() + "wgmma: only the 128-byte swizzle with base offset 0 is modelled");
+    for (const uint64_t dsc : {op.desc, op.a_smem ? op.a_desc : op.desc}) {
+      const ptx_model::Descriptor fields(dsc);
+      if (fields.swizzle != 1 || fields.base_offset != 0)
+        fail(where() + "wgmma: only the 128-byte swizzle with base offset 0 is modelled");
+    }
     wg.uncommitted.push_back(op);
   });
+}
+
+}  // namespace
+
+void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b, bool accumulate) {
+  issue_wgmma(n_cols, d, a, false, 0, desc, trans_b, accumulate);
+}
+
+void wgmma_ss(int n_cols, float* d, uint64_t desc_a, uint64_t desc_b, bool trans_b, bool accumulate) {
+  issue_wgmma(n_cols, d, nullptr, true, desc_a, desc_b, trans_b, accumulate);
 }
 
 void wgmma_commit() {

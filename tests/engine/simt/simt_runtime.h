@@ -125,6 +125,9 @@ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 // n_cols 64 or 128: d holds the thread's n_cols / 2 accumulators;
 // accumulate false (scale-d 0): d = A B, d's values before are not read
 void wgmma(int n_cols, float* d, const uint32_t (&a)[4], uint64_t desc, bool trans_b, bool accumulate);
+// the same with A in shared memory too (desc_a: K-major, 128-byte swizzle),
+// read when the group is waited for, as B is
+void wgmma_ss(int n_cols, float* d, uint64_t desc_a, uint64_t desc_b, bool trans_b, bool accumulate);
 void wgmma_fence();
 // setmaxnreg.{inc,dec}: the whole warpgroup, one value
 void setmaxnreg(int regs, bool inc);

@@ -43,5 +43,9 @@ template <int TRANS_B>
 inline void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int accumulate = 1) {
   simt::wgmma(128, &d[0][0], a, desc, TRANS_B != 0, accumulate != 0);
 }
+template <int TRANS_B>
+inline void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate = 1) {
+  simt::wgmma_ss(128, &d[0][0], desc_a, desc_b, TRANS_B != 0, accumulate != 0);
+}
 
 }  // namespace wm::cuda
