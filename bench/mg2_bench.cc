@@ -315,6 +315,23 @@ int run(int argc, char** argv) {
           j[speedup_field] = std::round(off_s / forward_s * 1000) / 1000;
           return true;
         };
+        // and with the GEMMs' algorithms timed (gemm.autotune, off by default): its first forward times
+        // each plan's candidates, the timed ones run the choice; back off, the plans are the heuristic's again
+        if (S == 1 && tuning->find("gemm.autotune=") == std::string::npos && dev.plugin->set_tuning("gemm.autotune", 1).ok()) {
+          const int64_t plans0 = count("gemm.autotuned_plans"), changes0 = count("gemm.autotune_changes");
+          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+          dev.sync();
+          const double u0 = now_s();
+          for (int r = 0; r < reps; ++r)
+            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
+          dev.sync();
+          const double tuned_s = (now_s() - u0) / reps;
+          if (!dev.plugin->set_tuning("gemm.autotune", 0).ok()) return 1;
+          j["forward_ms_gemm_autotuned"] = std::round(tuned_s * 1e5) / 100;
+          j["gemm_autotune_speedup"] = std::round(forward_s / tuned_s * 1000) / 1000;
+          j["gemm_autotuned_plans"] = count("gemm.autotuned_plans") - plans0;
+          j["gemm_autotune_changes"] = count("gemm.autotune_changes") - changes0;
+        }
         if (!without("ffn.fused", "forward_ms_ffn_unfused", "ffn_fusion_speedup")) return 1;
         if (!without("attention.fused_inputs", "forward_ms_inputs_unfused", "inputs_fusion_speedup")) return 1;
         if (!without("attention.bf16_output", "forward_ms_output_unfused", "output_fusion_speedup")) return 1;

@@ -435,6 +435,9 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
     attention_pingpong_ = static_cast<int32_t>(value);
   } else if (key == "linear.fallback") {
     gemm_->set_force_fallback(value != 0);
+  } else if (key == "gemm.autotune") {
+    if (value != 0 && value != 1) return absl::InvalidArgumentError("gemm.autotune: 0 or 1");
+    gemm_->set_autotune(value != 0);
   } else if (key == "shadow") {
     use_shadow_ = value != 0;
   } else if (key == "ffn.fused") {
@@ -494,6 +497,8 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "gemm.fallback_calls") return gemm_ != nullptr ? gemm_->fallback_calls() : 0;
   if (name == "gemm.gelu_epilogue_calls") return gemm_ != nullptr ? gemm_->gelu_epilogue_calls() : 0;
   if (name == "gemm.realigned_outputs") return gemm_ != nullptr ? gemm_->realigned_outputs() : 0;
+  if (name == "gemm.autotuned_plans") return gemm_ != nullptr ? gemm_->autotuned_plans() : 0;
+  if (name == "gemm.autotune_changes") return gemm_ != nullptr ? gemm_->autotune_changes() : 0;
   if (name == "ffn.fused_calls") return ffn_fused_calls_;
   if (name == "attention.fused_input_calls") return fused_input_calls_;
   if (name == "attention.bf16_output_calls") return bf16_output_calls_;

@@ -24,7 +24,76 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream, size_t w
 
 Gemm::~Gemm() {
   for (auto& [key, p] : plans_) destroy(p);
+  if (tune_begin_ != nullptr) cudaEventDestroy(tune_begin_);
+  if (tune_end_ != nullptr) cudaEventDestroy(tune_end_);
   if (lt_ != nullptr) cublasLtDestroy(lt_);
+}
+
+absl::StatusOr<cublasLtMatmulPreference_t> Gemm::preference() const {
+  cublasLtMatmulPreference_t pref = nullptr;
+  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = workspace_.size();
+  const cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulPreferenceDestroy(pref);
+    return absl::InternalError(absl::StrCat("cuBLASLt preference: status ", static_cast<int>(st)));
+  }
+  return pref;
+}
+
+void Gemm::set_autotune(bool on) {
+  autotune_ = on;
+  if (on) return;
+  for (auto& [key, p] : plans_) {
+    p.algo = p.heuristic;
+    p.tuned = false;
+  }
+}
+
+cublasStatus_t Gemm::matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const uint16_t* w, const uint16_t* x,
+                            void* out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(lt_, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c, &algo, workspace_.get(),
+                        workspace_.size(), stream_);
+}
+
+absl::Status Gemm::tune(Plan& p, const uint16_t* w, const uint16_t* x, void* out) {
+  if (!autotune_ || p.tuned || t_recording_graph) return absl::OkStatus();
+  p.tuned = true;  // once per plan, whatever comes of it
+  auto gemm = [&](const cublasLtMatmulAlgo_t& algo) { return matmul(p, algo, w, x, out); };
+  absl::StatusOr<cublasLtMatmulPreference_t> pref = preference();
+  if (!pref.ok()) return pref.status();
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, *pref, kCandidates,
+                                                           results, &found);
+  cublasLtMatmulPreferenceDestroy(*pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found < 2) return absl::OkStatus();  // nothing to choose from
+  if (tune_begin_ == nullptr) WM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&tune_begin_));
+  if (tune_end_ == nullptr) WM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&tune_end_));
+  int best = -1;
+  float best_ms = 0.0f;
+  for (int i = 0; i < found; ++i) {
+    // an algorithm the call refuses is passed over (the output is written by the real call after)
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || gemm(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+    WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(tune_begin_, stream_));
+    bool ran = true;
+    for (int r = 0; r < kTimedRuns && ran; ++r) ran = gemm(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    WM_CUDA_RETURN_IF_ERROR(cudaEventRecord(tune_end_, stream_));
+    WM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(tune_end_));
+    float ms = 0.0f;
+    WM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, tune_begin_, tune_end_));
+    if (ran && (best < 0 || ms < best_ms)) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  if (best < 0) return absl::OkStatus();
+  p.algo = results[best].algo;
+  ++autotuned_plans_;
+  if (best != 0) ++autotune_changes_;
+  return absl::OkStatus();
 }
 
 void Gemm::destroy(Plan& p) {
@@ -55,21 +124,17 @@ absl::Status Gemm::describe(Plan& p, const Shape& s, Output output, bool bias_ep
   WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, s.in, s.n, s.ld_x));
   // C = D = y stored column-major [out x n] (ld_y)
   WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, gelu ? CUDA_R_16BF : CUDA_R_32F, s.out, s.n, s.ld_y));
-  cublasLtMatmulPreference_t pref = nullptr;
-  WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = workspace_.size();
-  cublasStatus_t st =
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  absl::StatusOr<cublasLtMatmulPreference_t> pref = preference();
+  if (!pref.ok()) return absl::OkStatus();  // no preference, no algorithm: usable stays false
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, *pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(*pref);
   // no algorithm is not an error: the caller tries the next way
   p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   p.bias_in_epilogue = bias_epilogue;
   p.bias_bf16 = bias_epilogue && bias_type == CUDA_R_16BF;
-  if (p.usable) p.algo = result.algo;
+  if (p.usable) p.algo = p.heuristic = result.algo;
   return absl::OkStatus();
 }
 
@@ -136,9 +201,8 @@ absl::Status Gemm::run(const uint16_t* w, int32_t ld_w, const uint16_t* x, int32
         if (absl::Status r = aligned_out_.reserve(y_bytes); !r.ok()) return r;
         d = aligned_out_.as<float>();
       }
-      const float alpha = 1.0f, beta = 0.0f;
-      const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, d, pl.c, d, pl.c,
-                                               &pl.algo, workspace_.get(), workspace_.size(), stream_);
+      if (absl::Status s = tune(pl, w, x, d); !s.ok()) return s;
+      const cublasStatus_t st = matmul(pl, pl.algo, w, x, d);
       if (st == CUBLAS_STATUS_SUCCESS) {
         ++cublaslt_calls_;
         if (d != y) {
@@ -192,9 +256,8 @@ absl::StatusOr<bool> Gemm::run_gelu_bf16(const uint16_t* w, int32_t ld_w, const 
   if (pl.bias_in_epilogue)
     WM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                              &epilogue_bias, sizeof(epilogue_bias)));
-  const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t st = cublasLtMatmul(lt_, pl.op, &alpha, w, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c, &pl.algo,
-                                           workspace_.get(), workspace_.size(), stream_);
+  if (absl::Status s = tune(pl, w, x, y); !s.ok()) return s;
+  const cublasStatus_t st = matmul(pl, pl.algo, w, x, y);
   if (st != CUBLAS_STATUS_SUCCESS) {
     if (t_recording_graph)  // perhaps the recording's failure, not the plan's (see run)
       return absl::FailedPreconditionError(absl::StrCat("cublasLtMatmul failed while recording (status ",

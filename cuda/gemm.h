@@ -37,6 +37,16 @@ class Gemm {
                                      const float* bias, int32_t n, int32_t in, int32_t out, uint16_t* y,
                                      int32_t ld_y);
   void set_force_fallback(bool on) { force_fallback_ = on; }
+  // on: a plan's first GEMM outside a recording times up to kCandidates of
+  // the heuristic's algorithms on its own operands (kTimedRuns each, after
+  // one that warms it up) and keeps the fastest; off: every plan back on the
+  // heuristic's first. Off by default: the choice follows one moment's
+  // timings, so two processes may round a GEMM differently.
+  void set_autotune(bool on);
+  static constexpr int kCandidates = 8, kTimedRuns = 3;
+  // plans timed so far, and of those the ones that left the heuristic's first
+  int64_t autotuned_plans() const { return autotuned_plans_; }
+  int64_t autotune_changes() const { return autotune_changes_; }
   // GEMMs that ran on the fallback kernel so far (tests check the path they meant)
   int64_t fallback_calls() const { return fallback_calls_; }
   int64_t cublaslt_calls() const { return cublaslt_calls_; }
@@ -59,7 +69,9 @@ class Gemm {
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t algo{};       // what runs
+    cublasLtMatmulAlgo_t heuristic{};  // the heuristic's first (algo, until timed)
+    bool tuned = false;                // the candidates were timed (set_autotune)
     bool usable = false;
     bool bias_in_epilogue = false;  // else a bias kernel runs after the GEMM
     bool bias_bf16 = false;         // the epilogue reads a bf16 copy of the bias
@@ -76,6 +88,15 @@ class Gemm {
   // describe() that leaves nothing behind when it fails
   absl::Status try_describe(Plan& p, const Shape& s, Output output, bool bias_epilogue, cudaDataType_t bias_type);
   static void destroy(Plan& p);
+  // out = x W^T by plan p with algorithm algo (C = D = out, beta 0)
+  cublasStatus_t matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const uint16_t* w, const uint16_t* x,
+                        void* out);
+  // with autotune on and p not yet timed (and no recording): times the
+  // heuristic's candidates on these operands (writing out, which the call
+  // after overwrites) and keeps the fastest in p.algo
+  absl::Status tune(Plan& p, const uint16_t* w, const uint16_t* x, void* out);
+  // the preference every query uses: at most the workspace's bytes
+  absl::StatusOr<cublasLtMatmulPreference_t> preference() const;
 
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
@@ -85,6 +106,10 @@ class Gemm {
   int32_t realigned_widest_ = 0;  // the widest output (columns) computed there
   std::map<Key, Plan> plans_;
   bool force_fallback_ = false;
+  bool autotune_ = false;
+  cudaEvent_t tune_begin_ = nullptr, tune_end_ = nullptr;  // made at the first tuning
+  int64_t autotuned_plans_ = 0;
+  int64_t autotune_changes_ = 0;
   int64_t fallback_calls_ = 0;
   int64_t cublaslt_calls_ = 0;
   int64_t realigned_outputs_ = 0;

@@ -114,7 +114,9 @@ def compare(results):
                   "dense_ms_per_forward", "dense_TFLOPs", "other_ms_per_forward",
                   "ffn_fused_per_block", "forward_ms_ffn_unfused", "ffn_fusion_speedup",
                   "attention_fused_inputs_per_block", "forward_ms_inputs_unfused", "inputs_fusion_speedup",
-                  "attention_bf16_outputs_per_block", "forward_ms_output_unfused", "output_fusion_speedup"):
+                  "attention_bf16_outputs_per_block", "forward_ms_output_unfused", "output_fusion_speedup",
+                  "forward_ms_gemm_autotuned", "gemm_autotune_speedup", "gemm_autotuned_plans",
+                  "gemm_autotune_changes"):
             if k in r:
                 row[k] = r[k]
         if t:
@@ -263,7 +265,10 @@ def summary(path):
               (" [q, k, v converted by the attention %(forward_ms_inputs_unfused)s ms/forward: fusion "
                "x%(inputs_fusion_speedup)s]" % m if "inputs_fusion_speedup" in m else "") +
               (" [attention output converted by the projection %(forward_ms_output_unfused)s ms/forward: fusion "
-               "x%(output_fusion_speedup)s]" % m if "output_fusion_speedup" in m else ""))
+               "x%(output_fusion_speedup)s]" % m if "output_fusion_speedup" in m else "") +
+              (" [GEMM algorithms timed (%(gemm_autotuned_plans)s plans, %(gemm_autotune_changes)s changed) "
+               "%(forward_ms_gemm_autotuned)s ms/forward: x%(gemm_autotune_speedup)s]" % m
+               if "gemm_autotune_speedup" in m else ""))
     for m in r.get("mg2_stages", []):
         if "fps_aggregate" in m:
             print("mg2 B=%s W=%s %s with %s stages, ping-pong %s%s: %s ms/forward, %s fps [attention %s ms/forward, %s TF/s]" % (

@@ -2095,6 +2095,73 @@ TEST(CudaCounters, ModelShapedGemmsRunOnCublasLt) {
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
+// gemm.autotune: a plan's first GEMM times the heuristic's candidates and
+// keeps the fastest, once per plan, on the fp32 path and the GELU epilogue's
+// alike; the values stay the GEMM's (on the emulator every candidate
+// computes the same, so bit for bit); switched off, every plan runs the
+// heuristic's first again, and a plan made while it is off is not timed
+TEST(CudaCounters, AutotunedGemmsTimeTheCandidatesOncePerPlan) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  const bool emulated = absl::StrContains(backends().cuda->device_info().name, "simt emulator");
+  const int n = 97, in = 256, hidden = 1024, out = 256;
+  Buffers buf(b);
+  const auto w0 = randn(static_cast<size_t>(hidden) * in, 31, 0.05f), w2 = randn(static_cast<size_t>(out) * hidden, 32, 0.05f);
+  const auto x = randn(static_cast<size_t>(n) * in, 33), b0 = randn(static_cast<size_t>(hidden), 34);
+  LinearWeight l0{b.upload_weight(w0.data(), hidden, in), buf.put(b0), hidden, in};
+  LinearWeight l2{b.upload_weight(w2.data(), out, hidden), nullptr, out, hidden};
+  float* xd = buf.put(x);
+  auto run = [&] {  // the linear alone (fp32 + bias), then the feed-forward block (the GELU epilogue, then fp32)
+    float *y = buf.zeros(static_cast<size_t>(n) * hidden), *h = buf.zeros(static_cast<size_t>(n) * hidden),
+          *f = buf.zeros(static_cast<size_t>(n) * out);
+    b.linear(l0, xd, n, y);
+    b.ffn(l0, l2, xd, n, h, f);
+    std::vector<float> r = buf.get(y, static_cast<size_t>(n) * hidden), g = buf.get(f, static_cast<size_t>(n) * out);
+    r.insert(r.end(), g.begin(), g.end());
+    return r;
+  };
+  const std::vector<float> heuristic = run();  // the plans are made untimed
+  const int64_t tuned0 = counter("gemm.autotuned_plans"), lt0 = counter("gemm.cublaslt_calls");
+  {
+    Tuning t(b, {{"gemm.autotune", 1}});
+    const std::vector<float> first = run();
+    const int64_t timed = counter("gemm.autotuned_plans") - tuned0;
+    // three plans: the linear's, the GELU GEMM's, the second GEMM's; a GPU's heuristic may offer one
+    // algorithm only for some, which leaves nothing to time
+    if (emulated) {
+      EXPECT_EQ(timed, 3);
+      // the timing runs are not the model's GEMMs: the counter counts the three calls
+      EXPECT_EQ(counter("gemm.cublaslt_calls") - lt0, 3);
+    } else {
+      EXPECT_LE(timed, 3);
+    }
+    EXPECT_LE(counter("gemm.autotune_changes"), counter("gemm.autotuned_plans"));
+    const std::vector<float> again = run();
+    EXPECT_EQ(counter("gemm.autotuned_plans") - tuned0, timed) << "a plan is timed once";
+    ASSERT_EQ(first.size(), heuristic.size());
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (emulated) {
+        ASSERT_EQ(first[i], heuristic[i]) << i;
+      } else {
+        ASSERT_NEAR(first[i], heuristic[i], 1e-3f + 1e-3f * std::fabs(heuristic[i])) << i;
+      }
+      ASSERT_EQ(again[i], first[i]) << i << ": the chosen algorithm is kept";
+    }
+  }
+  // off again: the heuristic's first, the same values as before tuning
+  const int64_t tuned1 = counter("gemm.autotuned_plans");
+  const std::vector<float> after = run();
+  EXPECT_EQ(counter("gemm.autotuned_plans"), tuned1);
+  for (size_t i = 0; i < after.size(); ++i) ASSERT_EQ(after[i], heuristic[i]) << i;
+  // a bad value is refused with the key's range
+  auto* pb = dynamic_cast<PluginBackend*>(&b);
+  ASSERT_NE(pb, nullptr);
+  const absl::Status bad = pb->set_tuning("gemm.autotune", 2);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "gemm.autotune: 0 or 1")) << bad;
+  ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
+}
+
 // the feed-forward block runs as two cuBLASLt GEMMs, the GELU in the first
 // one's epilogue; "ffn.fused" 0 and the forced fallback run the unfused ops
 TEST(CudaCounters, FeedForwardRunsFusedOnCublasLt) {

@@ -17,6 +17,7 @@
 #include <cblas.h>
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -277,11 +278,17 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                     *reinterpret_cast<Layout*>(c), *reinterpret_cast<Layout*>(d));
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (refused(*reinterpret_cast<Desc*>(op), *reinterpret_cast<Layout*>(d))) return CUBLAS_STATUS_NOT_SUPPORTED;
-  results[0] = cublasLtMatmulHeuristicResult_t{};
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].workspaceSize = 0;
-  results[0].wavesCount = 1.0f;
-  *returned = 1;
+  // kAlgorithms candidates, told apart by their first word; every one computes the same
+  // (the emulator has one way to multiply), so a choice among them changes no value
+  constexpr int kAlgorithms = 3;
+  *returned = std::min(requested, kAlgorithms);
+  for (int i = 0; i < *returned; ++i) {
+    results[i] = cublasLtMatmulHeuristicResult_t{};
+    results[i].algo.data[0] = static_cast<uint64_t>(i);
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].workspaceSize = 0;
+    results[i].wavesCount = 1.0f;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 
