@@ -297,40 +297,45 @@ int run(int argc, char** argv) {
         // where no session is batch-invariant: a call that writes only some rows leaves it)
         j["attention_bf16_outputs_per_block"] =
             static_cast<double>(count("attention.bf16_output_calls") - out16_0) / block_reps;
-        // the forward with a fusion switched off (tuning KEY 0, then back to 1), where --tuning
-        // left KEY alone: its time and the fusion's speedup; one session only (a fusion saves a
-        // share of each layer's traffic at any batch, and the GPU check's stage has a time limit)
-        auto without = [&](const char* key, const char* ms_field, const char* speedup_field) -> bool {
-          if (S != 1 || tuning->find(std::string(key) + "=") != std::string::npos) return true;
-          if (!dev.plugin->set_tuning(key, 0).ok()) return true;
-          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return false;
+        // one forward's seconds with tuning KEY at VALUE (after one untimed forward; then KEY back to
+        // BACK), where --tuning left KEY alone: 0 where not timed (KEY named by --tuning, or refused),
+        // -1 where a forward failed. One session only: a fusion saves a share of each layer's traffic
+        // at any batch, and the GPU check's stage has a time limit.
+        auto forward_with = [&](const char* key, int64_t value, int64_t back) -> double {
+          if (S != 1 || tuning->find(std::string(key) + "=") != std::string::npos) return 0;
+          if (!dev.plugin->set_tuning(key, value).ok()) return 0;
+          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return -1;
           dev.sync();
           const double u0 = now_s();
           for (int r = 0; r < reps; ++r)
-            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return false;
+            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return -1;
           dev.sync();
-          const double off_s = (now_s() - u0) / reps;
-          if (!dev.plugin->set_tuning(key, 1).ok()) return false;
-          j[ms_field] = std::round(off_s * 1e5) / 100;
-          j[speedup_field] = std::round(off_s / forward_s * 1000) / 1000;
-          return true;
+          const double secs = (now_s() - u0) / reps;
+          return dev.plugin->set_tuning(key, back).ok() ? secs : -1;
         };
-        // and with the GEMMs' algorithms timed (gemm.autotune, off by default): its first forward times
-        // each plan's candidates, the timed ones run the choice; back off, the plans are the heuristic's again
-        if (S == 1 && tuning->find("gemm.autotune=") == std::string::npos && dev.plugin->set_tuning("gemm.autotune", 1).ok()) {
+        // the forward with a fusion switched off (tuning KEY 0, then back to 1): its time and the
+        // fusion's speedup
+        auto without = [&](const char* key, const char* ms_field, const char* speedup_field) -> bool {
+          const double off_s = forward_with(key, 0, 1);
+          if (off_s > 0) {
+            j[ms_field] = std::round(off_s * 1e5) / 100;
+            j[speedup_field] = std::round(off_s / forward_s * 1000) / 1000;
+          }
+          return off_s >= 0;
+        };
+        // and with the GEMMs' algorithms timed (gemm.autotune, off by default): its untimed forward
+        // times each plan's candidates, the timed ones run the choice; back off, the plans are the
+        // heuristic's again
+        {
           const int64_t plans0 = count("gemm.autotuned_plans"), changes0 = count("gemm.autotune_changes");
-          if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
-          dev.sync();
-          const double u0 = now_s();
-          for (int r = 0; r < reps; ++r)
-            if (!model->forward(input(cfg.sigmas[0], false), vel, nullptr).ok()) return 1;
-          dev.sync();
-          const double tuned_s = (now_s() - u0) / reps;
-          if (!dev.plugin->set_tuning("gemm.autotune", 0).ok()) return 1;
-          j["forward_ms_gemm_autotuned"] = std::round(tuned_s * 1e5) / 100;
-          j["gemm_autotune_speedup"] = std::round(forward_s / tuned_s * 1000) / 1000;
-          j["gemm_autotuned_plans"] = count("gemm.autotuned_plans") - plans0;
-          j["gemm_autotune_changes"] = count("gemm.autotune_changes") - changes0;
+          const double tuned_s = forward_with("gemm.autotune", 1, 0);
+          if (tuned_s < 0) return 1;
+          if (tuned_s > 0) {
+            j["forward_ms_gemm_autotuned"] = std::round(tuned_s * 1e5) / 100;
+            j["gemm_autotune_speedup"] = std::round(forward_s / tuned_s * 1000) / 1000;
+            j["gemm_autotuned_plans"] = count("gemm.autotuned_plans") - plans0;
+            j["gemm_autotune_changes"] = count("gemm.autotune_changes") - changes0;
+          }
         }
         if (!without("ffn.fused", "forward_ms_ffn_unfused", "ffn_fusion_speedup")) return 1;
         if (!without("attention.fused_inputs", "forward_ms_inputs_unfused", "inputs_fusion_speedup")) return 1;

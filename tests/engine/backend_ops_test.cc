@@ -2106,7 +2106,8 @@ TEST(CudaCounters, AutotunedGemmsTimeTheCandidatesOncePerPlan) {
   const bool emulated = absl::StrContains(backends().cuda->device_info().name, "simt emulator");
   const int n = 97, in = 256, hidden = 1024, out = 256;
   Buffers buf(b);
-  const auto w0 = randn(static_cast<size_t>(hidden) * in, 31, 0.05f), w2 = randn(static_cast<size_t>(out) * hidden, 32, 0.05f);
+  const auto w0 = randn(static_cast<size_t>(hidden) * in, 31, 0.05f);
+  const auto w2 = randn(static_cast<size_t>(out) * hidden, 32, 0.05f);
   const auto x = randn(static_cast<size_t>(n) * in, 33), b0 = randn(static_cast<size_t>(hidden), 34);
   LinearWeight l0{b.upload_weight(w0.data(), hidden, in), buf.put(b0), hidden, in};
   LinearWeight l2{b.upload_weight(w2.data(), out, hidden), nullptr, out, hidden};
