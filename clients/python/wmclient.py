@@ -10,6 +10,7 @@ info, plays a few actions (per-action pacing, one in flight) and writes the
 frames as JPEG files.
 """
 import argparse
+import atexit
 import importlib
 import os
 import shutil
@@ -30,6 +31,7 @@ def load_stubs():
     if shutil.which("protoc") is None or plugin is None:
         sys.exit("wmclient: needs protoc and grpc_python_plugin (apt-get install protobuf-compiler protobuf-compiler-grpc)")
     out = tempfile.mkdtemp(prefix="wmclient_")
+    atexit.register(shutil.rmtree, out, True)  # the generated stubs go when the client exits
     subprocess.run(["protoc", "--proto_path=" + PROTO_ROOT, "--python_out=" + out, "--grpc_out=" + out,
                     "--plugin=protoc-gen-grpc=" + plugin, "wmserve/v1/wmserve.proto"], check=True)
     sys.path.insert(0, out)

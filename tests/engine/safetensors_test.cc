@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "common/image_io.h"
 #include "engine/model_config.h"
@@ -15,6 +18,16 @@
 
 namespace wm {
 namespace {
+
+// a test's scratch checkpoint directory, gone when the test ends however it ends
+struct ScratchDir {
+  std::string path;
+  explicit ScratchDir(std::string p) : path(std::move(p)) {}
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
 
 std::string make_file(const std::string& header, const std::string& data) {
   std::string out(8, '\0');
@@ -120,7 +133,8 @@ TEST(Safetensors, FuzzedMutationsFailCleanly) {
   auto cfg = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   HostWeights w = random_host_weights(*cfg, 1);
-  const std::string dir = ::testing::TempDir() + "/fuzz_ckpt_" + std::to_string(::getpid());
+  const ScratchDir scratch(::testing::TempDir() + "/fuzz_ckpt_" + std::to_string(::getpid()));
+  const std::string& dir = scratch.path;
   ASSERT_TRUE(save_checkpoint(*cfg, w, dir).ok());
   std::string good;
   {
@@ -161,7 +175,8 @@ TEST(Safetensors, CheckpointRejectsExtraAndMismatchedTensors) {
   auto cfg = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
   ASSERT_TRUE(cfg.ok());
   HostWeights w = random_host_weights(*cfg, 2);
-  const std::string dir = ::testing::TempDir() + "/mismatch_ckpt_" + std::to_string(::getpid());
+  const ScratchDir scratch(::testing::TempDir() + "/mismatch_ckpt_" + std::to_string(::getpid()));
+  const std::string& dir = scratch.path;
   ASSERT_TRUE(save_checkpoint(*cfg, w, dir).ok());
   auto file = SafetensorsFile::open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());

@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -25,10 +27,43 @@
 
 namespace wm::testing {
 
+namespace {
+
+// removes the directories fresh_dir made once the process's tests are done,
+// where they all passed: a failure keeps its servers' logs and checkpoints
+// to read (ctest runs every test in a process of its own)
+class TempDirs : public ::testing::Environment {
+ public:
+  void add(const std::string& dir) {
+    if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
+  }
+  void TearDown() override {
+    if (!::testing::UnitTest::GetInstance()->Passed()) {
+      for (const std::string& d : dirs_) std::fprintf(stderr, "kept for the failure: %s\n", d.c_str());
+      return;
+    }
+    std::error_code ec;  // a directory that cannot go stays; it fails nothing
+    for (const std::string& d : dirs_) std::filesystem::remove_all(d, ec);
+    dirs_.clear();
+  }
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
+TempDirs& temp_dirs() {
+  // gtest owns (and deletes) a registered environment
+  static TempDirs* dirs = static_cast<TempDirs*>(::testing::AddGlobalTestEnvironment(new TempDirs));
+  return *dirs;
+}
+
+}  // namespace
+
 std::string fresh_dir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "wmserve_test_" + std::to_string(getpid()) + "_" + name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  temp_dirs().add(dir);
   return dir;
 }
 
