@@ -59,7 +59,7 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
  public:
   PlayReactor(PlayService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), client_(client_of_peer(context->peer())) {
-    pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { finish_once(s); });
+    pending_ = service_->await_start(Clock::now(), [this](const absl::Status& s) { start_timed_out(s); });
     StartRead(&read_);
   }
 
@@ -70,8 +70,14 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       // closes the session, and a half-close must not close it first)
       if (s != nullptr) {
         if (!context_->IsCancelled()) service_->worker().end_input(*s);
-      } else {
-        finish_once(absl::FailedPreconditionError("the stream ended before a Start message"));
+      } else if (started_in_time()) {
+        // a caller without a known API token hears that first, as at a first message
+        auto user = service_->authenticate(*context_);
+        if (!user.ok()) {
+          reject("unauthenticated", user.status());
+        } else {
+          finish_once(absl::FailedPreconditionError("the stream ended before a Start message"));
+        }
       }
       return;
     }
@@ -210,6 +216,18 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   void reject(absl::string_view reason, const absl::Status& status) {
     service_->metrics().sessions_rejected(reason).Increment();
     finish_once(status);
+  }
+
+  // the Start timeout (sweep_idle's thread, under pending_->mu, while the
+  // stream is open): a caller without a known API token hears that, as at a
+  // first message, rather than that it was slow
+  void start_timed_out(const absl::Status& timeout) {
+    auto user = service_->authenticate(*context_);
+    if (!user.ok()) {
+      reject("unauthenticated", user.status());
+      return;
+    }
+    reject("start_timeout", timeout);
   }
 
   // a Start with a resume token: every other field is ignored
@@ -598,7 +616,6 @@ void PlayService::sweep_idle(TimePoint now) {
     }
     // a copy: finishing may end the stream, whose OnDone clears p->finish
     const auto finish = std::exchange(p->finish, nullptr);
-    metrics_->sessions_rejected("start_timeout").Increment();
     finish(absl::DeadlineExceededError(absl::StrCat("no Start message within ",
                                                     to_seconds(config_.start_timeout),
                                                     " s of opening the Play stream (--start_timeout_s)")));

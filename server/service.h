@@ -86,7 +86,9 @@ class PlayService final : public RawWorldModelService {
   void on_session_closed(const std::shared_ptr<ServerSession>& session, EndReason reason, bool opened);
   // closes sessions idle past the TTL and parked past the park TTL; call periodically
   void sweep_idle(TimePoint now);
-  // a new Play stream waits for its Start (start_timeout); null when there is no timeout
+  // a new Play stream waits for its Start (start_timeout); null when there is no timeout.
+  // Past it sweep_idle calls finish with the timeout's DEADLINE_EXCEEDED; finish ends the
+  // stream and counts the rejection (start_timeout, or unauthenticated without a known token)
   std::shared_ptr<PendingStart> await_start(TimePoint now, std::function<void(const absl::Status&)> finish);
   // the stream of `session` ended without a purposeful close (cancelled,
   // broken): park the session if allowed, else close it with `status`

@@ -1030,24 +1030,32 @@ TEST(ServerIntegration, BadTlsFilesStopTheServerAndTheClientsWithAMessage) {
   }
 }
 
+// a connection of its own to `s` whose calls send `token` ("": none)
+std::shared_ptr<grpc::Channel> channel_with_token(const ServerProcess& s, const std::string& token) {
+  client::ChannelOptions co;
+  co.own_connection = true;
+  co.auth_token = token;
+  return client::make_channel(s.target(), co);
+}
+
+// dir/tokens holding `text`, readable by its owner only (as --auth_tokens wants it)
+std::string owner_only_tokens(const std::string& dir, const std::string& text) {
+  const std::string tokens = dir + "/tokens";
+  EXPECT_TRUE(write_file(tokens, text.data(), text.size()).ok());
+  std::filesystem::permissions(tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  return tokens;
+}
+
 TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   const std::string dir = testing::fresh_dir("tokens");
-  const std::string tokens = dir + "/tokens";
-  const std::string text = "alice 0123456789abcdef0123\nbob fedcba9876543210fedc\n";
-  ASSERT_TRUE(write_file(tokens, text.data(), text.size()).ok());
-  std::filesystem::permissions(tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string tokens = owner_only_tokens(dir, "alice 0123456789abcdef0123\nbob fedcba9876543210fedc\n");
   const std::string session_log = dir + "/sessions.jsonl";
   auto server = ServerProcess::start(
       tiny_model(), {"--auth_tokens=" + tokens, "--max_sessions_per_client=1", "--session_log=" + session_log});
   ASSERT_NE(server, nullptr);
   EXPECT_TRUE(absl::StrContains(server->log(), "API tokens without TLS")) << server->log();
   EXPECT_FALSE(absl::StrContains(server->log(), "can be read by others")) << server->log();
-  auto as = [&](const std::string& token) {
-    client::ChannelOptions co;
-    co.own_connection = true;
-    co.auth_token = token;
-    return client::make_channel(server->target(), co);
-  };
+  auto as = [&](const std::string& token) { return channel_with_token(*server, token); };
   auto anonymous = as(""), alice = as("0123456789abcdef0123"), alice2 = as("0123456789abcdef0123"),
        bob = as("fedcba9876543210fedc"), stranger = as("0123456789abcdef0124");
   // without a known token nothing but the health check answers
@@ -1132,6 +1140,37 @@ TEST(ServerIntegration, ApiTokensAdmitKnownUsersAndCountTheirSessionsPerUser) {
   EXPECT_EQ(bob_lines, 2);
 }
 
+// with tokens, a Play stream that sends no message hears about its missing
+// token, not about the Start it never sent: at the Start timeout, and when it
+// half-closes first; a known caller's silent stream still times out
+TEST(ServerIntegration, ApiTokensAreCheckedBeforeTheStartTimeoutAndAHalfClose) {
+  const std::string tokens = owner_only_tokens(testing::fresh_dir("tokens_silent"), "alice 0123456789abcdef0123\n");
+  auto server = ServerProcess::start(tiny_model(), {"--auth_tokens=" + tokens, "--start_timeout_s=1"});
+  ASSERT_NE(server, nullptr);
+  auto as = [&](const std::string& token) { return channel_with_token(*server, token); };
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  client::PlayStream anonymous(as(""), deadline), stranger(as("0123456789abcdef0124"), deadline),
+      alice(as("0123456789abcdef0123"), deadline), closing(as(""), deadline);
+  closing.writes_done();
+  v1::PlayResponse resp;
+  EXPECT_FALSE(closing.read(&resp));
+  const grpc::Status closed = closing.finish();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::UNAUTHENTICATED) << closed.error_message();
+  EXPECT_TRUE(absl::StrContains(closed.error_message(), "needs a token")) << closed.error_message();
+  for (client::PlayStream* p : {&anonymous, &stranger}) {
+    EXPECT_FALSE(p->read(&resp));
+    const grpc::Status st = p->finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+  }
+  EXPECT_FALSE(alice.read(&resp));
+  const grpc::Status slow = alice.finish();
+  EXPECT_EQ(slow.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << slow.error_message();
+  EXPECT_TRUE(absl::StrContains(slow.error_message(), "no Start message within 1 s")) << slow.error_message();
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"unauthenticated\"}"), 3);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"start_timeout\"}"), 1);
+}
+
 // SIGHUP: new tokens without a restart; the sessions of a token that is no
 // longer there end at once, open or parked, while the others go on; a bad
 // file keeps the tokens in use; the session log starts a new file after a
@@ -1144,12 +1183,7 @@ TEST(ServerIntegration, SighupReloadsTheTokensRevokesAndReopensTheSessionLog) {
   std::filesystem::permissions(tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   auto server = ServerProcess::start(tiny_model(), {"--auth_tokens=" + tokens, "--session_log=" + log_path});
   ASSERT_NE(server, nullptr);
-  auto as = [&](const std::string& token) {
-    client::ChannelOptions co;
-    co.own_connection = true;
-    co.auth_token = token;
-    return client::make_channel(server->target(), co);
-  };
+  auto as = [&](const std::string& token) { return channel_with_token(*server, token); };
   auto alice = as("0123456789abcdef0123"), bob = as("fedcba9876543210fedc"), carol = as("cccccccccccccccccccc");
   auto hup_and_wait = [&](const std::string& says) {
     const size_t before = server->log().size();
