@@ -10,7 +10,8 @@
 //   attention_bench [--device=cuda|cpu] [--plugin=PATH] [--reps=20]
 //                   [--cached=1024,...,65536] [--queries=64,2640] [--heads=12] [--head_dim=128]
 //                   [--kernel=auto|mma|wgmma|overlap|ws|all] [--stages=0,3,4,5,6] [--pingpong=0,1]
-//                   [--ws_keys=0,64,128] [--ws_tma=-1,0,1] [--format=fp16|kivi2|qvg2|quantwm2] [--probe=0|1]
+//                   [--ws_keys=0,64,128] [--ws_tma=-1,0,1] [--ws_ablate=0,1,2]
+//                   [--format=fp16|kivi2|qvg2|quantwm2] [--probe=0|1]
 // append_ms: one append's wall time while the cache fills (a span
 // format's includes its k-means and coding, on the device, docs/PERFORMANCE.md).
 // --format: the cache format (kivi2: the kernels decoding 2-bit tiles; on
@@ -22,6 +23,9 @@
 // --pingpong: its two warpgroups in ping-pong or not ("attention.pingpong"; -1 the default)
 // --ws_keys: the warp-specialised kernel's keys per step ("attention.ws_keys"; 0 the default)
 // --ws_tma: whether it copies whole key tiles by TMA ("attention.ws_tma"; -1 the default)
+// --ws_ablate: its loads alone (1) or its consumers alone (2), beside the whole kernel (0)
+// ("attention.ws_ablate", docs/CUDA.md "Ablations"): what each half of it takes. The outputs of 1 and 2
+// are wrong, so their rows (ws_ablate 1, 2) time the kernel and nothing else
 // --probe=1: audit mode's drift probe of one call (4 queries per head, top
 // 8) against an fp16 reference cache of the same frames: probe_ms, on the
 // device (KvCache::probe_against, cuda/kv_probe.cuh; wall time, with its
@@ -85,30 +89,40 @@ int run(int argc, char** argv) {
   std::vector<int> pingpong_list = f.list("pingpong", "-1");
   std::vector<int> ws_keys_list = f.list("ws_keys", "0");
   std::vector<int> ws_tma_list = f.list("ws_tma", "-1");
+  std::vector<int> ablate_list = f.list("ws_ablate", "0");
+  for (int x : ablate_list)
+    if (x < 0 || x > 2) {
+      std::fprintf(stderr, "--ws_ablate=%d: use 0 (the whole kernel), 1 (its loads) or 2 (its consumers)\n", x);
+      return 2;
+    }
   if (stage_list.empty()) stage_list = {0};
   if (pingpong_list.empty()) pingpong_list = {-1};
   if (ws_keys_list.empty()) ws_keys_list = {0};
   if (ws_tma_list.empty()) ws_tma_list = {-1};
+  if (ablate_list.empty()) ablate_list = {0};
   struct Variant {
     std::string name;
-    int64_t kernel = 0, stages = 0, pingpong = -1, ws_keys = 0, ws_tma = -1;
+    int64_t kernel = 0, stages = 0, pingpong = -1, ws_keys = 0, ws_tma = -1, ablate = 0;
   };
   std::vector<Variant> variants;
   for (const auto& [kernel_name, kernel] : kernels_it->second)
     for (int st : stage_list)
       for (int pp : pingpong_list)
         for (int keys : ws_keys_list)
-          for (int tma : ws_tma_list) {
-            // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4), keys per step and
-            // TMA the latter's: the others run once. No variant twice: the overlapped kernel runs 6 stages as
-            // 5; the warp-specialised one 3 of 128 keys a step, 3 or 4 of 64 by cp.async (5 and 6 as 4), 3 to
-            // 6 of 64 by TMA (attention_sm90_ws_stages)
-            if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
-            if ((keys != ws_keys_list.front() || tma != ws_tma_list.front()) && kernel != 4) continue;
-            if (kernel == 3 && st == 6) continue;
-            if (kernel == 4 && ((keys == 128 && st >= 4) || (tma != 1 && st >= 5))) continue;
-            variants.push_back({kernel_name, kernel, st, pp, keys, tma});
-          }
+          for (int tma : ws_tma_list)
+            for (int ablate : ablate_list) {
+              // stages and ping-pong are the overlapped and warp-specialised kernels' (3, 4), keys per step and
+              // TMA the latter's: the others run once. No variant twice: the overlapped kernel runs 6 stages as
+              // 5; the warp-specialised one 3 of 128 keys a step, 3 or 4 of 64 by cp.async (5 and 6 as 4), 3 to
+              // 6 of 64 by TMA (attention_sm90_ws_stages)
+              if ((st != stage_list.front() || pp != pingpong_list.front()) && kernel != 3 && kernel != 4) continue;
+              if ((keys != ws_keys_list.front() || tma != ws_tma_list.front() || ablate != ablate_list.front()) &&
+                  kernel != 4)
+                continue;
+              if (kernel == 3 && st == 6) continue;
+              if (kernel == 4 && ((keys == 128 && st >= 4) || (tma != 1 && st >= 5))) continue;
+              variants.push_back({kernel_name, kernel, st, pp, keys, tma, kernel == 4 ? ablate : 0});
+            }
 
   for (const Variant& var : variants) {
     const int64_t kernel = var.kernel;
@@ -119,6 +133,7 @@ int run(int argc, char** argv) {
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.pingpong", var.pingpong);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.ws_keys", var.ws_keys);
       if (ks.ok()) ks = dev.plugin->set_tuning("attention.ws_tma", var.ws_tma);
+      if (ks.ok()) ks = dev.plugin->set_tuning("attention.ws_ablate", var.ablate);
       if (!ks.ok()) {
         std::fprintf(stderr, "kernel %s, stages %lld: %s\n", var.name.c_str(), static_cast<long long>(var.stages),
                      ks.ToString().c_str());
@@ -192,6 +207,7 @@ int run(int argc, char** argv) {
           const int64_t pingpong = staged ? dev.plugin->counter("attention.pingpong").value_or(0) : 0;
           const int64_t ws_keys = ran == "ws" ? dev.plugin->counter(std::string("attention.ws_keys.") + bq).value_or(0) : 0;
           const int64_t ws_tma = ran == "ws" ? dev.plugin->counter("attention.ws_tma").value_or(0) : 0;
+          const int64_t ws_ablate = ran == "ws" ? dev.plugin->counter("attention.ws_ablate").value_or(0) : 0;
           double ms = 0;
           const int n = dev.plugin != nullptr ? reps : 1;
           if (dev.plugin != nullptr) {
@@ -254,6 +270,7 @@ int run(int argc, char** argv) {
                               {"pingpong", pingpong},
                               {"ws_keys", ws_keys},
                               {"ws_tma", ws_tma},
+                              {"ws_ablate", ws_ablate},
                               {"us", std::round(s * 1e7) / 10},
                               {"kv_bytes_fp16", kv_bytes},
                               {"GBps", std::round(kv_bytes / s / 1e8) / 10},
@@ -280,6 +297,7 @@ int run(int argc, char** argv) {
     dev.plugin->set_tuning("attention.pingpong", -1).IgnoreError();
     dev.plugin->set_tuning("attention.ws_keys", 0).IgnoreError();
     dev.plugin->set_tuning("attention.ws_tma", -1).IgnoreError();
+    dev.plugin->set_tuning("attention.ws_ablate", 0).IgnoreError();
   }
   return dev.exit_code();
 }

@@ -39,7 +39,17 @@ struct AttentionArgs {
   // v16[0] are its rows k_map_row and v_map_row
   const void* block_map = nullptr;
   int64_t k_map_row = 0, v_map_row = 0;
+  // the warp-specialised kernel with half of its work taken out, for
+  // benchmarks only ("attention.ws_ablate"; the outputs are then wrong):
+  // kWsLoadsOnly, kWsComputeOnly (attention_ws.cuh)
+  int32_t ws_ablate = 0;
 };
+
+// AttentionArgs::ws_ablate: the loads alone (the consumers release each step
+// as soon as it has landed, computing nothing), or the consumers alone (the
+// producer fills each stage once, so every step past the ring's first
+// computes on the tiles already there)
+inline constexpr int32_t kWsLoadsOnly = 1, kWsComputeOnly = 2;
 
 // raises the kernels' shared-memory limits; once per device before the first launch
 cudaError_t attention_prepare();

@@ -44,6 +44,14 @@
 // arrivals. A partial tile stays on cp.async because its rows past the
 // valid ones must be zeros (0 x V must not be NaN: a page's unwritten rows
 // may hold anything), which a tensor copy gives only at the tensor's edge.
+//
+// Ablations (AttentionArgs::ws_ablate, benchmarks only: the outputs are
+// wrong): kWsLoadsOnly keeps the producer and every FULL wait, while the
+// consumers release each step as it lands and compute nothing, so the
+// launch takes what the loads alone take; kWsComputeOnly keeps the
+// consumers and every barrier, while the producer loads the first STAGES
+// steps only, so the launch takes what the consumers alone take. A kernel
+// near the larger of the two overlaps them; one near their sum does not.
 #pragma once
 
 #include <cstdint>
@@ -149,6 +157,9 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
       }
     }
     for (int t = 0; t < ns + kAhead; ++t) {
+      // kWsComputeOnly: past the ring's first round no step is loaded (its stage keeps the tiles of the step
+      // STAGES back), while every barrier still runs
+      const bool load = !(a.ws_ablate == kWsComputeOnly && t >= STAGES);
       // first signal step t - kAhead (groups 0 .. t - 1 are committed), then wait for a stage: so the
       // consumers' FULL for step u hangs on their EMPTY for step u - 3, a whole step back
       if (t >= kAhead) {
@@ -166,7 +177,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
         if (t == 0) load_query_tile<HD, BQ, kProducer, true, kQSmem>(a, c, sq, ptid);
         bool tma[TPS];  // which of the step's tiles come by tensor copies
 #pragma unroll
-        for (int h = 0; h < TPS; ++h) tma[h] = by_tma(TPS * t + h);
+        for (int h = 0; h < TPS; ++h) tma[h] = load && by_tma(TPS * t + h);
         if constexpr (TMA) {
           if (ptid == 0) {
             uint32_t bytes = 0;
@@ -202,7 +213,7 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
         }
 #pragma unroll
         for (int h = 0; h < TPS; ++h) {
-          if (tma[h]) continue;
+          if (tma[h] || !load) continue;
           if (TPS * t + h < n) {
             load_key_tile<Fmt, HD, kProducer, true, true, BK>(a, kv, c, c.w.tile_begin + TPS * t + h, key_tile(t, h),
                                                               value_tile(t, h), ptid);
@@ -240,6 +251,14 @@ __global__ void __launch_bounds__(ws_threads(BQ), 1)
       named_barrier_sync(full_id(t, wg), kFullThreads);
     }
   };
+  if (a.ws_ablate == kWsLoadsOnly) {  // each step released as soon as it has landed: O stays 0
+    for (int t = 0; t < ns; ++t) {
+      wait_full(t);
+      if (t + STAGES < ns) named_barrier_arrive(empty_id(t), kEmptyThreads);
+    }
+    store_rows<HD, BQ>(a, c, warp, lane, o, m, l);
+    return;
+  }
   uint32_t pa[BK / 16][4];  // P of the step before, as the A operand of P V
   if (ns > 0) {
     wait_full(0);  // Q and step 0

@@ -433,6 +433,12 @@ absl::Status CudaBackend::set_tuning(absl::string_view key, int64_t value) {
   } else if (key == "attention.pingpong") {
     if (value < -1 || value > 1) return absl::InvalidArgumentError("attention.pingpong: -1 (default), 0 or 1");
     attention_pingpong_ = static_cast<int32_t>(value);
+  } else if (key == "attention.ws_ablate") {
+    if (value < 0 || value > kWsComputeOnly)
+      return absl::InvalidArgumentError(
+          "attention.ws_ablate: 0 (none), 1 (the loads alone) or 2 (the consumers alone); a benchmark's diagnosis "
+          "whose outputs are wrong");
+    attention_ws_ablate_ = static_cast<int32_t>(value);
   } else if (key == "linear.fallback") {
     gemm_->set_force_fallback(value != 0);
   } else if (key == "gemm.autotune") {
@@ -536,6 +542,7 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   // not a count: the K/V stages of the overlapped kernel now
   if (name == "attention.stages") return int64_t{overlap_stages()};
   if (name == "attention.pingpong") return int64_t{pingpong()};
+  if (name == "attention.ws_ablate") return int64_t{attention_ws_ablate_};
   // not a count: the warp-specialised kernel's keys per step now, for 128- and 64-query tiles
   if (name == "attention.ws_keys.block_q_128") return int64_t{ws_keys(128)};
   if (name == "attention.ws_keys.block_q_64") return int64_t{ws_keys(64)};
@@ -2373,6 +2380,7 @@ absl::Status CudaBackend::attention(int32_t layer, std::span<DeviceKvCache* cons
   a.block_q = p.block_q;
   a.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(Dh)));
   a.pingpong = pingpong();
+  a.ws_ablate = attention_ws_ablate_;
   const PagedKvFp16View view = fp16_view(reinterpret_cast<const int32_t*>(base + plan_layout.page_tables), g);
   const auto items = static_cast<int32_t>(p.items.size());
   if (g.span.block > 0) {

@@ -472,6 +472,10 @@ class CudaBackend {
   // the H200 has timed it); only where ws_tma_ready_
   int32_t attention_ws_tma_ = -1, default_attention_ws_tma_ = 0;
   bool ws_tma() const;
+  // kernel 4 with its loads or its consumers' work taken out
+  // ("attention.ws_ablate" 1 or 2, AttentionArgs::ws_ablate; 0: neither):
+  // a benchmark's diagnosis, whose outputs are wrong
+  int32_t attention_ws_ablate_ = 0;
   bool ws_tma_ready_ = false;  // the tensor maps, and every TMA instantiation fits an SM
   int64_t ws_tma_launches_ = 0;
   void measure_ctas_per_sm();

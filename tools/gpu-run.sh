@@ -30,6 +30,9 @@
 #   attention   wm_attention_bench (JSON lines), every kernel
 #   attention_stages  the overlapped kernel with 3, 4 and 5 K/V stages, ping-pong or not
 #   attention_ws  the warp-specialised kernel with 3 and 4 stages, 64 and 128 keys a step
+#   attention_ws_ablate  the default 128-query kernel (by cp.async and by TMA, 64 and 128
+#               keys a step) at 2640 queries over 64k cached tokens whole, with its loads
+#               alone and with its consumers alone ("attention.ws_ablate"): which half sets its time
 #   attention_ws_tma  its TMA build against its cp.async build at 2640 queries, and with
 #               5 and 6 stages (the TMA build only)
 #   torch_attn  ../shared/research/torch_attn.py, same machine, same call
@@ -71,7 +74,7 @@
 # correctness stages and the serving runs.
 set -u
 if [ "${WM_GPU_STAGES:-}" = tma ]; then
-  WM_GPU_STAGES="info ws ws_tma attention_ws_tma torch_attn mg2 torch_mg2 mg2_ws_tma ncu_sass ncu_ws_tma"
+  WM_GPU_STAGES="info ws ws_tma attention_ws_ablate attention_ws_tma torch_attn mg2 torch_mg2 mg2_ws_tma ncu_sass ncu_ws_tma"
 fi
 OUT=${OUT:-/tmp/wm-gpu-out}
 mkdir -p "$OUT"
@@ -200,6 +203,11 @@ stage attention 50 .gpu/bin/wm_attention_bench --kernel=$attention_kernels
 # the warp-specialised kernel (the default for 128-query tiles at head_dim 128), where its parity cases passed
 [ "$attention_kernels" = all ] && passed ws &&
   stage attention_ws 60 .gpu/bin/wm_attention_bench --kernel=ws --stages=3,4 --pingpong=0,1 --ws_keys=64,128
+# the same kernel whole, with its loads alone and with its consumers alone (outputs wrong in the last two):
+# near the loads' time it waits on memory, near the consumers' on its own path, near their sum on both in turn
+[ "$attention_kernels" = all ] && passed ws &&
+  stage attention_ws_ablate 30 .gpu/bin/wm_attention_bench --kernel=ws --queries=2640 --cached=65536 \
+    --ws_keys=64,128 --ws_tma="$(passed ws_tma && echo 0,1 || echo 0)" --ws_ablate=0,1,2
 # and its TMA build against its cp.async build at Matrix-Game-2's 2640 queries, side by side: the defaults
 # (4 stages of 64 keys, 3 of 128, ping-pong) by both, and the TMA build's deeper rings, 5 and 6 stages of 64
 [ "$attention_kernels" = all ] && passed ws && passed ws_tma &&

@@ -153,6 +153,8 @@ def kernel_label(r):
         k = "%s/%dkeys" % (k, r["ws_keys"])
     if r.get("ws_tma"):
         k = "%s/tma" % k
+    if r.get("ws_ablate"):
+        k = "%s/%s" % (k, {1: "loads-only", 2: "compute-only"}.get(r["ws_ablate"], "ablated"))
     return k + "/pingpong" if r.get("pingpong") else k
 
 
@@ -175,6 +177,8 @@ def collect(raw, out_path, build_info):
                             json_lines(os.path.join(raw, "attention_stages.out")) +
                             json_lines(os.path.join(raw, "attention_ws.out")) +
                             json_lines(os.path.join(raw, "attention_ws_tma.out")))
+    # the kernel with half its work taken out (wrong outputs): rows of their own, never compared with PyTorch
+    results["attention_ws_ablate"] = json_lines(os.path.join(raw, "attention_ws_ablate.out"))
     results["attention_kivi2"] = json_lines(os.path.join(raw, "attention_kivi2.out"))
     results["attention_quantwm2"] = json_lines(os.path.join(raw, "attention_quantwm2.out"))
     results["audit_probe"] = json_lines(os.path.join(raw, "audit_probe.out"))
@@ -237,6 +241,15 @@ def summary(path):
         if a.get("bench") == "attention" and a.get("query_tokens") == 64:
             print("attention q=64 N=%s split=%s %s: %s us, %s GB/s (%s%% of HBM)" % (
                 a["cached_tokens"], a["split"], kernel_label(a), a["us"], a["GBps"], a["pct_hbm_4800"]))
+    # each half of the warp-specialised kernel against the whole, at the same keys a step and copies
+    whole = {(a.get("ws_keys"), a.get("ws_tma")): a["us"] for a in r.get("attention_ws_ablate", [])
+             if a.get("bench") == "attention" and not a.get("ws_ablate")}
+    for a in r.get("attention_ws_ablate", []):
+        if a.get("bench") == "attention" and a.get("ws_ablate"):
+            w = whole.get((a.get("ws_keys"), a.get("ws_tma")))
+            print("attention q=%s N=%s %s: %s us%s" % (a["query_tokens"], a["cached_tokens"], kernel_label(a), a["us"],
+                                                      " (the whole kernel %s us: %.0f%% of it)" % (w, 100 * a["us"] / w)
+                                                      if w else ""))
     # KIVI-2 and QuantWM-2 against fp16 at the same cache length, query block and split, on the kernel each ran
     fp16 = {(a["cached_tokens"], a["query_tokens"], a["split"], a["kernel"]): a for a in r.get("attention", [])
             if a.get("bench") == "attention" and a.get("format", "fp16") == "fp16"}

@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -2545,9 +2546,21 @@ TEST(CudaCounters, MisalignedGemmOutputsGiveTheAlignedValues) {
   }
 }
 
-// "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped, 4 warp-specialised
-// (2, 3 and 4 for head_dim 64 and 128 only, on compute capability 9.0), 0 the process default
-// (WM_CUDA_ATTENTION, else 4 for 128-query tiles at head_dim 128 and 3 for the rest, wherever they run)
+// one session's 128-query tile (2 frames of 64 tokens: two warpgroups) over `cached` of a window of 22
+// frames, head_dim 128, 2 heads
+AttnSpec two_warpgroups_over(int cached) {
+  AttnSpec a;
+  a.heads = 2;
+  a.head_dim = 128;
+  a.tokens_per_frame = 64;
+  a.window = 22;
+  a.sinks = 0;
+  a.frames_per_block = 2;
+  a.cached = {cached};
+  a.q_scale = 3.0f;
+  return a;
+}
+
 // The TMA build's ring as deep as asked where the device holds it: 6 stages of 64 keys take 224 KiB
 // (head_dim 128, 128 queries), which an H100 or H200 CTA may have (227). Where it may not, the backend
 // runs the deepest that fits and says so in attention.ws_stages.*: the test "simt:...SmallerDevice"
@@ -2563,15 +2576,7 @@ TEST(CudaCounters, TmaRingsAreAsDeepAsTheDeviceHolds) {
   const char* e = std::getenv("WM_TEST_TMA_DEEPEST");
   const int64_t deepest = e != nullptr && *e != '\0' ? std::atoi(e) : 6;
   for (int64_t asked : {5, 6}) {
-    AttnSpec a;
-    a.heads = 2;
-    a.head_dim = 128;
-    a.tokens_per_frame = 64;
-    a.window = 22;
-    a.sinks = 0;
-    a.frames_per_block = 2;
-    a.cached = {22};
-    a.q_scale = 3.0f;
+    AttnSpec a = two_warpgroups_over(22);
     a.tuning = {{"attention.kernel", 4},        {"attention.ws_tma", 1},  {"attention.ws_keys", 64},
                 {"attention.stages", asked},    {"attention.block_q", 128}, {"attention.split", 1}};
     {
@@ -2590,6 +2595,66 @@ TEST(CudaCounters, TmaRingsAreAsDeepAsTheDeviceHolds) {
   }
 }
 
+// "attention.ws_ablate": the warp-specialised kernel with half of its work taken out, for the benchmark
+// that times each half (docs/CUDA.md, "Ablations"). Two warpgroups over 22 cached frames of 64 tokens and a
+// block of 2 (24 steps of 64 keys, 4 stages), by cp.async and by TMA: 1 (the loads alone) leaves every output
+// 0, since no score was computed; 2 (the consumers alone) gives finite outputs that are not the attention's,
+// since the steps past the ring's first 4 compute on the tiles already there; over 1 cached frame (3 steps,
+// all in the ring's first round) 2 is the attention bit for bit; and 0 is the attention again
+TEST(CudaCounters, WarpSpecialisedAblationsTakeOutHalfTheWork) {
+  WM_REQUIRE_CUDA();
+  Backend& b = *backends().cuda;
+  auto* pb = backends().cuda.get();
+  if (!ws_available()) GTEST_SKIP() << "no warp-specialised kernel here";
+  for (int64_t bad : {int64_t{-1}, int64_t{3}, (int64_t{1} << 32) + 1})
+    EXPECT_EQ(pb->set_tuning("attention.ws_ablate", bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_EQ(counter("attention.ws_ablate"), 0);
+  const bool tma_here = pb->set_tuning("attention.ws_tma", 1).ok();
+  ASSERT_TRUE(pb->set_tuning("attention.ws_tma", -1).ok());
+  for (int64_t tma : {0, 1}) {
+    if (tma == 1 && !tma_here) continue;
+    for (int cached : {22, 1}) {
+      AttnSpec a = two_warpgroups_over(cached);
+      a.layers = 1;
+      a.tuning = {{"attention.kernel", 4}, {"attention.ws_tma", tma},    {"attention.ws_keys", 64},
+                  {"attention.stages", 4}, {"attention.block_q", 128}, {"attention.split", 1}};
+      const std::string label = "TMA " + std::to_string(tma) + ", " + std::to_string(cached) + " cached frames";
+      std::vector<float> out[3];
+      for (int64_t ablate : {0, 1, 2}) {
+        AttnSpec ab = a;
+        ab.tuning.emplace_back("attention.ws_ablate", ablate);
+        const int64_t ws0 = counter("attention.ws_launches"), tma0 = counter("attention.ws_tma_launches");
+        out[ablate] = attention_case(ab).run(b, 13);
+        ASSERT_TRUE(backends().cuda->status().ok()) << label << ", ablation " << ablate << ": "
+                                                    << backends().cuda->status();
+        EXPECT_EQ(counter("attention.ws_launches") - ws0, 1) << label << ", ablation " << ablate;
+        EXPECT_EQ(counter("attention.ws_tma_launches") - tma0, tma) << label << ", ablation " << ablate;
+        ASSERT_FALSE(out[ablate].empty()) << label;
+      }
+      EXPECT_EQ(counter("attention.ws_ablate"), 0) << "reset with the scope's tuning";
+      const OpCase c = attention_case(a);
+      const auto cpu = c.run(*backends().cpu, 13);
+      EXPECT_TRUE(close(cpu, out[0], c.tol)) << label << c.explain(cpu, out[0]);
+      size_t nonzero = 0, nonfinite = 0, differ = 0;
+      for (size_t i = 0; i < out[0].size(); ++i) {
+        nonzero += out[1][i] != 0.0f;
+        nonfinite += !std::isfinite(out[2][i]);
+        differ += std::memcmp(&out[2][i], &out[0][i], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(nonzero, 0u) << label << ": the loads alone compute nothing";
+      EXPECT_EQ(nonfinite, 0u) << label;
+      if (cached == 1) {
+        EXPECT_EQ(differ, 0u) << label << ": every step in the ring's first round is loaded";
+      } else {
+        EXPECT_GT(differ, out[0].size() / 2) << label << ": steps past the ring's first round reuse its tiles";
+      }
+    }
+  }
+}
+
+// "attention.kernel" picks the kernel that runs: 1 mma.sync, 2 wgmma, 3 wgmma overlapped, 4 warp-specialised
+// (2, 3 and 4 for head_dim 64 and 128 only, on compute capability 9.0), 0 the process default
+// (WM_CUDA_ATTENTION, else 4 for 128-query tiles at head_dim 128 and 3 for the rest, wherever they run)
 TEST(CudaCounters, AttentionKernelChoiceIsHonoured) {
   WM_REQUIRE_CUDA();
   Backend& b = *backends().cuda;
