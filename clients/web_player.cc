@@ -1,6 +1,7 @@
 #include "clients/web_player.h"
 
 #include <CivetServer.h>
+#include <arpa/inet.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -22,6 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -399,6 +402,48 @@ class WebPlayer {
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
+// --web's HOST:PORT, checked before civetweb reads it: civetweb takes an
+// IPv4 address's four numbers unchecked and shifts them into place, so
+// 256.0.0.0 bound every interface and 127.0.0.257 bound 127.0.1.1 while the
+// typed address was printed; a bare port bound every interface too
+absl::Status check_listen_address(const std::string& listen) {
+  const absl::Status usage = absl::InvalidArgumentError(absl::StrCat(
+      "--web must be HOST:PORT (HOST an IPv4 address, [an IPv6 address] or a host name; PORT 0..65535, 0: any "
+      "free one), not '",
+      listen, "'"));
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return usage;
+  const std::string host = listen.substr(0, colon), port = listen.substr(colon + 1);
+  int port_number = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number > 65535)
+    return usage;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    in6_addr v6;
+    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) != 1)
+      return absl::InvalidArgumentError(absl::StrCat("--web ", listen, ": ", host, " is not an IPv6 address"));
+    if (mg_check_feature(8) == 0)  // Debian's civetweb is built without IPv6
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--web ", listen, ": this wmplay's HTTP server (civetweb) has no IPv6; give an IPv4 address or a host name"));
+    return absl::OkStatus();
+  }
+  // a host that starts with a digit is an IPv4 address, strictly: four
+  // decimal numbers 0..255 (civetweb refuses host names that start so anyway)
+  if (!host.empty() && absl::ascii_isdigit(static_cast<unsigned char>(host[0]))) {
+    in_addr v4;
+    if (inet_pton(AF_INET, host.c_str(), &v4) != 1)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--web ", listen, ": ", host, " is not an IPv4 address (four decimal numbers 0..255, no leading zeros)"));
+    return absl::OkStatus();
+  }
+  // a host name, which civetweb resolves
+  const auto name_char = [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
+  };
+  if (host.empty() || !std::all_of(host.begin(), host.end(), name_char)) return usage;
+  return absl::OkStatus();
+}
+
 class Handler final : public CivetHandler {
  public:
   explicit Handler(WebPlayer& w) : w_(w) {}
@@ -429,6 +474,10 @@ int run_web_player(const WebPlayerOptions& o) {
   }
   if (o.max_players < 1 || o.max_players > 1000) {
     std::fprintf(stderr, "wmplay: --max_players must be 1..1000\n");
+    return 2;
+  }
+  if (const absl::Status st = check_listen_address(o.listen); !st.ok()) {
+    std::fprintf(stderr, "wmplay: %s\n", std::string(st.message()).c_str());
     return 2;
   }
   // SIGINT/SIGTERM go to the main thread's sigtimedwait, never to a server thread

@@ -3,6 +3,7 @@
 //   wmbench --sessions N --frames M [--pacing per_action|realtime --fps F] [--json]
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -135,9 +136,13 @@ int main(int argc, char** argv) {
   // the server's view, polled during the run
   auto info_channel = wm::client::make_channel(target, channel_options);
   auto stub = v1::WorldModel::NewStub(info_channel);
+  // at most 5 s a call, and never longer than a session may take: a port that
+  // takes the connection and never answers holds each call to its deadline
+  const auto info_timeout = std::min<std::chrono::microseconds>(
+      std::chrono::seconds(5), std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1e6)));
   auto server_info = [&](v1::ServerInfo* info) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_deadline(std::chrono::system_clock::now() + info_timeout);
     return stub->GetServerInfo(&ctx, {}, info);
   };
   v1::ServerInfo before;

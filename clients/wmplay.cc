@@ -6,6 +6,8 @@
 // DIR/frame_%05d.jpg (by frame index) and DIR/summary.json: frames, dropped
 // frames (index gaps), freezes, action-to-frame latency percentiles on this
 // client's clock, and the server's timings.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -108,7 +110,12 @@ int main(int argc, char** argv) {
   v1::ListModelsResponse models;
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    // at most 10 s, and never longer than the whole run may take: a port that
+    // takes the connection and never answers holds the call to its deadline
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::min<std::chrono::microseconds>(std::chrono::seconds(10),
+                                                         std::chrono::microseconds(static_cast<int64_t>(
+                                                             absl::GetFlag(FLAGS_timeout_s) * 1e6))));
     grpc::Status st = stub->ListModels(&ctx, {}, &models);
     if (!st.ok())
       return fail(wm::client::describe_call_failure(absl::GetFlag(FLAGS_server), st));
@@ -149,12 +156,18 @@ int main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return fail("cannot create " + out + ": " + ec.message());
-  for (const auto& e : std::filesystem::directory_iterator(out, ec))
-    if (e.path().filename().string().rfind("frame_", 0) == 0) std::filesystem::remove(e.path(), ec);
 
   const wm::client::PlayResult r = wm::client::play(channel, pc);
   if (r.frames.empty() && !r.status.ok())
     return fail(absl::StrFormat("%s: %s", wm::client::status_code_name(r.status.error_code()), r.status.error_message()));
+  // the previous run's output goes only now, frames and summary together: a
+  // run that fails before its first frame (a format the server refuses, say)
+  // leaves DIR as the last run wrote it, and frames never sit beside a
+  // summary that does not count them
+  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("frame_", 0) == 0 || name == "summary.json") std::filesystem::remove(e.path(), ec);
+  }
 
   std::vector<int64_t> indices;
   std::vector<double> queue_us, model_us, encode_us;

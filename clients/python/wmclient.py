@@ -48,6 +48,19 @@ def health(channel, service):
     return response[1] if len(response) >= 2 and response[0] == 0x08 else 0
 
 
+def fail(message):
+    """One line on stderr and exit 1, as the C++ clients do."""
+    sys.exit("wmclient: " + message)
+
+
+def describe_rpc_error(server, error):
+    """A failed call, for a person (clients/play_client.h, describe_call_failure)."""
+    code, details = error.code(), error.details()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return "cannot reach wmserve at %s: %s" % (server, details)
+    return "wmserve at %s refused the call (%s): %s" % (server, code.name, details)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default="localhost:50051")
@@ -61,23 +74,50 @@ def main():
     ap.add_argument("--token_file", default="",
                     help="file whose first line is the API token (default: $WMSERVE_TOKEN, if set)")
     args = ap.parse_args()
+    if args.frames < 1:
+        fail("--frames must be at least 1")
+
+    # every file is read, and --out made, before the server is called
+    def read(flag, path):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            fail("%s %s: %s" % (flag, path, e.strerror or e))
+
     token = os.environ.get("WMSERVE_TOKEN", "").strip()
     if args.token_file:
-        token = open(args.token_file).read().split("\n")[0].strip()
+        token = read("--token_file", args.token_file).split(b"\n")[0].strip().decode("latin-1")
+        if not token:
+            fail("--token_file %s: its first line is empty" % args.token_file)
+    # gRPC refuses metadata with other bytes, with a traceback
+    if not all(0x20 < ord(c) < 0x7f for c in token):
+        fail("%s: a token is printable characters without spaces" % (args.token_file or "WMSERVE_TOKEN"))
     # sent with every call when the server has API tokens (wmserve --auth_tokens)
     auth = [("authorization", "Bearer " + token)] if token else []
+    if bool(args.tls_cert) != bool(args.tls_key):
+        fail("--tls_cert and --tls_key go together")
+    creds = None
+    if args.tls or args.tls_ca or args.tls_cert:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=read("--tls_ca", args.tls_ca) if args.tls_ca else None,
+            private_key=read("--tls_key", args.tls_key) if args.tls_key else None,
+            certificate_chain=read("--tls_cert", args.tls_cert) if args.tls_cert else None)
+    if args.out:
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            fail("--out %s: %s" % (args.out, e.strerror or e))
     pb2, pb2_grpc = load_stubs()
 
-    if bool(args.tls_cert) != bool(args.tls_key):
-        sys.exit("wmclient: --tls_cert and --tls_key go together")
-    if args.tls or args.tls_ca or args.tls_cert:
-        read = lambda path: open(path, "rb").read() if path else None
-        creds = grpc.ssl_channel_credentials(root_certificates=read(args.tls_ca),
-                                             private_key=read(args.tls_key),
-                                             certificate_chain=read(args.tls_cert))
-        channel = grpc.secure_channel(args.server, creds)
-    else:
-        channel = grpc.insecure_channel(args.server)
+    channel = grpc.secure_channel(args.server, creds) if creds else grpc.insecure_channel(args.server)
+    try:
+        return play(args, auth, channel, pb2, pb2_grpc)
+    except grpc.RpcError as e:
+        fail(describe_rpc_error(args.server, e))
+
+
+def play(args, auth, channel, pb2, pb2_grpc):
     stub = pb2_grpc.WorldModelStub(channel)
     print("health: live", health(channel, ""), "admit", health(channel, "wmserve.v1.admit"))
     info = stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=5, metadata=auth)
@@ -98,10 +138,11 @@ def main():
                                                     client_time_us=int(time.monotonic() * 1e6)))
 
     latencies = []
+    started = None
     for response in stub.Play(requests(), timeout=120, metadata=auth):
         kind = response.WhichOneof("kind")
         if kind == "started":
-            s = response.started
+            s = started = response.started
             print("started: session %s, %dx%d, keys %s, format %s" %
                   (s.session_id, s.width, s.height, list(s.action_space.keys), s.cache_format))
         elif kind == "frame":
@@ -112,16 +153,30 @@ def main():
         elif kind == "event":
             print("event:", response.event.code, response.event.message)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
         for f in frames:
-            with open(os.path.join(args.out, "frame_%05d.jpg" % f.index), "wb") as fh:
-                fh.write(f.jpeg)
+            path = os.path.join(args.out, "frame_%05d.jpg" % f.index)
+            try:
+                with open(path, "wb") as fh:
+                    fh.write(f.jpeg)
+            except OSError as e:
+                fail("--out: %s: %s" % (path, e.strerror or e))
     latencies.sort()
+    indices = [f.index for f in frames]
     print("frames: %d, indices %s, action-to-frame p50 %.1f ms" %
-          (len(frames), [f.index for f in frames], 1e3 * latencies[len(latencies) // 2] if latencies else 0))
-    ok = len(frames) == args.frames and [f.index for f in frames] == list(range(args.frames)) and \
-        [f.last_action_seq for f in frames] == list(range(1, args.frames + 1))
-    return 0 if ok else 1
+          (len(frames), indices, 1e3 * latencies[len(latencies) // 2] if latencies else 0))
+    # the prompt frames (the Start's, or one of the model's prompts/) take
+    # indices 0..prompt_frames-1 and are not sent: the first generated frame
+    # is prompt_frames, and with one action in flight none is dropped
+    first = started.prompt_frames if started is not None else 0
+    want = list(range(first, first + args.frames))
+    if len(frames) != args.frames:
+        fail("the stream ended after %d of %d frames" % (len(frames), args.frames))
+    if indices != want:
+        fail("frame indices %s, expected %d..%d (prompt_frames %d)" % (indices, want[0], want[-1], first))
+    seqs = [f.last_action_seq for f in frames]
+    if seqs != list(range(1, args.frames + 1)):
+        fail("the frames answer actions %s, expected 1..%d" % (seqs, args.frames))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1954,6 +1954,115 @@ TEST(ServerIntegration, ClientsRefuseFlagValuesThatOverflowAClock) {
   }
 }
 
+// wmplay --web refuses an address it would not bind as typed: civetweb read
+// an IPv4 address's numbers unchecked and shifted them into place, so
+// 256.0.0.0 bound every interface and 127.0.0.257 bound 127.0.1.1 while the
+// page's address printed was the typed one. `timeout` ends a wmplay that
+// listens after all (exit 124)
+TEST(ServerIntegration, WmplayWebRefusesAnAddressItWouldNotBindAsTyped) {
+  const std::string port_file = testing::fresh_dir("web_address") + "/port.json";
+  auto run_web = [&](const std::string& address, double seconds, std::string* log) {
+    return testing::run_program({"/usr/bin/timeout", absl::StrFormat("%g", seconds), WMPLAY_BIN,
+                                 "--server=127.0.0.1:9", "--web=" + address, "--port_file=" + port_file},
+                                log);
+  };
+  for (const std::string address : {"256.0.0.0:0", "999.1.1.1:0", "127.0.0.257:0", "1.2.3:0", "127.0.0.1.5:0",
+                                    "127.0.0.01:0", "0x7f.1:0", "127.0.0.1 :0", "127.0.0.1:65536", "127.0.0.1:0s",
+                                    "127.0.0.1:", "127.0.0.1", "8080", ":0", "::1:0", "[127.0.0.1]:0",
+                                    "127.0.0.1:0,[::1]:0"}) {
+    std::string log;
+    EXPECT_EQ(run_web(address, 10, &log), 2) << address << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, "--web")) << address << ":\n" << log;
+    EXPECT_FALSE(absl::StrContains(log, "open http://")) << address << ":\n" << log;
+  }
+  // a host name is resolved (by civetweb) and served as before
+  std::string log;
+  EXPECT_EQ(run_web("localhost:0", 5, &log), 124) << log;
+  EXPECT_TRUE(absl::StrContains(log, "open http://localhost:")) << log;
+}
+
+// a wmplay --headless run that fails before its first frame leaves DIR as
+// the last good run left it: its frames and the summary that counts them
+// (the frames used to be deleted first, leaving a summary of 3 frames beside
+// none); a run that succeeds replaces both
+TEST(ServerIntegration, WmplayHeadlessOutputStaysConsistentWhenARunFails) {
+  auto server = ServerProcess::start(tiny_model());
+  ASSERT_NE(server, nullptr);
+  const std::string dir = testing::fresh_dir("headless_out"), out = dir + "/out";
+  auto script = [&](const std::string& name, const std::string& text) {
+    EXPECT_TRUE(write_file(dir + "/" + name, text.data(), text.size()).ok());
+    return dir + "/" + name;
+  };
+  const std::string three = script("three.txt", "W 0 0 *3\n"), two = script("two.txt", "D 0 0 *2\n");
+  auto run = [&](const std::string& script_path, const std::string& format) {
+    std::string log;
+    const int rc = testing::run_program({WMPLAY_BIN, "--server=" + server->target(), "--headless",
+                                         "--script=" + script_path, "--out=" + out, "--format=" + format},
+                                        &log);
+    return std::make_pair(rc, log);
+  };
+  auto frame_files = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(out))
+      if (e.path().filename().string().rfind("frame_", 0) == 0) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  auto summary = [&] { return nlohmann::json::parse(read_file(out + "/summary.json").value_or("null")); };
+  const std::vector<std::string> first_frames = {"frame_00000.jpg", "frame_00001.jpg", "frame_00002.jpg"};
+
+  auto [rc, log] = run(three, "");
+  ASSERT_EQ(rc, 0) << log;
+  ASSERT_EQ(frame_files(), first_frames);
+  ASSERT_EQ(summary().value("frames", -1), 3) << summary();
+
+  std::tie(rc, log) = run(two, "bogus");
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_TRUE(absl::StrContains(log, "unknown cache format")) << log;
+  EXPECT_EQ(frame_files(), first_frames);
+  EXPECT_EQ(summary().value("frames", -1), 3) << summary();
+  EXPECT_EQ(summary().value("status", ""), "OK") << summary();
+
+  std::tie(rc, log) = run(two, "");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_EQ(frame_files(), (std::vector<std::string>{"frame_00000.jpg", "frame_00001.jpg"}));
+  EXPECT_EQ(summary().value("frames", -1), 2) << summary();
+}
+
+// a port that takes connections and never answers (a hung server, the wrong
+// service) costs the clients their --timeout_s, not the fixed deadline of
+// their first call (10 s for wmplay's ListModels, 5 s for wmbench's
+// GetServerInfo)
+TEST(ServerIntegration, ClientsGiveUpOnASilentServerWithinTheirTimeout) {
+  // a listening socket that never accepts: the kernel completes the
+  // connection, and nothing is ever sent on it
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string server = absl::StrFormat("--server=127.0.0.1:%d", ntohs(addr.sin_port));
+  const std::string dir = testing::fresh_dir("silent_server");
+  ASSERT_TRUE(write_file(dir + "/script.txt", "W 0 0 *2\n", 9).ok());
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {WMPLAY_BIN, server, "--headless", "--script=" + dir + "/script.txt", "--out=" + dir + "/out",
+            "--timeout_s=0.5"},
+           {WMBENCH_BIN, server, "--sessions=1", "--frames=1", "--timeout_s=0.5"}}) {
+    std::string log;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(testing::run_program(argv, &log), 1) << argv[0] << ":\n" << log;
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // 0.5 s asked; the old fixed deadlines took 10 and 5 s: the margin is for a loaded machine
+    EXPECT_LT(took, 4.0) << argv[0] << ":\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, "cannot reach wmserve")) << argv[0] << ":\n" << log;
+  }
+  close(fd);
+}
+
 // a client that asks for more actions in flight than the server queues
 // keeps to the server's capacity: every action gets its frame, none is
 // refused (a window of 1000 used to lose most of the script)

@@ -9,13 +9,47 @@ command -v grpc_python_plugin >/dev/null && command -v protoc >/dev/null || { ec
 dir=$(mktemp -d)
 trap 'kill -KILL $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$wmckpt" init --config "$src/configs/tiny-test.json" --seed 1 --out "$dir/model" >/dev/null
-"$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
+"$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port 0 --port_file "$dir/ports.json" \
   --threads 1 > "$dir/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
 port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+metrics_port=$(sed -n 's/.*"metrics_port": \([0-9]*\).*/\1/p' "$dir/ports.json")
 $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 8 --out "$dir/frames"
 ls "$dir/frames" | grep -c jpg | grep -qx 8
+
+# a failure is one line on stderr naming it and a non-zero exit, never a traceback
+expect_failure() {  # SAYS ARGS...
+  local says=$1
+  shift
+  if $py "$src/clients/python/wmclient.py" "$@" > "$dir/stdout.txt" 2> "$dir/stderr.txt"; then
+    echo "wmclient $*: exit 0"; exit 1
+  fi
+  if [ "$(wc -l < "$dir/stderr.txt")" != 1 ] || ! grep -q "^wmclient: .*$says" "$dir/stderr.txt"; then
+    echo "wmclient $*: wanted one line saying '$says', got:"; cat "$dir/stderr.txt"; exit 1
+  fi
+}
+touch "$dir/a_file"
+expect_failure "cannot reach wmserve at 127.0.0.1:1" --server 127.0.0.1:1 --frames 2
+expect_failure "cannot reach wmserve at 127.0.0.1:$metrics_port" --server "127.0.0.1:$metrics_port" --frames 2
+expect_failure "--token_file $dir/nonexistent: No such file" --server "127.0.0.1:$port" --token_file "$dir/nonexistent"
+expect_failure "--out $dir/a_file: File exists" --server "127.0.0.1:$port" --out "$dir/a_file"
+expect_failure "--frames must be at least 1" --server "127.0.0.1:$port" --frames -3
+kill -TERM $pid
+wait $pid
+
+# a model that ships prompts/: the prompt takes index 0, the first frame is 1
+cp -r "$dir/model" "$dir/model_prompts"
+mkdir "$dir/model_prompts/prompts"
+cp "$dir/frames/frame_00000.jpg" "$dir/model_prompts/prompts/start_1.jpg"
+rm -f "$dir/ports.json"
+"$wmserve" --model "$dir/model_prompts" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
+  --threads 1 > "$dir/server_prompts.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
+port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+$py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 3 --out "$dir/frames_prompts"
+[ "$(ls "$dir/frames_prompts" | tr '\n' ' ')" = "frame_00001.jpg frame_00002.jpg frame_00003.jpg " ]
 kill -TERM $pid
 wait $pid
 
