@@ -38,8 +38,10 @@ class Reader {
     const json* v = find(path);
     if (v == nullptr) return error(path, "is missing");
     if (!v->is_number_integer()) return error(path, "must be an integer");
+    // a uint64 above INT64_MAX reads negative here and fails the range, so
+    // the message quotes the value as written, not as read
     const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) return error(path, absl::StrCat("= ", x, " is outside [", lo, ", ", hi, "]"));
+    if (x < lo || x > hi) return error(path, absl::StrCat("= ", v->dump(), " is outside [", lo, ", ", hi, "]"));
     *out = static_cast<int>(x);
     return absl::OkStatus();
   }

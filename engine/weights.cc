@@ -123,16 +123,43 @@ HostWeights random_host_weights(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
+// both files go to temporary names beside their places and are renamed
+// there only once both are complete, so that a failure (a full disk, say)
+// leaves the model the directory held as it was, not a new config beside the
+// old weights. The config is renamed first: were the process killed between
+// the two renames, a fresh directory holds a config without weights, which
+// counts as no model.
 absl::Status save_checkpoint(const ModelConfig& c, const HostWeights& w, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  const std::string cfg = model_config_to_json(c);
-  WM_RETURN_IF_ERROR(write_file(dir + "/config.json", cfg.data(), cfg.size()));
-  std::vector<TensorToWrite> out;
+  const std::string config_path = dir + "/config.json", weights_path = dir + "/model.safetensors";
+  // a rename cannot replace a directory: refused before anything is replaced
+  for (const std::string& path : {config_path, weights_path})
+    if (std::filesystem::is_directory(std::filesystem::symlink_status(path, ec)))
+      return absl::FailedPreconditionError(absl::StrCat(path, " is a directory"));
+  const std::string suffix = absl::StrCat(".tmp-", getpid());
+  const std::string config_tmp = config_path + suffix, weights_tmp = weights_path + suffix;
+  auto failed = [&](const absl::Status& st) {
+    std::filesystem::remove(config_tmp, ec);
+    std::filesystem::remove(weights_tmp, ec);
+    return absl::Status(st.code(), absl::StrCat(st.message(), " (the model in ", dir, " is unchanged)"));
+  };
+  const std::string text = model_config_to_json(c);
+  if (auto st = write_file(config_tmp, text.data(), text.size()); !st.ok()) return failed(st);
+  std::vector<TensorToWrite> tensors;
   for (size_t i = 0; i < w.specs.size(); ++i)
-    out.push_back({w.specs[i].name, DType::f32, w.specs[i].shape, w.values[i].data()});
-  return write_safetensors(dir + "/model.safetensors", out, {{"format", "wmserve-cldit"}});
+    tensors.push_back({w.specs[i].name, DType::f32, w.specs[i].shape, w.values[i].data()});
+  if (auto st = write_safetensors(weights_tmp, tensors, {{"format", "wmserve-cldit"}}); !st.ok()) return failed(st);
+  if (std::filesystem::rename(config_tmp, config_path, ec); ec)
+    return failed(
+        absl::UnavailableError(absl::StrCat("cannot rename ", config_tmp, " to ", config_path, ": ", ec.message())));
+  if (std::filesystem::rename(weights_tmp, weights_path, ec); ec) {
+    std::filesystem::remove(weights_tmp, ec);
+    return absl::UnavailableError(absl::StrCat("cannot rename ", weights_tmp, " to ", weights_path, ": ", ec.message(),
+                                               " (config.json was replaced)"));
+  }
+  return absl::OkStatus();
 }
 
 DeviceWeights::DeviceWeights(Backend& backend, const ModelConfig& c, const HostWeights& h) : backend_(backend) {

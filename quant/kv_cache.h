@@ -196,6 +196,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format,
 // the most bytes a session in this format can ever hold (admission reserves
 // it); 0 for an unknown name or options the format rejects
 int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& geometry, const KvFormatOptions& options = {});
+// the fixed bytes a CPU cache of this format allocates beside what bytes()
+// and the reservation count: the span formats' query statistics, a lower
+// triangle of doubles per (layer, head) (qvg2 holds them too, unused); 0 for
+// the others and for an unknown name
+int64_t kv_format_statistics_bytes(absl::string_view format, const KvGeometry& geometry,
+                                   const KvFormatOptions& options = {});
 // OK when an append of `first_frame` continues a layer that holds `frames_appended` frames, else
 // FAILED_PRECONDITION naming the cache `name` and the layer
 absl::Status check_append_order(absl::string_view name, int layer, int64_t first_frame, int64_t frames_appended);

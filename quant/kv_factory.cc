@@ -186,4 +186,12 @@ int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const
   return most * g.layers;
 }
 
+int64_t kv_format_statistics_bytes(absl::string_view format, const KvGeometry& g, const KvFormatOptions& options) {
+  auto p = parse(format, options);
+  if (!p.ok() || (p->family != Family::qvg && p->family != Family::quantwm)) return 0;
+  // as SpanLayer holds them: a QueryStats per (layer, head)
+  const int64_t lower = static_cast<int64_t>(g.head_dim) * (g.head_dim + 1) / 2;
+  return int64_t{g.layers} * g.heads * lower * static_cast<int64_t>(sizeof(double));
+}
+
 }  // namespace wm

@@ -1,6 +1,8 @@
 #include "quant/kv_replay.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -120,6 +122,21 @@ void kv_replay(std::span<const KvEvent> events, KvObserver* observer) {
 }
 
 // ---- KvEvaluator ----
+
+int64_t kv_evaluation_bytes(const KvGeometry& g, std::span<const std::string> formats, const KvFormatOptions& options) {
+  // an absurd geometry's caches can pass 2^63 bytes together
+  int64_t total = 0;
+  auto add = [&total](int64_t bytes) { total = bytes > INT64_MAX - total ? INT64_MAX : total + bytes; };
+  add(kv_format_max_bytes("fp32", g, options));
+  add(kv_format_max_bytes("fp16", g, options));
+  for (const std::string& f : formats) {
+    add(kv_format_max_bytes(f, g, options));
+    add(kv_format_statistics_bytes(f, g, options));
+  }
+  // fp32 K and V of one layer's window, for the reference and a candidate
+  add(2 * (kv_format_max_bytes("fp32", g, options) / std::max(1, g.layers)));
+  return total;
+}
 
 DriftStats KvEvaluator::Candidate::overall() const {
   DriftStats s;

@@ -58,6 +58,15 @@ class KvEventLog final : public KvObserver {
 // observers that need it compute it)
 void kv_replay(std::span<const KvEvent> events, KvObserver* observer);
 
+// what a KvEvaluator of these candidate formats holds over geometry g once
+// the window is full, counted before anything is allocated so that a tool can
+// refuse a geometry no machine holds: the fp32 reference and the fp16 byte
+// baseline, each candidate's reservation and query statistics, and the
+// reference's and one candidate's reconstruction of a layer, which every
+// attention call compares (an underestimate: the transients of an append and
+// the other candidates' reconstructions are left out). Saturates at INT64_MAX.
+int64_t kv_evaluation_bytes(const KvGeometry& g, std::span<const std::string> formats, const KvFormatOptions& options);
+
 class KvEvaluator final : public KvObserver {
  public:
   struct Options {

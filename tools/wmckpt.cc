@@ -1,12 +1,13 @@
 // wmckpt: model checkpoint utility.
 //   wmckpt init --config F --seed N --out DIR [--force]
 //                                               seeded random checkpoint for any config
-//                                               (--force: replace the weights DIR holds;
-//                                               other files, prompts/ say, stay)
+//                                               (--force: replace the model DIR holds, both
+//                                               files or neither; others, prompts/ say, stay)
 //   wmckpt check --model DIR                    load and validate a checkpoint, print its summary
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     const wm::HostWeights w = wm::random_host_weights(*config, absl::GetFlag(FLAGS_seed));
-    if (auto st = wm::save_checkpoint(*config, w, absl::GetFlag(FLAGS_out)); !st.ok()) {
+    if (auto st = wm::save_checkpoint(*config, w, out); !st.ok()) {
       std::fprintf(stderr, "wmckpt: %s\n", st.ToString().c_str());
       return 1;
     }

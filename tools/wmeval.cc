@@ -14,10 +14,17 @@
 // PSNR of each generated frame against the frame the shadow gives for the
 // same block (--audit_blocks of the blocks; the generated frames are the
 // same either way).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +88,21 @@ int fail(const absl::Status& st) {
   return 1;
 }
 
+// that an output flag's file can be made, checked before the run (which
+// takes minutes) rather than after it: the file opens for writing, an
+// existing one untruncated, and one made only to try is removed again.
+// Non-blocking, so that a FIFO without a reader is refused, not waited on.
+std::optional<std::string> unwritable_output(absl::string_view flag, const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
+  if (fd < 0) return absl::StrCat("--", flag, "=", path, ": cannot write: ", std::strerror(errno));
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+  return std::nullopt;
+}
+
 wm::Rgb8Image image(const uint8_t* px, int w, int h) {
   return wm::Rgb8Image{w, h, std::vector<uint8_t>(px, px + static_cast<size_t>(w) * h * 3)};
 }
@@ -132,15 +154,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> formats = {"fp16"};
-  bool any_format = false;
+  std::vector<absl::string_view> named;
   for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty())) {
-    any_format = true;
+    // a format run twice would pool two sessions' counts under one name
+    if (std::find(named.begin(), named.end(), f) != named.end()) {
+      std::fprintf(stderr, "wmeval: --formats names '%s' twice\n", std::string(f).c_str());
+      return 2;
+    }
+    named.push_back(f);
     if (f != "fp16") formats.emplace_back(f);
   }
-  if (!any_format) {
+  if (named.empty()) {
     std::fprintf(stderr, "wmeval: --formats names no cache format (e.g. --formats=fp16,kivi2)\n");
     return 2;
   }
+  for (const auto& [flag, path] : {std::pair{"json", absl::GetFlag(FLAGS_json)},
+                                   std::pair{"md", absl::GetFlag(FLAGS_md)},
+                                   std::pair{"strip", absl::GetFlag(FLAGS_strip)}})
+    if (auto bad = unwritable_output(flag, path)) {
+      std::fprintf(stderr, "wmeval: %s\n", bad->c_str());
+      return 2;
+    }
 
   wm::EngineOptions eo;
   eo.model_dir = absl::GetFlag(FLAGS_model);

@@ -27,7 +27,7 @@ ABSL_FLAG(std::string, format, "fp16", "KV cache format");
 ABSL_FLAG(std::string, kv_options, "", "cache format options, e.g. block=32,psac_bits=4 (as wmserve's; docs/QUANT.md)");
 ABSL_FLAG(std::string, prompt, "", "comma-separated JPEG frames written into the cache first");
 ABSL_FLAG(int, threads, 0, "CPU threads, 0..1024 (0: all cores)");
-ABSL_FLAG(int, quality, 90, "JPEG quality");
+ABSL_FLAG(int, quality, 90, "JPEG quality, 1..100");
 
 namespace {
 
@@ -51,6 +51,11 @@ int main(int argc, char** argv) {
   }
   if (!wm::threads_in_range(absl::GetFlag(FLAGS_threads))) {
     std::fprintf(stderr, "wmgen: %s\n", wm::kThreadsRange);
+    return 2;
+  }
+  // jpeg_encode's range, checked before a frame is made or --out created
+  if (const int q = absl::GetFlag(FLAGS_quality); q < 1 || q > 100) {
+    std::fprintf(stderr, "wmgen: --quality=%d must be within 1..100\n", q);
     return 2;
   }
   wm::EngineOptions eo;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -43,6 +44,7 @@
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
+#include "engine/weights.h"
 #include "quant/kv_cases.h"
 #include "quant/kv_replay.h"
 
@@ -150,14 +152,23 @@ absl::Status check_flags() {
   if (residual % group != 0)
     return absl::InvalidArgumentError(absl::StrCat("--kivi_residual=", residual, " is not a multiple of --kivi_group=", group));
   WM_RETURN_IF_ERROR(flag_in_range("kmeans_iters", absl::GetFlag(FLAGS_kmeans_iters), 0, kMaxKmeansIters));
-  bool any_format = false;
+  // one source of K/V: the flag not used would be ignored without a word
+  if (!absl::GetFlag(FLAGS_model).empty() && !absl::GetFlag(FLAGS_config).empty())
+    return absl::InvalidArgumentError(
+        "--model and --config exclude each other: --model runs a checkpoint, --config random weights of a config");
+  const bool model_or_config = !absl::GetFlag(FLAGS_model).empty() || !absl::GetFlag(FLAGS_config).empty();
+  if (!absl::GetFlag(FLAGS_dump).empty() && model_or_config)
+    return absl::InvalidArgumentError("--dump replays a dump: --model and --config do not apply to it");
+  std::vector<absl::string_view> formats;
   for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty())) {
-    any_format = true;
     if (!kv_format_known(f))
       return absl::InvalidArgumentError(absl::StrCat("--formats: unknown cache format '", f, "'; known: ",
                                                      absl::StrJoin(kv_format_variants(), ", ")));
+    if (std::find(formats.begin(), formats.end(), f) != formats.end())
+      return absl::InvalidArgumentError(absl::StrCat("--formats names '", f, "' twice"));
+    formats.push_back(f);
   }
-  if (!any_format) return absl::InvalidArgumentError("--formats names no cache format");
+  if (formats.empty()) return absl::InvalidArgumentError("--formats names no cache format");
   const std::string dtype = absl::GetFlag(FLAGS_dump_dtype);
   if (dtype != "f32" && dtype != "f16")
     return absl::InvalidArgumentError(absl::StrCat("--dump_dtype=", dtype, " must be f32 or f16"));
@@ -250,7 +261,7 @@ struct Rollout {
 };
 
 // runs the fp32 engine rollout of the script, reporting every cache call to `observer`
-absl::StatusOr<Rollout> run_model(KvObserver* observer, std::function<void(const KvGeometry&)> on_geometry) {
+absl::StatusOr<Rollout> run_model(KvObserver* observer, std::function<absl::Status(const KvGeometry&)> on_geometry) {
   EngineOptions eo;
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.kv_budget_bytes = int64_t{1} << 42;
@@ -284,7 +295,7 @@ absl::StatusOr<Rollout> run_model(KvObserver* observer, std::function<void(const
   Rollout r;
   r.model = cfg.name;
   r.geometry = (*engine)->kv_geometry();
-  on_geometry(r.geometry);
+  WM_RETURN_IF_ERROR(on_geometry(r.geometry));
   SessionOptions so;
   so.seed = absl::GetFlag(FLAGS_seed);
   so.cache_format = "fp32";
@@ -352,7 +363,7 @@ absl::Status write_dump(const std::string& path, KvEventLog& log, const Rollout&
 
 // replays a dump into `observer`, one event at a time
 absl::StatusOr<Rollout> replay_dump(const std::string& path, KvObserver* observer,
-                                    std::function<void(const KvGeometry&)> on_geometry) {
+                                    std::function<absl::Status(const KvGeometry&)> on_geometry) {
   auto file = SafetensorsFile::open(path);
   if (!file.ok()) return file.status();
   const auto& meta = (*file)->metadata();
@@ -368,7 +379,8 @@ absl::StatusOr<Rollout> replay_dump(const std::string& path, KvObserver* observe
   if (!geo.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", geo.status().message()));
   r.geometry = *geo;
   r.model = meta.count("wmquant.model") ? meta.at("wmquant.model") : "";
-  on_geometry(r.geometry);
+  if (auto st = on_geometry(r.geometry); !st.ok())
+    return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
   const KvGeometry& g = r.geometry;
   KvEvent last_observe;
   std::vector<int64_t> appended(static_cast<size_t>(g.layers), 0);  // frames per layer so far
@@ -384,7 +396,16 @@ absl::StatusOr<Rollout> replay_dump(const std::string& path, KvObserver* observe
       // the shape first: rows come from the metadata, the values from the file
       WM_RETURN_IF_ERROR((*file)->check_f32(name, shape));
       out->resize(static_cast<size_t>(e.rows) * g.heads * g.head_dim);
-      return (*file)->read_f32(name, shape, out->data());
+      WM_RETURN_IF_ERROR((*file)->read_f32(name, shape, out->data()));
+      // the fp32 reference is the measure: a non-finite value in it leaves
+      // nothing to compare against (every format would score as exact), so
+      // such a dump is refused, as a checkpoint with non-finite weights is
+      const auto bad = std::find_if(out->begin(), out->end(), [](float x) { return !std::isfinite(x); });
+      if (bad != out->end())
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' holds a non-finite value (", *bad,
+                                                       ") at index ", bad - out->begin(),
+                                                       "; wmquant eval needs finite queries, keys and values"));
+      return absl::OkStatus();
     };
     if (auto st = read("q", &e.q); !st.ok()) return st;
     if (auto st = read("k", &e.k); !st.ok()) return st;
@@ -441,10 +462,22 @@ int eval_main() {
   const KvFormatOptions fo = format_options();
   std::vector<std::string> formats = absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty());
   absl::Status add_status;
-  auto make = [&](const KvGeometry& g) {
+  auto make = [&](const KvGeometry& g) -> absl::Status {
+    // as a config's weights are checked against physical memory before they
+    // are allocated: a geometry from a file can ask for any amount
+    const int64_t need = kv_evaluation_bytes(g, formats, fo), have = physical_memory_bytes();
+    if (have > 0 && need > have) {
+      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "evaluating %s over %d layers x %d heads x %d, %d tokens/frame, window %d + %d sink frames needs at least "
+          "%.1f GiB once the window is full, more than this machine's %.1f GiB of physical memory",
+          absl::StrJoin(formats, ","), g.layers, g.heads, g.head_dim, g.tokens_per_frame, g.window_frames,
+          g.sink_frames, static_cast<double>(need) / kGiB, static_cast<double>(have) / kGiB));
+    }
     ev = std::make_unique<KvEvaluator>(g, eo);
     for (const auto& f : formats)
       if (auto st = ev->add(f, fo); !st.ok() && add_status.ok()) add_status = st;
+    return absl::OkStatus();
   };
   struct Forward final : KvObserver {
     std::unique_ptr<KvEvaluator>* ev;
@@ -536,7 +569,10 @@ int dump_main() {
     void on_append(int l, const float* k, const float* v, int64_t f, int c) override { (*log)->on_append(l, k, v, f, c); }
   } fwd;
   fwd.log = &log;
-  auto r = run_model(&fwd, [&](const KvGeometry& g) { log = std::make_unique<KvEventLog>(g); });
+  auto r = run_model(&fwd, [&](const KvGeometry& g) {
+    log = std::make_unique<KvEventLog>(g);
+    return absl::OkStatus();
+  });
   if (!r.ok()) return fail(r.status());
   const bool f16 = absl::GetFlag(FLAGS_dump_dtype) == "f16";
   if (auto st = write_dump(absl::GetFlag(FLAGS_out), *log, *r, f16); !st.ok()) return fail(st);
@@ -558,6 +594,13 @@ int bench_main() {
   const KvFormatOptions fo = format_options();
   nlohmann::json out;
   std::string md;
+  // the configs are read before the timings, which take minutes: a bad path fails at once
+  std::vector<ModelConfig> configs;
+  for (absl::string_view path : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',', absl::SkipEmpty())) {
+    auto cfg = load_model_config(std::string(path));
+    if (!cfg.ok()) return fail(cfg.status());
+    configs.push_back(std::move(*cfg));
+  }
   // attention over a filled cache, one layer, one query block of 64 tokens
   nlohmann::json att = nlohmann::json::array();
   auto head_dims = parse_head_dims(absl::GetFlag(FLAGS_head_dims));
@@ -633,25 +676,23 @@ int bench_main() {
   out["attention"] = att;
   // bytes per session (the exact worst case admission reserves)
   nlohmann::json sess = nlohmann::json::array();
-  if (!absl::GetFlag(FLAGS_configs).empty()) md += "\nBytes per session (kv_format_max_bytes: the most a session holds, everything counted) and ratio vs fp16:\n\n"
+  if (!configs.empty()) md += "\nBytes per session (kv_format_max_bytes: the most a session holds, everything counted) and ratio vs fp16:\n\n"
         "| config | fp16 |";
   const std::vector<std::string> fmts = {"kivi2", "qvg2", "quantwm2", "quantwm2-qsac"};
-  if (!absl::GetFlag(FLAGS_configs).empty()) {
+  if (!configs.empty()) {
     for (const auto& f : fmts) md += absl::StrFormat(" %s |", f);
     md += "\n|---|---|";
     for (size_t i = 0; i < fmts.size(); ++i) md += "---|";
     md += "\n";
   }
-  for (absl::string_view path : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',', absl::SkipEmpty())) {
-    auto cfg = load_model_config(std::string(path));
-    if (!cfg.ok()) return fail(cfg.status());
-    const KvGeometry g = kv_geometry_of(*cfg);
+  for (const ModelConfig& cfg : configs) {
+    const KvGeometry g = kv_geometry_of(cfg);
     const int64_t fp16 = kv_format_max_bytes("fp16", g, fo);
-    md += absl::StrFormat("| %s | %lld |", cfg->name, static_cast<long long>(fp16));
+    md += absl::StrFormat("| %s | %lld |", cfg.name, static_cast<long long>(fp16));
     for (const auto& f : fmts) {
       const int64_t b = kv_format_max_bytes(f, g, fo);
       md += absl::StrFormat(" %lld (%.2fx) |", static_cast<long long>(b), b > 0 ? static_cast<double>(fp16) / b : 0.0);
-      sess.push_back({{"config", cfg->name}, {"format", f}, {"bytes", b}, {"fp16_bytes", fp16},
+      sess.push_back({{"config", cfg.name}, {"format", f}, {"bytes", b}, {"fp16_bytes", fp16},
                       {"ratio", b > 0 ? static_cast<double>(fp16) / b : 0.0}});
     }
     md += "\n";

@@ -79,5 +79,28 @@ TEST(ModelConfig, RejectsBadFieldsNamingThem) {
   EXPECT_FALSE(parse_model_config(j.dump(), "cfg.json").ok());
 }
 
+// nlohmann::json keeps an integer above INT64_MAX as unsigned: the message
+// quotes it as written, not as the -1 it reads as a signed integer
+TEST(ModelConfig, QuotesOutOfRangeIntegersAsWritten) {
+  struct Case {
+    nlohmann::json value;
+    const char* message;
+  };
+  const Case cases[] = {
+      {18446744073709551615ull, "field 'dim' = 18446744073709551615 is outside [1, 16384]"},
+      {9223372036854775808ull, "field 'dim' = 9223372036854775808 is outside [1, 16384]"},
+      {INT64_MIN, "field 'dim' = -9223372036854775808 is outside [1, 16384]"},
+      {16385, "field 'dim' = 16385 is outside [1, 16384]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    nlohmann::json j = nlohmann::json::parse(base_text());
+    j["dim"] = c.value;
+    auto r = parse_model_config(j.dump(), "cfg.json");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.status().message()).find(c.message), std::string::npos) << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace wm

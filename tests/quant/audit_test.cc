@@ -184,6 +184,34 @@ TEST(Replay, EvaluatorComparesFormatsOnCapturedCalls) {
   }
 }
 
+// the bound wmquant checks before it makes an evaluator: the caches at their
+// largest (by hand for the fp formats), the span formats' query statistics
+// (qvg2's too: its layers hold them), one layer's reconstructions for two
+// caches, and a sum that saturates where an absurd geometry would wrap
+TEST(Replay, EvaluationBytesCountWhatTheEvaluatorHolds) {
+  const KvGeometry g = kv_case_geometry(64, 2, 32, 4, 1, 2);  // 2 layers x 2 heads x 64, 32 tokens, 4 + 1 frames
+  const int64_t fp32 = g.values_per_frame() * g.max_frames() * 4;
+  EXPECT_EQ(kv_format_max_bytes("fp32", g), fp32);
+  const int64_t stats = int64_t{2} * 2 * (64 * 65 / 2) * 8;
+  EXPECT_EQ(kv_format_statistics_bytes("qvg2", g), stats);
+  EXPECT_EQ(kv_format_statistics_bytes("quantwm2-psac-k", g), stats);
+  EXPECT_EQ(kv_format_statistics_bytes("kivi2", g), 0);
+  EXPECT_EQ(kv_format_statistics_bytes("fp16", g), 0);
+  EXPECT_EQ(kv_format_statistics_bytes("nope", g), 0);
+  const int64_t base = fp32 + fp32 / 2 + 2 * (fp32 / g.layers);
+  EXPECT_EQ(kv_evaluation_bytes(g, std::vector<std::string>{}, {}), base);
+  const std::vector<std::string> formats = {"kivi2", "qvg2", "quantwm2"};
+  int64_t candidates = 0;
+  for (const auto& f : formats) candidates += kv_format_max_bytes(f, g) + kv_format_statistics_bytes(f, g);
+  EXPECT_EQ(kv_evaluation_bytes(g, formats, {}), base + candidates);
+  KvGeometry huge;
+  huge.layers = huge.heads = huge.head_dim = 256;
+  huge.tokens_per_frame = 2048 * 2048;
+  huge.window_frames = 1024;
+  huge.sink_frames = 1000;
+  EXPECT_EQ(kv_evaluation_bytes(huge, std::vector<std::string>(8, "fp32"), {}), INT64_MAX);
+}
+
 TEST(EngineAudit, AuditedSessionsReportDriftByFormat) {
   EngineOptions o;
   o.random_weights = true;

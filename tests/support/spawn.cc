@@ -2,7 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <iterator>
 
 namespace wm::testing {
 
@@ -26,6 +30,18 @@ pid_t spawn_logged(const std::vector<std::string>& argv, const std::string& log_
     _exit(127);
   }
   return pid;
+}
+
+LoggedRun run_logged(const std::vector<std::string>& argv, const std::string& log_path, void (*before_exec)()) {
+  LoggedRun r;
+  const pid_t pid = spawn_logged(argv, log_path, before_exec);
+  if (pid < 0) return r;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log_path, std::ios::binary);
+  r.log.assign(std::istreambuf_iterator<char>(in), {});
+  return r;
 }
 
 }  // namespace wm::testing

@@ -14,4 +14,14 @@ namespace wm::testing {
 pid_t spawn_logged(const std::vector<std::string>& argv, const std::string& log_path,
                    void (*before_exec)() = nullptr);
 
+// what a program did: its exit code (128 + the signal when one ended it) and
+// its stdout and stderr together
+struct LoggedRun {
+  int code = -1;
+  std::string log;
+};
+// spawn_logged, then waits for the program and reads its log back
+LoggedRun run_logged(const std::vector<std::string>& argv, const std::string& log_path,
+                     void (*before_exec)() = nullptr);
+
 }  // namespace wm::testing

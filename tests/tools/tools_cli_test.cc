@@ -2,11 +2,13 @@
 // processes on bad flags and files: each must exit non-zero with a one-line
 // message that names the flag or the problem, within bounded time and memory
 // (no abort, no hang, no allocation the input asks for).
+#include <signal.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -27,10 +29,7 @@
 namespace wm {
 namespace {
 
-struct ToolRun {
-  int code = -1;    // exit code, 128 + signal when killed
-  std::string log;  // stdout and stderr
-};
+using ToolRun = testing::LoggedRun;
 
 std::string temp_dir() {
   static const std::string dir = [] {
@@ -44,31 +43,30 @@ std::string temp_dir() {
 
 // the child's limits, set between fork and exec: a time limit (SIGALRM
 // survives exec) and a cap on its data segment, so that a hang or a runaway
-// allocation fails the test instead of the machine
+// allocation fails the test instead of the machine; optionally a cap on the
+// size of the files it writes, which stands for a full disk (with SIGXFSZ
+// ignored, which also survives exec, a write past it fails with EFBIG)
 unsigned child_timeout_s = 60;
+rlim_t child_file_size_limit = RLIM_INFINITY;
 void limit_child() {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   // (a sanitizer's shadow memory would not fit under the cap)
   const rlimit data{rlim_t{4} << 30, rlim_t{4} << 30};
   setrlimit(RLIMIT_DATA, &data);
 #endif
+  if (child_file_size_limit != RLIM_INFINITY) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit fsize{child_file_size_limit, child_file_size_limit};
+    setrlimit(RLIMIT_FSIZE, &fsize);
+  }
   alarm(child_timeout_s);
 }
 
-ToolRun run_tool(const std::vector<std::string>& argv, int timeout_s = 60) {
+ToolRun run_tool(const std::vector<std::string>& argv, int timeout_s = 60, rlim_t file_size_limit = RLIM_INFINITY) {
   static int count = 0;
-  const std::string log_path = temp_dir() + "/run" + std::to_string(count++) + ".log";
   child_timeout_s = static_cast<unsigned>(timeout_s);
-  const pid_t pid = testing::spawn_logged(argv, log_path, limit_child);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ToolRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(log_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.log = ss.str();
-  return r;
+  child_file_size_limit = file_size_limit;
+  return testing::run_logged(argv, temp_dir() + "/run" + std::to_string(count++) + ".log", limit_child);
 }
 
 std::string source(const std::string& rel) { return std::string(WM_SOURCE_DIR) + "/" + rel; }
@@ -122,6 +120,28 @@ class ToolsCli : public ::testing::Test {
     for (const TensorView& t : (*file)->tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.data});
     const std::string path = temp_dir() + "/" + name + ".safetensors";
     const absl::Status st = write_safetensors(path, tensors, meta);
+    EXPECT_TRUE(st.ok()) << st;
+    return path;
+  }
+
+  // a copy of the dump with value 0 of its first tensor whose name ends in `suffix` set to `value`
+  static std::string poisoned_dump(const std::string& name, const std::string& suffix, float value) {
+    auto file = SafetensorsFile::open(dump_);
+    EXPECT_TRUE(file.ok()) << file.status();
+    std::vector<TensorToWrite> tensors;
+    std::vector<float> poisoned;
+    for (const TensorView& t : (*file)->tensors()) {
+      tensors.push_back({t.name, t.dtype, t.shape, t.data});
+      if (!poisoned.empty() || !t.name.ends_with(suffix)) continue;
+      EXPECT_EQ(t.dtype, DType::f32);
+      poisoned.resize(static_cast<size_t>(t.numel()));
+      std::memcpy(poisoned.data(), t.data, poisoned.size() * sizeof(float));
+      poisoned[0] = value;
+      tensors.back().data = poisoned.data();
+    }
+    EXPECT_FALSE(poisoned.empty()) << "no tensor " << suffix;
+    const std::string path = temp_dir() + "/" + name + ".safetensors";
+    const absl::Status st = write_safetensors(path, tensors, (*file)->metadata());
     EXPECT_TRUE(st.ok()) << st;
     return path;
   }
@@ -224,6 +244,7 @@ TEST_F(ToolsCli, FormatFlagsAreBoundedAndQuoted) {
       {"--formats=", "--formats names no cache format"},
       {"--formats=,", "--formats names no cache format"},
       {"--formats=fp16,nope", "unknown cache format 'nope'"},
+      {"--formats=qvg2,fp16,qvg2", "--formats names 'qvg2' twice"},
       {"--dump_dtype=f8", "--dump_dtype=f8"},
   };
   for (const Case& c : cases) {
@@ -232,6 +253,52 @@ TEST_F(ToolsCli, FormatFlagsAreBoundedAndQuoted) {
   }
   EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--formats="}), 2, "--formats names no cache format");
   EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--formats=,"}), 2, "--formats names no cache format");
+}
+
+// a dump's K/V (and queries) feed the fp32 reference every format is measured
+// against: a non-finite value there made every format score as exact
+TEST_F(ToolsCli, DumpWithNonFiniteValuesIsRefused) {
+  const struct {
+    const char* suffix;
+    float value;
+  } cases[] = {{".k", std::nanf("")}, {".v", INFINITY}, {".q", -INFINITY}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.suffix);
+    const std::string path = poisoned_dump("poisoned", c.suffix, c.value);
+    const ToolRun r = eval_dump(path, {"--formats=fp16,kivi2,qvg2,quantwm2"});
+    EXPECT_REFUSED(r, 1, "holds a non-finite value");
+    EXPECT_NE(r.log.find(std::string(c.suffix) + "' holds"), std::string::npos) << r.log;
+  }
+}
+
+// a geometry that passes the field checks but that no machine holds (a frame
+// of 2^22 tokens over 256 layers x 256 heads x 256) is refused before the
+// evaluator allocates anything, as a config's weights are
+TEST_F(ToolsCli, DumpGeometryBeyondMemoryIsRefused) {
+  const std::string path = mutated_dump("huge", [](nlohmann::json* g, nlohmann::json* e) {
+    (*g)["layers"] = 256;
+    (*g)["heads"] = 256;
+    (*g)["head_dim"] = 256;
+    (*g)["tokens_per_frame"] = 1 << 22;
+    *e = nlohmann::json::array();
+  });
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--dump=" + path, "--formats=qvg2", "--threads=1"}, 20), 1,
+                 "more than this machine's");
+}
+
+// each flag names one source of K/V; the other was ignored without a word
+TEST_F(ToolsCli, ConflictingSourcesAreRefused) {
+  const std::string config = "--config=" + source("configs/tiny-test.json");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--model=" + model_, config, "--script=" + script_}, 20), 2,
+                 "--model and --config exclude each other");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "dump", "--model=" + model_, config, "--script=" + script_,
+                           "--out=" + temp_dir() + "/conflict.safetensors"}, 20),
+                 2, "--model and --config exclude each other");
+  EXPECT_FALSE(std::filesystem::exists(temp_dir() + "/conflict.safetensors"));
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--dump=" + dump_, "--model=" + model_}, 20), 2,
+                 "--dump replays a dump: --model and --config do not apply");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--dump=" + dump_, config}, 20), 2,
+                 "--dump replays a dump: --model and --config do not apply");
 }
 
 TEST_F(ToolsCli, DumpEvaluates) {
@@ -324,12 +391,54 @@ TEST_F(ToolsCli, WriteErrorsFail) {
   std::filesystem::create_symlink("/dev/full", gen + "/summary.json");
   EXPECT_REFUSED(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + gen, "--threads=2"}), 1,
                  "write failed: " + gen + "/summary.json");
-  const std::string ckpt = temp_dir() + "/ckpt_full";
-  std::filesystem::create_directories(ckpt);
-  std::filesystem::create_symlink("/dev/full", ckpt + "/model.safetensors");
-  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), "--out=" + ckpt,
-                           "--force"}),
-                 1, "write failed: " + ckpt + "/model.safetensors");
+}
+
+// an out-of-range quality was found by the JPEG encoder after the first
+// frame, with --out already made; it is a flag error before anything runs
+TEST_F(ToolsCli, GenQualityIsCheckedBeforeTheRun) {
+  const std::string out = temp_dir() + "/gen_quality";
+  for (const char* q : {"0", "101", "-1"}) {
+    SCOPED_TRACE(q);
+    EXPECT_REFUSED(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + out,
+                             std::string("--quality=") + q}),
+                   2, std::string("--quality=") + q + " must be within 1..100");
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
+}
+
+// wmeval: a format named twice ran twice and pooled both sessions' counts
+// under its name; an output that cannot be written failed only after the
+// run. Both are refused at once: the run asked for here would take hours.
+TEST_F(ToolsCli, EvalChecksFormatsAndOutputsBeforeTheRun) {
+  const std::vector<std::string> base = {WMEVAL_BIN, "--model=" + model_, "--episodes=1000", "--frames=100000",
+                                         "--threads=2"};
+  auto eval = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_tool(argv, 20);
+  };
+  EXPECT_REFUSED(eval({"--formats=kivi2,kivi2"}), 2, "--formats names 'kivi2' twice");
+  EXPECT_REFUSED(eval({"--formats=fp16,qvg2,fp16"}), 2, "--formats names 'fp16' twice");
+  const std::string missing = temp_dir() + "/no_such_dir/out";
+  for (const char* flag : {"json", "md", "strip"}) {
+    SCOPED_TRACE(flag);
+    const std::string arg = std::string("--") + flag + "=";
+    EXPECT_REFUSED(eval({arg + missing}), 2, arg + missing + ": cannot write: No such file or directory");
+    EXPECT_REFUSED(eval({arg + temp_dir()}), 2, arg + temp_dir() + ": cannot write: Is a directory");
+  }
+  // a file made only to try the path is removed again; an existing one is left as it was
+  const std::string tried = temp_dir() + "/tried.json", kept = temp_dir() + "/kept.md";
+  write_text(kept, "kept\n");
+  EXPECT_REFUSED(eval({"--json=" + tried, "--md=" + kept, "--strip=" + missing}), 2, "--strip=");
+  EXPECT_FALSE(std::filesystem::exists(tried));
+  EXPECT_EQ(read_text(kept), "kept\n");
+}
+
+// bench's --configs are read before its timings (minutes at --reps=1000), not after
+TEST_F(ToolsCli, BenchConfigsAreReadBeforeTheTimings) {
+  const std::string missing = temp_dir() + "/no_such_config.json";
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", "--head_dims=64", "--reps=1000", "--configs=" + missing}, 20), 1,
+                 "cannot open " + missing);
 }
 
 // wmeval audits the quantized formats (a full-precision shadow beside each
@@ -364,6 +473,42 @@ TEST_F(ToolsCli, CheckpointIsReplacedWhole) {
   EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
   const ToolRun check = run_tool({WMCKPT_BIN, "check", "--model=" + dir});
   EXPECT_EQ(check.code, 0) << check.log;
+}
+
+// a rewrite that fails (the file size limit stands for a full disk: the
+// config fits, the weights do not) leaves the model it was to replace whole,
+// not a new config beside the old weights, and no temporary file
+TEST_F(ToolsCli, CheckpointWriteFailureKeepsTheModel) {
+  const std::string dir = temp_dir() + "/full_disk";
+  const ToolRun init =
+      run_tool({WMCKPT_BIN, "init", "--config=" + source("configs/tiny-test.json"), "--seed=1", "--out=" + dir});
+  ASSERT_EQ(init.code, 0) << init.log;
+  const std::string config_before = read_text(dir + "/config.json");
+  const std::string weights_before = read_text(dir + "/model.safetensors");
+  auto other = load_model_config(source("configs/tiny-test.json"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  other->name = "other";
+  const std::string other_path = temp_dir() + "/other.json";
+  write_text(other_path, model_config_to_json(*other));
+  constexpr rlim_t kLimit = 16 << 10;
+  ASSERT_LT(read_text(other_path).size(), kLimit);
+  ASSERT_GT(weights_before.size(), kLimit);
+  const ToolRun r =
+      run_tool({WMCKPT_BIN, "init", "--config=" + other_path, "--seed=2", "--out=" + dir, "--force"}, 60, kLimit);
+  EXPECT_REFUSED(r, 1, "File too large");
+  EXPECT_NE(r.log.find("(the model in " + dir + " is unchanged)"), std::string::npos) << r.log;
+  EXPECT_EQ(read_text(dir + "/config.json"), config_before);
+  EXPECT_EQ(read_text(dir + "/model.safetensors"), weights_before);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
+  const ToolRun check = run_tool({WMCKPT_BIN, "check", "--model=" + dir});
+  EXPECT_EQ(check.code, 0) << check.log;
+  // without the limit the same rewrite replaces both files
+  const ToolRun again = run_tool({WMCKPT_BIN, "init", "--config=" + other_path, "--seed=2", "--out=" + dir, "--force"});
+  ASSERT_EQ(again.code, 0) << again.log;
+  EXPECT_EQ(read_text(dir + "/config.json"), read_text(other_path));
 }
 
 // without --force, init leaves a model it finds (a trained one, say) as it was

@@ -72,11 +72,21 @@ def export_model(state: dict, cfg: ModelConfig, out_dir: str, dtype: str = "F32"
     md = {"format": "wmserve-cldit", "version": "1"}
     md.update({str(k): str(v) for k, v in (metadata or {}).items()})
     path = os.path.join(out_dir, "model.safetensors")
-    save_file(tensors, path, dtype=dtype, metadata=md)
-    tmp = os.path.join(out_dir, f"config.json.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(cfg.to_json())
-    os.replace(tmp, os.path.join(out_dir, "config.json"))
+    # both files under temporary names first, renamed into place only once
+    # both are whole: a failure (a full disk, say) leaves the model the
+    # directory held, never new weights beside the old config
+    weights_tmp, config_tmp = f"{path}.tmp{os.getpid()}", os.path.join(out_dir, f"config.json.tmp{os.getpid()}")
+    try:
+        save_file(tensors, weights_tmp, dtype=dtype, metadata=md)
+        with open(config_tmp, "w", encoding="utf-8") as f:
+            f.write(cfg.to_json())
+    except BaseException:
+        for t in (weights_tmp, config_tmp):
+            if os.path.exists(t):
+                os.remove(t)
+        raise
+    os.replace(config_tmp, os.path.join(out_dir, "config.json"))
+    os.replace(weights_tmp, path)
     if split_bytes > 0:
         with open(path, "rb") as f:
             blob = f.read()
