@@ -57,22 +57,35 @@ std::vector<float> randn(size_t n, uint32_t seed) {
 }
 
 int run(int argc, char** argv) {
-  const Flags f(argc, argv);
-  const int heads = static_cast<int>(f.num("heads", 12)), hd = static_cast<int>(f.num("head_dim", 128));
-  const int reps = static_cast<int>(f.num("reps", 20));
-  const std::vector<int> cached = f.list("cached", "1024,2048,4096,8192,16384,32768,65536");
-  const std::vector<int> queries = f.list("queries", "64,2640");
+  // every flag first, so that a bad one is refused before the device opens
+  Flags f(argc, argv);
+  const DeviceFlags device_flags = read_device_flags(f);
+  const int heads = static_cast<int>(f.num("heads", 12, 1, 128));
+  const int hd = static_cast<int>(f.num("head_dim", 128, {32, 64, 128}));  // the CUDA caches' head sizes
+  const int reps = static_cast<int>(f.num("reps", 20, 1, 1000000));
+  // at most 16M tokens: their int arithmetic (frames x tokens) stays far from overflow
+  const std::vector<int> cached = f.list("cached", "1024,2048,4096,8192,16384,32768,65536", 1, 1 << 24);
+  const std::vector<int> queries = f.list("queries", "64,2640", 1, 1 << 16);
   const std::string format = f.str("format", "fp16");
-  const bool probe = f.num("probe", 0) != 0;
+  const bool probe = f.num("probe", 0, 0, 1) != 0;
+  // --kernel=auto|mma|wgmma|overlap|ws|all: the CUDA attention kernel(s) to time ("attention.kernel")
+  const std::string kernel_flag = f.choice("kernel", "auto", {"auto", "mma", "wgmma", "overlap", "ws", "all"});
+  // the values the plugin's tunings take (cuda/cuda_backend.cc set_tuning), so that none fails half-way
+  const std::vector<int> stage_list = f.list("stages", "0", {0, 3, 4, 5, 6});
+  const std::vector<int> pingpong_list = f.list("pingpong", "-1", -1, 1);
+  const std::vector<int> ws_keys_list = f.list("ws_keys", "0", {0, 64, 128});
+  const std::vector<int> ws_tma_list = f.list("ws_tma", "-1", -1, 1);
+  // 0 the whole kernel, 1 its loads, 2 its consumers
+  const std::vector<int> ablate_list = f.list("ws_ablate", "0", 0, 2);
+  f.reject_unknown();
+
   int max_cached = 0;
   for (int c : cached) max_cached = std::max(max_cached, c);
   // one cache alive at a time (and its fp16 reference with --probe); whole pages plus a frame of slack
   const int64_t pool = (probe ? 2 : 1) * (static_cast<int64_t>(max_cached) + 2 * 880) * heads * hd * 4 +
                        (int64_t{256} << 20);
-  Device dev = open_device(f, pool, int64_t{1} << 30);
+  Device dev = open_device(device_flags, pool, int64_t{1} << 30);
   Backend& b = *dev.backend;
-  // --kernel=auto|mma|wgmma|overlap|all: the CUDA attention kernel(s) to time ("attention.kernel")
-  const std::string kernel_flag = f.str("kernel", "auto");
   const std::map<std::string, std::vector<std::pair<std::string, int64_t>>> kernel_sets = {
       {"auto", {{"auto", 0}}},
       {"mma", {{"mma", 1}}},
@@ -81,25 +94,6 @@ int run(int argc, char** argv) {
       {"ws", {{"ws", 4}}},
       {"all", {{"mma", 1}, {"wgmma", 2}, {"overlap", 3}, {"ws", 4}}}};
   const auto kernels_it = kernel_sets.find(kernel_flag);
-  if (kernels_it == kernel_sets.end()) {
-    std::fprintf(stderr, "--kernel=%s: use auto, mma, wgmma, overlap, ws or all\n", kernel_flag.c_str());
-    return 2;
-  }
-  std::vector<int> stage_list = f.list("stages", "0");
-  std::vector<int> pingpong_list = f.list("pingpong", "-1");
-  std::vector<int> ws_keys_list = f.list("ws_keys", "0");
-  std::vector<int> ws_tma_list = f.list("ws_tma", "-1");
-  std::vector<int> ablate_list = f.list("ws_ablate", "0");
-  for (int x : ablate_list)
-    if (x < 0 || x > 2) {
-      std::fprintf(stderr, "--ws_ablate=%d: use 0 (the whole kernel), 1 (its loads) or 2 (its consumers)\n", x);
-      return 2;
-    }
-  if (stage_list.empty()) stage_list = {0};
-  if (pingpong_list.empty()) pingpong_list = {-1};
-  if (ws_keys_list.empty()) ws_keys_list = {0};
-  if (ws_tma_list.empty()) ws_tma_list = {-1};
-  if (ablate_list.empty()) ablate_list = {0};
   struct Variant {
     std::string name;
     int64_t kernel = 0, stages = 0, pingpong = -1, ws_keys = 0, ws_tma = -1, ablate = 0;

@@ -8,55 +8,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/bench_flags.h"
 #include "engine/backend.h"
 #include "engine/noise.h"
 #include "engine/plugin_loader.h"
 #include "engine/weights.h"
 
 namespace wm::bench {
-
-// --key=value flags; a bare --key means "1"
-class Flags {
- public:
-  Flags(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a.rfind("--", 0) != 0) continue;
-      const size_t eq = a.find('=');
-      if (eq == std::string::npos) values_[a.substr(2)] = "1";
-      else values_[a.substr(2, eq - 2)] = a.substr(eq + 1);
-    }
-  }
-  std::string str(const std::string& k, const std::string& def) const {
-    auto it = values_.find(k);
-    return it == values_.end() ? def : it->second;
-  }
-  int64_t num(const std::string& k, int64_t def) const {
-    auto it = values_.find(k);
-    return it == values_.end() ? def : std::atoll(it->second.c_str());
-  }
-  std::vector<int> list(const std::string& k, const std::string& def) const {
-    std::vector<int> out;
-    const std::string s = str(k, def);
-    size_t at = 0;
-    while (at <= s.size()) {
-      const size_t comma = s.find(',', at);
-      const std::string part = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-      if (!part.empty()) out.push_back(std::atoi(part.c_str()));
-      if (comma == std::string::npos) break;
-      at = comma + 1;
-    }
-    return out;
-  }
-
- private:
-  std::map<std::string, std::string> values_;
-};
 
 // device copies of host arrays, freed together at scope end (synchronize first)
 class DeviceArrays {
@@ -102,18 +64,30 @@ struct Device {
   }
 };
 
+// --device=cuda|cpu and --plugin=PATH, read with the benchmark's other flags
+struct DeviceFlags {
+  bool cpu = false;
+  std::string plugin;
+};
+inline DeviceFlags read_device_flags(Flags& f) {
+  DeviceFlags d;
+  d.cpu = f.choice("device", "cuda", {"cuda", "cpu"}) == "cpu";
+  d.plugin = f.str("plugin", "");
+  return d;
+}
+
 // the backend --device names (cuda by default, through --plugin), with a KV
 // pool of pool_bytes and reserve_bytes kept for the model
-inline absl::StatusOr<Device> try_open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {
+inline absl::StatusOr<Device> try_open_device(const DeviceFlags& f, int64_t pool_bytes, int64_t reserve_bytes) {
   Device d;
-  if (f.str("device", "cuda") == "cpu") {
+  if (f.cpu) {
     d.owned = make_cpu_backend(0);
     d.backend = d.owned.get();
     d.name = "cpu";
     return d;
   }
   PluginBackendOptions o;
-  o.path = f.str("plugin", "");
+  o.path = f.plugin;
   o.kv_pool_bytes = pool_bytes;
   o.reserve_bytes = reserve_bytes;
   auto b = make_plugin_backend(o);
@@ -126,7 +100,7 @@ inline absl::StatusOr<Device> try_open_device(const Flags& f, int64_t pool_bytes
 }
 
 // the same, or exit 2 after saying why
-inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_bytes) {
+inline Device open_device(const DeviceFlags& f, int64_t pool_bytes, int64_t reserve_bytes) {
   auto d = try_open_device(f, pool_bytes, reserve_bytes);
   if (!d.ok()) {
     std::fprintf(stderr, "no CUDA backend: %s\n", d.status().ToString().c_str());
@@ -135,11 +109,10 @@ inline Device open_device(const Flags& f, int64_t pool_bytes, int64_t reserve_by
   return std::move(*d);
 }
 
-// --tuning=key=value[,key=value...]: plugin tunings (docs/CUDA.md, "Tuning")
-// set before anything runs, so that one device call can time a setting
-// against the default; what was set, as "key=value,..." (empty: none)
-inline absl::StatusOr<std::string> apply_tuning(const Flags& f, Device& d) {
-  const std::string spec = f.str("tuning", "");
+// --tuning=key=value[,key=value...] (spec): plugin tunings (docs/CUDA.md,
+// "Tuning") set before anything runs, so that one device call can time a
+// setting against the default; what was set, as "key=value,..." (empty: none)
+inline absl::StatusOr<std::string> apply_tuning(const std::string& spec, Device& d) {
   if (spec.empty()) return std::string();
   if (d.plugin == nullptr) return absl::InvalidArgumentError("--tuning: the CPU backend has no tunings");
   size_t at = 0;

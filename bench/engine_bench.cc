@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_flags.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
@@ -71,9 +72,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // a whole integer in range, or exit 2 naming the flag (std::stoi threw on "abc" and took "8x")
+    auto number = [&](const wm::bench::FlagValues& allowed) -> int {
+      const std::string text = next();
+      int64_t v = 0;
+      if (!wm::bench::parse_flag_int(text, allowed, &v)) {
+        std::fprintf(stderr, "engine_bench: %s %s: expected %s\n", a.c_str(), text.c_str(),
+                     allowed.describe(false).c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(v);
+    };
     if (a == "--config") args.config = next();
-    else if (a == "--frames") args.frames = std::stoi(next());
-    else if (a == "--threads") args.threads = std::stoi(next());
+    else if (a == "--frames") args.frames = number({1, 100000, {}});
+    else if (a == "--threads") args.threads = number({0, 1024, {}});  // 0: the libraries' defaults
     else if (a == "--format") args.format = next();
     else if (a == "--forward-only") args.forward_only = true;
     else if (a == "--host-costs") args.host_costs = true;

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -50,18 +51,34 @@ namespace wm::bench {
 namespace {
 
 int run(int argc, char** argv) {
-  const Flags f(argc, argv);
-  auto cfg_or = load_model_config(f.str("config", "configs/mg2-shape.json"));
+  // every flag first, so that a bad one is refused before the model config is read or the device opens
+  Flags f(argc, argv);
+  const DeviceFlags device_flags = read_device_flags(f);
+  const std::string config_path = f.str("config", "configs/mg2-shape.json");
+  // bounded so that the KV pool's bytes (sessions x layers x heads x window pages) fit an int64_t
+  const std::vector<int> sessions = f.list("sessions", "1,2,4,8", 1, 256);
+  const std::vector<int> windows = f.list("windows", "6,60", 1, 10000);  // latent frames
+  const int reps = static_cast<int>(f.num("reps", 3, 1, 100000));
+  const int block_reps = static_cast<int>(f.num("blocks", 2, 1, 100000));
+  const bool invariant = f.num("batch_invariant", 0, 0, 1) != 0;
+  const std::string format = f.str("format", "fp16");
+  const std::string tuning_spec = f.str("tuning", "");
+  const uint64_t seed = static_cast<uint64_t>(f.num("seed", 1, 0, std::numeric_limits<int64_t>::max()));
+  f.reject_unknown();
+
+  auto cfg_or = load_model_config(config_path);
   if (!cfg_or.ok()) {
     std::fprintf(stderr, "%s\n", cfg_or.status().ToString().c_str());
     return 1;
   }
   const ModelConfig cfg = *cfg_or;
-  const std::vector<int> sessions = f.list("sessions", "1,2,4,8");
-  const std::vector<int> windows = f.list("windows", "6,60");
-  const int reps = static_cast<int>(f.num("reps", 3)), block_reps = static_cast<int>(f.num("blocks", 2));
-  const bool invariant = f.num("batch_invariant", 0) != 0;
-  const std::string format = f.str("format", "fp16");
+  // a window holds at least a block, as a config's own window must (model_config.cc)
+  for (int W : windows)
+    if (W < cfg.frames_per_block) {
+      std::fprintf(stderr, "wm_mg2_bench: --windows=%d: expected windows of at least %d latent frames (%s's block)\n",
+                   W, cfg.frames_per_block, config_path.c_str());
+      return 2;
+    }
   const int T = cfg.tokens_per_frame(), B = cfg.frames_per_block, D = cfg.dim, L = cfg.layers;
   const int64_t Q = cfg.qkv_dim();
 
@@ -78,7 +95,7 @@ int run(int argc, char** argv) {
     for (int S : sessions) pool = std::max(pool, pool_for(S, W));
   Device dev;
   for (;;) {
-    auto d = try_open_device(f, pool, cfg.parameter_count() * 2);
+    auto d = try_open_device(device_flags, pool, cfg.parameter_count() * 2);
     int64_t smaller = 0;  // the next smaller grid point's pool
     for (int W : windows)
       for (int S : sessions)
@@ -95,14 +112,14 @@ int run(int argc, char** argv) {
                  d.status().ToString().c_str(), static_cast<long long>(smaller));
     pool = smaller;
   }
-  auto tuning = apply_tuning(f, dev);
+  auto tuning = apply_tuning(tuning_spec, dev);
   if (!tuning.ok()) {
     std::fprintf(stderr, "%s\n", tuning.status().ToString().c_str());
     return 1;
   }
   Backend& b = *dev.backend;
   double t0 = now_s();
-  HostWeights weights = fast_random_weights(cfg, static_cast<uint64_t>(f.num("seed", 1)));
+  HostWeights weights = fast_random_weights(cfg, seed);
   const double weights_s = now_s() - t0;
   t0 = now_s();
   auto model = std::make_unique<Model>(b, cfg, weights);
