@@ -2029,6 +2029,27 @@ TEST(ServerIntegration, WmplayHeadlessOutputStaysConsistentWhenARunFails) {
   EXPECT_EQ(summary().value("frames", -1), 2) << summary();
 }
 
+// a TCP socket listening on 127.0.0.1 at a free port (*port), never
+// accepting: the kernel still completes connections up to `backlog`. With
+// reuse_port another socket may bind the same port. -1 on failure
+int listen_on_loopback(int backlog, bool reuse_port, int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if ((reuse_port && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) ||
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, backlog) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 // a port that takes connections and never answers (a hung server, the wrong
 // service) costs the clients their --timeout_s, not the fixed deadline of
 // their first call (10 s for wmplay's ListModels, 5 s for wmbench's
@@ -2036,16 +2057,10 @@ TEST(ServerIntegration, WmplayHeadlessOutputStaysConsistentWhenARunFails) {
 TEST(ServerIntegration, ClientsGiveUpOnASilentServerWithinTheirTimeout) {
   // a listening socket that never accepts: the kernel completes the
   // connection, and nothing is ever sent on it
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int fd = listen_on_loopback(16, /*reuse_port=*/false, &port);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string server = absl::StrFormat("--server=127.0.0.1:%d", ntohs(addr.sin_port));
+  const std::string server = absl::StrFormat("--server=127.0.0.1:%d", port);
   const std::string dir = testing::fresh_dir("silent_server");
   ASSERT_TRUE(write_file(dir + "/script.txt", "W 0 0 *2\n", 9).ok());
   for (const auto& argv : std::vector<std::vector<std::string>>{
@@ -2153,18 +2168,9 @@ TEST(ServerIntegration, IdleConnectionsDoNotHoldUpTheMetrics) {
 // a port another process listens on stops the server, even when that
 // listener allows port sharing (gRPC's own default)
 TEST(ServerIntegration, APortInUseStopsTheServer) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int fd = listen_on_loopback(4, /*reuse_port=*/true, &port);
   ASSERT_GE(fd, 0);
-  const int one = 1;
-  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)), 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 4), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
   std::string log;
   // `timeout`: a server that shares the port runs on instead of exiting
   const int rc = testing::run_program({"/usr/bin/timeout", "30", WMSERVE_BIN, "--model=" + tiny_model(), "--host=127.0.0.1",
