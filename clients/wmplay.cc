@@ -105,17 +105,20 @@ int main(int argc, char** argv) {
   if (!wm::client::timeout_in_range(absl::GetFlag(FLAGS_timeout_s)))
     return fail("--timeout_s must be in (0, 604800]");
 
+  // --timeout_s bounds the whole run: the first call and the session share it
+  const auto run_deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1e6));
   auto channel = wm::client::make_channel(absl::GetFlag(FLAGS_server), channel_options);
   auto stub = v1::WorldModel::NewStub(channel);
   v1::ListModelsResponse models;
   {
     grpc::ClientContext ctx;
-    // at most 10 s, and never longer than the whole run may take: a port that
-    // takes the connection and never answers holds the call to its deadline
+    // at most 10 s: a port that takes the connection and never answers holds
+    // the call to its deadline
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::min<std::chrono::microseconds>(std::chrono::seconds(10),
-                                                         std::chrono::microseconds(static_cast<int64_t>(
-                                                             absl::GetFlag(FLAGS_timeout_s) * 1e6))));
+                     std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(10),
+                                                                   run_deadline - std::chrono::steady_clock::now()));
     grpc::Status st = stub->ListModels(&ctx, {}, &models);
     if (!st.ok())
       return fail(wm::client::describe_call_failure(absl::GetFlag(FLAGS_server), st));
@@ -151,7 +154,11 @@ int main(int argc, char** argv) {
     pc.start.add_prompt_jpeg(*bytes);
   }
   pc.actions = std::move(*actions);
-  pc.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  // what the first call and reading the prompts left of --timeout_s
+  pc.timeout_s = std::chrono::duration<double>(run_deadline - std::chrono::steady_clock::now()).count();
+  if (pc.timeout_s <= 0)
+    return fail(absl::StrFormat("--timeout_s=%g ran out before the session started",
+                                absl::GetFlag(FLAGS_timeout_s)));
 
   std::error_code ec;
   std::filesystem::create_directories(out, ec);

@@ -1,11 +1,13 @@
 #include "engine/action.h"
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -56,13 +58,17 @@ absl::StatusOr<uint32_t> parse_keys(absl::string_view tok, const ActionSpace& sp
   uint32_t mask = 0;
   for (char ch : tok) {
     bool found = false;
+    // through unsigned char: a byte above 0x7f (UTF-8) is negative as char
+    const char upper = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     for (size_t k = 0; k < space.keys.size(); ++k) {
-      if (space.keys[k].size() == 1 && (space.keys[k][0] == ch || space.keys[k][0] == std::toupper(ch))) {
+      if (space.keys[k].size() == 1 && (space.keys[k][0] == ch || space.keys[k][0] == upper)) {
         mask |= 1u << k;
         found = true;
       }
     }
-    if (!found) return absl::InvalidArgumentError(absl::StrCat("unknown key '", std::string(1, ch), "'"));
+    // escaped: a NUL or a control byte would cut or garble the message
+    if (!found)
+      return absl::InvalidArgumentError(absl::StrCat("unknown key '", absl::CHexEscape(absl::string_view(&ch, 1)), "'"));
   }
   return mask;
 }
@@ -94,7 +100,7 @@ absl::StatusOr<std::vector<Action>> parse_action_script(absl::string_view text, 
         continue;
       }
       double v = 0;
-      if (!absl::SimpleAtod(t, &v)) return fail(absl::StrCat("not a number: '", t, "'"));
+      if (!absl::SimpleAtod(t, &v)) return fail(absl::StrCat("not a number: '", absl::CHexEscape(t), "'"));
       if (axis >= space.mouse.size()) return fail("more mouse values than the action space has axes");
       // a value beyond float's range would become infinite: say what was written
       if (std::isfinite(v) && std::fabs(v) > 1e30)

@@ -6,8 +6,9 @@
 Stubs are generated at run time into a temporary directory with Debian's
 protoc (protobuf-compiler) and grpc_python_plugin (protobuf-compiler-grpc),
 so nothing generated is checked in. It checks health, prints the server
-info, plays a few actions (per-action pacing, one in flight) and writes the
-frames as JPEG files.
+info, plays a few actions (per-action pacing, one in flight; each brings a
+block of the model's frames_per_block frames) and writes the frames as JPEG
+files.
 """
 import argparse
 import atexit
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -124,34 +126,51 @@ def play(args, auth, channel, pb2, pb2_grpc):
     print("server: version %s, models %s, %d sessions, %d of %d KV bytes free" %
           (info.version, list(info.models), info.sessions_active, info.kv_free_bytes, info.kv_capacity_bytes))
 
-    # one action in flight: the next goes when the frame of the previous arrives
+    # one action in flight: the next goes when the first frame of the
+    # previous one's block arrives. A block is the model's frames_per_block
+    # (B) frames, and a block given one action repeats it, so an action
+    # brings B frames: ceil(frames / B) actions, sent once Started says B
     frames = []
-    pending = []
+    pending = {}  # action seq -> send time, until its first frame
+    per_block = [0]  # B, once Started arrives
+    done = threading.Event()
 
     def requests():
         yield pb2.PlayRequest(start=pb2.Start(seed=args.seed, pacing=pb2.PACING_PER_ACTION))
-        for seq in range(1, args.frames + 1):
-            while len(pending) >= 1:
-                time.sleep(0.001)
-            pending.append(time.monotonic())
+        while per_block[0] == 0:
+            if done.wait(0.001):
+                return
+        actions = (args.frames + per_block[0] - 1) // per_block[0]
+        for seq in range(1, actions + 1):
+            while pending:
+                if done.wait(0.001):
+                    return
+            pending[seq] = time.monotonic()
             yield pb2.PlayRequest(action=pb2.Action(seq=seq, keys=1 if seq % 4 else 0, mouse_dx=5.0,
                                                     client_time_us=int(time.monotonic() * 1e6)))
 
     latencies = []
     started = None
-    for response in stub.Play(requests(), timeout=120, metadata=auth):
-        kind = response.WhichOneof("kind")
-        if kind == "started":
-            s = started = response.started
-            print("started: session %s, %dx%d, keys %s, format %s" %
-                  (s.session_id, s.width, s.height, list(s.action_space.keys), s.cache_format))
-        elif kind == "frame":
-            latencies.append(time.monotonic() - pending.pop(0))
-            frames.append(response.frame)
-            if len(frames) == args.frames:
-                break
-        elif kind == "event":
-            print("event:", response.event.code, response.event.message)
+    try:
+        for response in stub.Play(requests(), timeout=120, metadata=auth):
+            kind = response.WhichOneof("kind")
+            if kind == "started":
+                s = started = response.started
+                print("started: session %s, %dx%d, %d frame(s) per block, keys %s, format %s" %
+                      (s.session_id, s.width, s.height, s.model.frames_per_block, list(s.action_space.keys),
+                       s.cache_format))
+                per_block[0] = max(1, s.model.frames_per_block)
+            elif kind == "frame":
+                sent = pending.pop(response.frame.last_action_seq, None)
+                if sent is not None:
+                    latencies.append(time.monotonic() - sent)
+                frames.append(response.frame)
+                if len(frames) == args.frames:
+                    break
+            elif kind == "event":
+                print("event:", response.event.code, response.event.message)
+    finally:
+        done.set()  # a request generator still waiting ends
     if args.out:
         for f in frames:
             path = os.path.join(args.out, "frame_%05d.jpg" % f.index)
@@ -168,14 +187,17 @@ def play(args, auth, channel, pb2, pb2_grpc):
     # indices 0..prompt_frames-1 and are not sent: the first generated frame
     # is prompt_frames, and with one action in flight none is dropped
     first = started.prompt_frames if started is not None else 0
+    per = per_block[0] or 1
     want = list(range(first, first + args.frames))
     if len(frames) != args.frames:
         fail("the stream ended after %d of %d frames" % (len(frames), args.frames))
     if indices != want:
         fail("frame indices %s, expected %d..%d (prompt_frames %d)" % (indices, want[0], want[-1], first))
+    # frame i is of block i // B, which answers action i // B + 1
     seqs = [f.last_action_seq for f in frames]
-    if seqs != list(range(1, args.frames + 1)):
-        fail("the frames answer actions %s, expected 1..%d" % (seqs, args.frames))
+    if seqs != [i // per + 1 for i in range(args.frames)]:
+        fail("the frames answer actions %s, expected each of 1..%d for %d frame(s)" %
+             (seqs, (args.frames + per - 1) // per, per))
     return 0
 
 

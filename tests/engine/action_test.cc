@@ -8,8 +8,12 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 
 namespace wm {
@@ -41,6 +45,18 @@ TEST(ActionScript, RejectsBadLinesWithLineNumber) {
   auto huge = parse_action_script("W 1e40 0", s);
   ASSERT_FALSE(huge.ok());
   EXPECT_NE(std::string(huge.status().message()).find("'1e40'"), std::string::npos) << huge.status();
+  // bytes a terminal cannot show are escaped, and the message goes on past a
+  // NUL (it used to end there); a UTF-8 byte is an unknown key, not a crash
+  for (const auto& [text, quoted] : std::vector<std::pair<std::string, std::string>>{
+           {std::string("W\0X 0 0", 7), "unknown key '\\x00'"},
+           {"W 1\x1b[2J", "not a number: '1\\x1b[2J'"},
+           {"\xc3\xa9", "unknown key '\\xc3'"}}) {
+    auto a = parse_action_script(text, s);
+    ASSERT_FALSE(a.ok()) << absl::CHexEscape(text);
+    const std::string message(a.status().message());
+    EXPECT_EQ(message.find('\0'), std::string::npos) << absl::CHexEscape(message);
+    EXPECT_NE(message.find(quoted), std::string::npos) << absl::CHexEscape(message) << " lacks " << quoted;
+  }
 }
 
 // a directory opens like a file and reads as nothing: not an empty script

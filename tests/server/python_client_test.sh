@@ -53,6 +53,24 @@ $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 3 --ou
 kill -TERM $pid
 wait $pid
 
+# a model of 3 frames per block: an action brings a block of 3 frames, so 7
+# frames take 3 actions (the client used to expect a frame per action)
+sed 's/"frames_per_block": 1/"frames_per_block": 3/; s/"window_frames": 4/"window_frames": 6/' \
+  "$src/configs/tiny-test.json" > "$dir/block3.json"
+grep -q '"frames_per_block": 3' "$dir/block3.json"
+"$wmckpt" init --config "$dir/block3.json" --seed 1 --out "$dir/model_block3" >/dev/null
+rm -f "$dir/ports.json"
+"$wmserve" --model "$dir/model_block3" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
+  --threads 1 > "$dir/server_block3.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
+port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+$py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 7 --out "$dir/frames_block3" > "$dir/block3.txt"
+grep -q "3 frame(s) per block" "$dir/block3.txt"
+ls "$dir/frames_block3" | grep -c jpg | grep -qx 7
+kill -TERM $pid
+wait $pid
+
 # and over mutual TLS, with certificates from a CA made here, and an API token
 command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; exit 0; }
 (
