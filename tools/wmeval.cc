@@ -14,14 +14,9 @@
 // PSNR of each generated frame against the frame the shadow gives for the
 // same block (--audit_blocks of the blocks; the generated frames are the
 // same either way).
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -86,21 +81,6 @@ struct FormatResult {
 int fail(const absl::Status& st) {
   std::fprintf(stderr, "wmeval: %s\n", st.ToString().c_str());
   return 1;
-}
-
-// that an output flag's file can be made, checked before the run (which
-// takes minutes) rather than after it: the file opens for writing, an
-// existing one untruncated, and one made only to try is removed again.
-// Non-blocking, so that a FIFO without a reader is refused, not waited on.
-std::optional<std::string> unwritable_output(absl::string_view flag, const std::string& path) {
-  if (path.empty()) return std::nullopt;
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
-  if (fd < 0) return absl::StrCat("--", flag, "=", path, ": cannot write: ", std::strerror(errno));
-  ::close(fd);
-  if (!existed) ::unlink(path.c_str());
-  return std::nullopt;
 }
 
 wm::Rgb8Image image(const uint8_t* px, int w, int h) {
@@ -171,7 +151,7 @@ int main(int argc, char** argv) {
   for (const auto& [flag, path] : {std::pair{"json", absl::GetFlag(FLAGS_json)},
                                    std::pair{"md", absl::GetFlag(FLAGS_md)},
                                    std::pair{"strip", absl::GetFlag(FLAGS_strip)}})
-    if (auto bad = unwritable_output(flag, path)) {
+    if (auto bad = wm::unwritable_output(flag, path)) {
       std::fprintf(stderr, "wmeval: %s\n", bad->c_str());
       return 2;
     }

@@ -25,6 +25,8 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -78,7 +80,7 @@ ABSL_FLAG(int, kivi_group, 32, "KIVI group G");
 ABSL_FLAG(int, kivi_residual, 32, "KIVI residual R");
 ABSL_FLAG(int, kmeans_iters, 4, "k-means Lloyd iterations");
 // bench
-ABSL_FLAG(std::string, head_dims, "64,128", "bench: head dims (multiples of 8 within 8..512)");
+ABSL_FLAG(std::string, head_dims, "64,128", "bench: head dims within 8..512 that every format takes (with the default --kivi_group and --block: 32 or a multiple of 64)");
 ABSL_FLAG(int, reps, 9, "bench: timed repetitions (median)");
 ABSL_FLAG(std::string, configs, "configs/default.json,configs/mg2-shape.json", "bench: configs for bytes per session");
 
@@ -132,6 +134,21 @@ absl::StatusOr<std::vector<int>> parse_head_dims(const std::string& text) {
   return out;
 }
 
+KvFormatOptions format_options() {
+  KvFormatOptions o;
+  o.span_frames = absl::GetFlag(FLAGS_span_frames);
+  o.centroids = absl::GetFlag(FLAGS_centroids);
+  o.tokens_per_centroid = absl::GetFlag(FLAGS_tokens_per_centroid);
+  o.block = absl::GetFlag(FLAGS_block);
+  o.psac_bits = absl::GetFlag(FLAGS_psac_bits);
+  o.psac_refresh_frames = absl::GetFlag(FLAGS_psac_refresh_frames);
+  o.quantize_sinks = absl::GetFlag(FLAGS_quantize_sinks);
+  o.kivi_group = absl::GetFlag(FLAGS_kivi_group);
+  o.kivi_residual = absl::GetFlag(FLAGS_kivi_residual);
+  o.kmeans_iters = absl::GetFlag(FLAGS_kmeans_iters);
+  return o;
+}
+
 // every numeric flag against its range, before anything is allocated: the
 // format options also bound how long the worst-case byte count replays
 absl::Status check_flags() {
@@ -175,19 +192,18 @@ absl::Status check_flags() {
   return parse_head_dims(absl::GetFlag(FLAGS_head_dims)).status();
 }
 
-KvFormatOptions format_options() {
-  KvFormatOptions o;
-  o.span_frames = absl::GetFlag(FLAGS_span_frames);
-  o.centroids = absl::GetFlag(FLAGS_centroids);
-  o.tokens_per_centroid = absl::GetFlag(FLAGS_tokens_per_centroid);
-  o.block = absl::GetFlag(FLAGS_block);
-  o.psac_bits = absl::GetFlag(FLAGS_psac_bits);
-  o.psac_refresh_frames = absl::GetFlag(FLAGS_psac_refresh_frames);
-  o.quantize_sinks = absl::GetFlag(FLAGS_quantize_sinks);
-  o.kivi_group = absl::GetFlag(FLAGS_kivi_group);
-  o.kivi_residual = absl::GetFlag(FLAGS_kivi_residual);
-  o.kmeans_iters = absl::GetFlag(FLAGS_kmeans_iters);
-  return o;
+// bench: every head dim suits every format it times (kivi2's group and the
+// span formats' block divide it), checked before any timing rather than
+// after the dims before it
+absl::Status check_bench_head_dims() {
+  auto head_dims = parse_head_dims(absl::GetFlag(FLAGS_head_dims));
+  if (!head_dims.ok()) return head_dims.status();
+  for (const int hd : *head_dims)
+    for (const KvCase& c : kv_bench_cases(hd))
+      if (auto st = kv_format_check(c.format, c.geometry, format_options()); !st.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("--head_dims: ", hd, " does not suit ", st.message()));
+  return absl::OkStatus();
 }
 
 nlohmann::json geometry_json(const KvGeometry& g) {
@@ -723,8 +739,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wmquant: %s\n", std::string(st.message()).c_str());
     return 2;
   }
-  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   const std::string cmd = rest[1];
+  // the outputs the command writes, checked before its run (minutes) rather than after it
+  std::vector<std::pair<const char*, std::string>> outputs;
+  if (cmd == "dump") outputs = {{"out", absl::GetFlag(FLAGS_out)}};
+  if (cmd == "bench")
+    if (auto st = wm::check_bench_head_dims(); !st.ok()) {
+      std::fprintf(stderr, "wmquant: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
+  if (cmd == "eval" || cmd == "bench") outputs = {{"json", absl::GetFlag(FLAGS_json)}, {"md", absl::GetFlag(FLAGS_md)}};
+  for (const auto& [flag, path] : outputs)
+    if (auto bad = wm::unwritable_output(flag, path)) {
+      std::fprintf(stderr, "wmquant: %s\n", bad->c_str());
+      return 2;
+    }
+  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   if (cmd == "eval") return wm::eval_main();
   if (cmd == "dump") return wm::dump_main();
   if (cmd == "bench") return wm::bench_main();

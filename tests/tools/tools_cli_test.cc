@@ -219,6 +219,35 @@ TEST_F(ToolsCli, BenchHeadDimsAreParsedAndBounded) {
   for (const char* hd : {"abc", "99999999999", "100000", "64,x", "-64", "520", "12"})
     EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", std::string("--head_dims=") + hd, "--configs="}), 2, "--head_dims");
   EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", "--head_dims=", "--configs="}), 2, "--head_dims");
+  // a dim one format cannot take is refused before any timing, not after the
+  // dims before it (8 passed the old check and failed in kivi2, 96 in qvg2)
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", "--head_dims=64,8", "--reps=1000", "--configs="}, 20), 2,
+                 "--head_dims: 8 does not suit kivi2: group 32 does not divide head_dim 8");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", "--head_dims=96", "--reps=1000", "--configs="}, 20), 2,
+                 "--head_dims: 96 does not suit qvg2: block 64 does not divide head_dim 96");
+}
+
+// wmquant's outputs are checked before its run, as wmeval's are: a path that
+// cannot be written used to fail only once the run (minutes) was over
+TEST_F(ToolsCli, QuantChecksOutputsBeforeTheRun) {
+  const std::string missing = temp_dir() + "/no_such_dir/out";
+  for (const char* flag : {"json", "md"}) {
+    SCOPED_TRACE(flag);
+    const std::string arg = std::string("--") + flag + "=";
+    EXPECT_REFUSED(run_tool({WMQUANT_BIN, "bench", "--head_dims=64", "--reps=1000", "--configs=", arg + missing}, 20),
+                   2, arg + missing + ": cannot write: No such file or directory");
+    EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--model=" + model_, "--script=" + script_, arg + temp_dir()}, 20),
+                   2, arg + temp_dir() + ": cannot write: Is a directory");
+  }
+  EXPECT_REFUSED(
+      run_tool({WMQUANT_BIN, "dump", "--model=" + model_, "--script=" + script_, "--out=" + missing}, 20), 2,
+      "--out=" + missing + ": cannot write: No such file or directory");
+  // a file made only to try the path is removed again
+  const std::string tried = temp_dir() + "/tried.json";
+  EXPECT_REFUSED(
+      run_tool({WMQUANT_BIN, "bench", "--head_dims=64", "--configs=", "--json=" + tried, "--md=" + missing}, 20), 2,
+      "--md=");
+  EXPECT_FALSE(std::filesystem::exists(tried));
 }
 
 TEST_F(ToolsCli, FormatFlagsAreBoundedAndQuoted) {
