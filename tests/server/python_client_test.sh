@@ -7,13 +7,20 @@ py=/usr/bin/python3
 $py -c "import grpc" 2>/dev/null || { echo "python3-grpcio not installed: skipped"; exit 77; }
 command -v grpc_python_plugin >/dev/null && command -v protoc >/dev/null || { echo "no protoc/grpc_python_plugin: skipped"; exit 77; }
 dir=$(mktemp -d)
+pid=
 trap 'kill -KILL $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
+# serve MODEL LOG [FLAGS...]: starts wmserve on MODEL in the background; sets pid and port
+serve() {
+  local model=$1 out=$2
+  shift 2
+  rm -f "$dir/ports.json"
+  "$wmserve" --model "$model" --host 127.0.0.1 --port 0 --port_file "$dir/ports.json" --threads 1 "$@" > "$out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
+  port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+}
 "$wmckpt" init --config "$src/configs/tiny-test.json" --seed 1 --out "$dir/model" >/dev/null
-"$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port 0 --port_file "$dir/ports.json" \
-  --threads 1 > "$dir/server.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
-port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+serve "$dir/model" "$dir/server.log" --metrics_port 0
 metrics_port=$(sed -n 's/.*"metrics_port": \([0-9]*\).*/\1/p' "$dir/ports.json")
 $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 8 --out "$dir/frames"
 ls "$dir/frames" | grep -c jpg | grep -qx 8
@@ -42,12 +49,7 @@ wait $pid
 cp -r "$dir/model" "$dir/model_prompts"
 mkdir "$dir/model_prompts/prompts"
 cp "$dir/frames/frame_00000.jpg" "$dir/model_prompts/prompts/start_1.jpg"
-rm -f "$dir/ports.json"
-"$wmserve" --model "$dir/model_prompts" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
-  --threads 1 > "$dir/server_prompts.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
-port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+serve "$dir/model_prompts" "$dir/server_prompts.log" --metrics_port -1
 $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 3 --out "$dir/frames_prompts"
 [ "$(ls "$dir/frames_prompts" | tr '\n' ' ')" = "frame_00001.jpg frame_00002.jpg frame_00003.jpg " ]
 kill -TERM $pid
@@ -59,12 +61,7 @@ sed 's/"frames_per_block": 1/"frames_per_block": 3/; s/"window_frames": 4/"windo
   "$src/configs/tiny-test.json" > "$dir/block3.json"
 grep -q '"frames_per_block": 3' "$dir/block3.json"
 "$wmckpt" init --config "$dir/block3.json" --seed 1 --out "$dir/model_block3" >/dev/null
-rm -f "$dir/ports.json"
-"$wmserve" --model "$dir/model_block3" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
-  --threads 1 > "$dir/server_block3.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
-port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+serve "$dir/model_block3" "$dir/server_block3.log" --metrics_port -1
 $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 7 --out "$dir/frames_block3" > "$dir/block3.txt"
 grep -q "3 frame(s) per block" "$dir/block3.txt"
 ls "$dir/frames_block3" | grep -c jpg | grep -qx 7
@@ -86,14 +83,8 @@ command -v openssl >/dev/null || { echo "no openssl: the TLS part is skipped"; e
 echo "player 0123456789abcdef0123" > "$dir/tokens"
 echo "0123456789abcdef0123" > "$dir/token"
 chmod 600 "$dir/tokens" "$dir/token"
-rm -f "$dir/ports.json"
-"$wmserve" --model "$dir/model" --host 127.0.0.1 --port 0 --metrics_port -1 --port_file "$dir/ports.json" \
-  --threads 1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" --tls_client_ca "$dir/ca.pem" \
-  --auth_tokens "$dir/tokens" \
-  > "$dir/server_tls.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 300); do [ -s "$dir/ports.json" ] && break; sleep 0.05; done
-port=$(sed -n 's/.*"port": \([0-9]*\).*/\1/p' "$dir/ports.json")
+serve "$dir/model" "$dir/server_tls.log" --metrics_port -1 --tls_cert "$dir/server.pem" --tls_key "$dir/server.key" \
+  --tls_client_ca "$dir/ca.pem" --auth_tokens "$dir/tokens"
 $py "$src/clients/python/wmclient.py" --server "127.0.0.1:$port" --frames 4 --out "$dir/frames_tls" --tls_ca "$dir/ca.pem" \
   --tls_cert "$dir/client.pem" --tls_key "$dir/client.key" --token_file "$dir/token"
 grep -q '"user":"player"' "$dir/server_tls.log"
