@@ -1,5 +1,7 @@
 #include "sim/episode.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "sim/policy.h"
@@ -24,6 +26,18 @@ void action_row(const Action& action, float* row) {
   for (int k = 0; k < 4; ++k) row[k] = ((action.keys >> k) & 1u) ? 1.0f : 0.0f;
   row[4] = action.mouse[0];
   row[5] = action.mouse[1];
+}
+
+uint64_t episode_bytes(int frames, int width, int height) {
+  const uint64_t row_bytes = uint64_t{3} * width * height + sizeof(float) * (kActionRowWidth + kPoseRowWidth);
+  return static_cast<uint64_t>(frames) * row_bytes;
+}
+
+int episode_workers(int threads, int episodes, uint64_t episode_bytes, uint64_t memory_budget) {
+  const uint64_t fit = episode_bytes > 0 ? memory_budget / episode_bytes : memory_budget;
+  const uint64_t workers = std::min<uint64_t>({static_cast<uint64_t>(std::max(threads, 1)),
+                                               static_cast<uint64_t>(std::max(episodes, 1)), std::max<uint64_t>(fit, 1)});
+  return static_cast<int>(workers);
 }
 
 absl::StatusOr<Episode> run_policy_episode(uint64_t seed, int frames, Raycaster& raycaster,

@@ -36,6 +36,16 @@ struct Episode {
   Pose end;
 };
 
+// the bytes an Episode of that many frames holds: pixels, actions and poses
+uint64_t episode_bytes(int frames, int width, int height);
+
+// what the workers of `wmsim dataset` may hold in memory together
+inline constexpr uint64_t kEpisodeMemoryBudget = uint64_t{4} << 30;
+
+// worker threads for a dataset: at most threads and episodes, and few enough
+// that their episodes fit in memory_budget (one worker always runs)
+int episode_workers(int threads, int episodes, uint64_t episode_bytes, uint64_t memory_budget);
+
 // runs the policy of the seed in the world of the seed; frames >= 1.
 // The raycaster fixes the frame size; it is scratch space, one per thread.
 absl::StatusOr<Episode> run_policy_episode(uint64_t seed, int frames, Raycaster& raycaster,

@@ -1,7 +1,10 @@
 #include "sim/npy.h"
 
 #include <bit>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 
@@ -25,6 +28,12 @@ absl::StatusOr<size_t> element_count(const std::vector<int64_t>& shape) {
     n *= static_cast<size_t>(d);
   }
   return n;
+}
+
+// a truncated array is worse than none (but never remove a device or a link's target)
+void remove_partial(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) std::filesystem::remove(path, ec);
 }
 
 }  // namespace
@@ -109,7 +118,7 @@ absl::Status npy_write(const std::string& path, NpyDtype dtype, const std::vecto
 }
 
 NpyWriter::~NpyWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (file_ != nullptr) abandon(0).IgnoreError();
 }
 
 absl::Status NpyWriter::open(const std::string& path, NpyDtype dtype, const std::vector<int64_t>& shape) {
@@ -122,9 +131,7 @@ absl::Status NpyWriter::open(const std::string& path, NpyDtype dtype, const std:
   expected_ = *count * npy_dtype_size(dtype);
   written_ = 0;
   const std::string header = npy_header(dtype, shape);
-  if (std::fwrite(header.data(), 1, header.size(), file_) != header.size()) {
-    return absl::DataLossError(absl::StrCat("short write to ", path));
-  }
+  if (std::fwrite(header.data(), 1, header.size(), file_) != header.size()) return abandon(errno);
   return absl::OkStatus();
 }
 
@@ -133,21 +140,36 @@ absl::Status NpyWriter::append(const void* data, size_t bytes) {
   if (bytes > expected_ - written_) {
     return absl::OutOfRangeError(absl::StrCat(path_, ": more data than the declared shape holds"));
   }
-  if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) return absl::DataLossError(absl::StrCat("short write to ", path_));
+  if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) return abandon(errno);
   written_ += bytes;
   return absl::OkStatus();
 }
 
 absl::Status NpyWriter::finish() {
   if (file_ == nullptr) return absl::FailedPreconditionError("npy writer is not open");
-  const bool complete = written_ == expected_;
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (!closed) return absl::DataLossError(absl::StrCat("cannot close ", path_));
-  if (!complete) {
+  if (written_ != expected_) {
+    abandon(0).IgnoreError();
     return absl::DataLossError(absl::StrCat(path_, ": wrote ", written_, " of ", expected_, " data bytes"));
   }
+  // buffered bytes reach the file only here: a full disk shows at the flush
+  errno = 0;
+  if (std::fflush(file_) != 0) return abandon(errno);
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!closed) {
+    const int err = errno;
+    remove_partial(path_);
+    return absl::DataLossError(absl::StrCat("write failed: ", path_, ": ", std::strerror(err)));
+  }
   return absl::OkStatus();
+}
+
+absl::Status NpyWriter::abandon(int err) {
+  std::fclose(file_);
+  file_ = nullptr;
+  remove_partial(path_);
+  return absl::DataLossError(
+      absl::StrCat("write failed: ", path_, ": ", err != 0 ? std::strerror(err) : "incomplete"));
 }
 
 }  // namespace wm::sim

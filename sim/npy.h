@@ -37,8 +37,9 @@ absl::StatusOr<NpyHeader> npy_parse_header(std::string_view file_start);
 absl::Status npy_write(const std::string& path, NpyDtype dtype, const std::vector<int64_t>& shape, const void* data);
 
 // streams an array whose shape is known up front, a chunk at a time, so that
-// long renders need not hold every frame in memory. Not copyable; the file is
-// closed by finish() or, without a complete check, by the destructor.
+// long renders need not hold every frame in memory. Not copyable. A failed
+// write, a failed or short finish() and a destructor before finish() close
+// and remove the file, so no truncated array is left behind.
 class NpyWriter {
  public:
   NpyWriter() = default;
@@ -52,6 +53,9 @@ class NpyWriter {
   absl::Status finish();
 
  private:
+  // closes and removes the file; the error of a failed write (errno err)
+  absl::Status abandon(int err);
+
   std::FILE* file_ = nullptr;
   std::string path_;
   size_t expected_ = 0;

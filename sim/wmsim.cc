@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -146,6 +147,54 @@ absl::Status make_dir(const std::string& path) {
   return absl::OkStatus();
 }
 
+// removes a file of an earlier run that marks its output as complete
+absl::Status remove_stale(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot remove ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// bytes free on the file system that holds path, or would hold it once
+// created (its nearest existing ancestor); nullopt when unknown
+std::optional<uint64_t> free_bytes(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) return std::nullopt;
+  while (!std::filesystem::exists(p, ec)) {
+    if (p == p.parent_path()) return std::nullopt;
+    p = p.parent_path();
+  }
+  const std::filesystem::space_info info = std::filesystem::space(p, ec);
+  if (ec) return std::nullopt;
+  return info.available;
+}
+
+// bytes of the regular files under dir, which a new output there may replace
+uint64_t held_bytes(const std::filesystem::path& dir) {
+  uint64_t held = 0;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) held += it->file_size(size_ec);
+  }
+  return held;
+}
+
+// refuses an output that certainly does not fit, before anything is written
+absl::Status check_room(const std::string& out, double need_bytes, const std::string& what) {
+  const std::optional<uint64_t> free = free_bytes(out);
+  if (!free.has_value() || need_bytes <= static_cast<double>(*free)) return absl::OkStatus();
+  const double room = static_cast<double>(*free) + static_cast<double>(held_bytes(out));
+  if (need_bytes <= room) return absl::OkStatus();
+  constexpr double kGiB = 1ull << 30;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s needs at least %.1f GiB but only %.1f GiB are free for %s; use fewer or smaller frames or another disk",
+      what, need_bytes / kGiB, room / kGiB, out));
+}
+
 nlohmann::json action_space_json() {
   const wm::ActionSpace space = wm::default_action_space();
   return {{"keys", space.keys}, {"mouse", space.mouse}, {"mouse_scale", space.mouse_scale}, {"mouse_limit", space.mouse_limit}};
@@ -171,9 +220,15 @@ int cmd_render(int argc, char** argv) {
   if (!raycaster.ok()) return bad_input(std::string(raycaster.status().message()));
   auto world = wm::sim::World::from_seed(*seed);
   if (!world.ok()) return failure(world.status());
-  if (auto st = make_dir(*out); !st.ok()) return failure(st);
-
   const int64_t frames = static_cast<int64_t>(actions->size()) + 1;
+  // frames.npy alone; the JPEGs come on top
+  if (auto st = check_room(*out, static_cast<double>(frames) * raycaster->frame_bytes(), "the render"); !st.ok()) {
+    return bad_input(std::string(st.message()));
+  }
+  if (auto st = make_dir(*out); !st.ok()) return failure(st);
+  // summary.json is written last: one from an earlier render must not outlive a failure
+  if (auto st = remove_stale((std::filesystem::path(*out) / "summary.json").string()); !st.ok()) return failure(st);
+
   const std::filesystem::path dir(*out);
   wm::sim::NpyWriter frames_npy;
   if (auto st = frames_npy.open((dir / "frames.npy").string(), wm::sim::NpyDtype::kUint8, {frames, rc.height, rc.width, 3});
@@ -277,11 +332,21 @@ int cmd_dataset(int argc, char** argv) {
   rc.width = *width;
   rc.height = *height;
   if (auto st = rc.validate(); !st.ok()) return bad_input(std::string(st.message()));
+  const int n = *episodes;
+  // the .npy data alone; headers and meta.json come on top
+  const double data_bytes =
+      static_cast<double>(n) * *frames *
+      (static_cast<double>(*width) * *height * 3 + 4.0 * (wm::sim::kActionRowWidth + wm::sim::kPoseRowWidth));
+  if (auto st = check_room(*out, data_bytes, "the dataset"); !st.ok()) return bad_input(std::string(st.message()));
   if (auto st = make_dir(*out); !st.ok()) return failure(st);
   const std::filesystem::path dir(*out);
+  // dataset.json marks a complete dataset: one from an earlier run must not
+  // outlive a failure of this one
+  if (auto st = remove_stale((dir / "dataset.json").string()); !st.ok()) return failure(st);
 
-  const int n = *episodes;
-  const int workers = std::min(*threads, n);
+  // each worker holds one whole episode in memory
+  const int workers = wm::sim::episode_workers(*threads, n, wm::sim::episode_bytes(*frames, *width, *height),
+                                               wm::sim::kEpisodeMemoryBudget);
   std::vector<absl::Status> results(n);
   std::atomic<int> next{0};
   std::atomic<bool> failed{false};
@@ -365,6 +430,7 @@ int cmd_script(int argc, char** argv) {
                                         wm::format_action_script(*actions, wm::default_action_space()));
   if (*out == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
+    if (auto st = wm::flush_stdout(); !st.ok()) return failure(st);
     return 0;
   }
   if (auto st = wm::write_file(*out, text.data(), text.size()); !st.ok()) return failure(st);

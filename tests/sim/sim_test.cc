@@ -520,6 +520,16 @@ TEST(Episode, AlignsFramesActionsAndPoses) {
   EXPECT_NE(episode_seed(77, 3), episode_seed(78, 3));
 }
 
+TEST(Episode, WorkersFitTheMemoryBudget) {
+  EXPECT_EQ(episode_bytes(256, 64, 64), 256u * (64 * 64 * 3 + 40));
+  const uint64_t gib = uint64_t{1} << 30;
+  EXPECT_EQ(episode_workers(8, 1000, episode_bytes(256, 64, 64), 4 * gib), 8) << "small episodes: every thread";
+  EXPECT_EQ(episode_workers(8, 3, episode_bytes(256, 64, 64), 4 * gib), 3) << "no more workers than episodes";
+  EXPECT_EQ(episode_workers(64, 1000, gib, 4 * gib), 4) << "64 threads of 1 GiB episodes would hold 64 GiB";
+  EXPECT_EQ(episode_workers(64, 1000, 3 * gib, 4 * gib), 1) << "one worker always runs";
+  EXPECT_EQ(episode_workers(2, 1000, 0, 4 * gib), 2);
+}
+
 // ---------------------------------------------------------------- npy
 
 TEST(Npy, HeaderParsesBack) {
