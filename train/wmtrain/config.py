@@ -32,11 +32,15 @@ def _int(d: dict, key: str, where: str, lo: int, hi: int | None = None) -> int:
     return v
 
 
-def _num(d: dict, key: str, where: str) -> float:
+def _num(d: dict, key: str, where: str, lo: float | None = None, hi: float | None = None) -> float:
     _need(key in d, f"{where}: missing '{key}'")
     v = d[key]
     _need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
           f"{where}.{key}: must be a finite number, got {v!r}")
+    if lo is not None:
+        _need(v >= lo, f"{where}.{key}: must be >= {lo}, got {v}")
+    if hi is not None:
+        _need(v <= hi, f"{where}.{key}: must be <= {hi}, got {v}")
     return float(v)
 
 
@@ -110,6 +114,7 @@ def parse_config(doc: Any) -> ModelConfig:
           f"version must be {VERSION}, got {doc.get('version')!r}")
     name = doc.get("name")
     _need(isinstance(name, str) and 0 < len(name) <= 64, "name must be a non-empty string of <= 64 chars")
+    _need(all(ord(ch) >= 0x20 and ord(ch) != 0x7f for ch in name), "name must hold no control characters")
 
     fr = _obj(doc, "frame")
     channels = _int(fr, "channels", "frame", 1, 64)
@@ -126,17 +131,17 @@ def parse_config(doc: Any) -> ModelConfig:
 
     dim = _int(doc, "dim", "config", 1, 16384)
     layers = _int(doc, "layers", "config", 1, 256)
-    heads = _int(doc, "heads", "config", 1)
+    heads = _int(doc, "heads", "config", 1, 256)
     head_dim = _int(doc, "head_dim", "config", 2, 256)
     _need(head_dim % 2 == 0, "head_dim must be even")
-    ffn = _int(doc, "ffn", "config", 1)
-    freq_dim = _int(doc, "freq_dim", "config", 2)
+    ffn = _int(doc, "ffn", "config", 1, 65536)
+    freq_dim = _int(doc, "freq_dim", "config", 2, 4096)
     _need(freq_dim % 2 == 0, "freq_dim must be even")
-    norm_eps = _num(doc, "norm_eps", "config")
+    norm_eps = _num(doc, "norm_eps", "config", 1e-12, 1.0)
     _need(norm_eps > 0, "norm_eps must be > 0")
 
     rope = _obj(doc, "rope")
-    theta = _num(rope, "theta", "rope")
+    theta = _num(rope, "theta", "rope", hi=1e9)
     _need(theta > 1, "rope.theta must be > 1")
     t_pairs = _int(rope, "t_pairs", "rope", 0)
     h_pairs = _int(rope, "h_pairs", "rope", 0)
@@ -147,13 +152,16 @@ def parse_config(doc: Any) -> ModelConfig:
     keys = act.get("keys")
     _need(isinstance(keys, list) and 1 <= len(keys) <= 32 and all(isinstance(k, str) and k for k in keys),
           "actions.keys must be a list of 1..32 non-empty names")
+    # an action script line is KEYS MOUSE... *N # comment, and '-' means no key
+    _need(all(len(k) == 1 and " " < k < "\x7f" and k not in "#-*" for k in keys),
+          "actions.keys must be single printable ASCII characters other than space, #, - and *")
     _need(len(set(keys)) == len(keys), "actions.keys must be distinct")
     mouse = act.get("mouse")
     _need(isinstance(mouse, list) and len(mouse) <= 4 and all(isinstance(m, str) and m for m in mouse),
           "actions.mouse must be a list of 0..4 names")
-    mouse_scale = _num(act, "mouse_scale", "actions")
+    mouse_scale = _num(act, "mouse_scale", "actions", 1e-6, 1e6)
     _need(mouse_scale > 0, "actions.mouse_scale must be > 0")
-    mouse_limit = _num(act, "mouse_limit", "actions")
+    mouse_limit = _num(act, "mouse_limit", "actions", 1e-6, 1e6)
     _need(mouse_limit > 0, "actions.mouse_limit must be > 0")
 
     smp = _obj(doc, "sampling")
@@ -168,7 +176,7 @@ def parse_config(doc: Any) -> ModelConfig:
 
     cache = _obj(doc, "cache")
     window = _int(cache, "window_frames", "cache", fpb, 1024)
-    sink = _int(cache, "sink_frames", "cache", 0)
+    sink = _int(cache, "sink_frames", "cache", 0, 1000)
 
     return ModelConfig(
         raw=copy.deepcopy(doc), name=name, channels=channels, height=height, width=width, patch=patch,
@@ -178,12 +186,21 @@ def parse_config(doc: Any) -> ModelConfig:
         frames_per_block=fpb, sigmas=tuple(float(s) for s in sigmas), window_frames=window, sink_frames=sink)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # MODEL_FORMAT.md: the file is at most 1 MiB
+
+
 def load_config(path: str) -> ModelConfig:
-    with open(path, "r", encoding="utf-8") as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON: {e}") from e
+    try:
+        with open(path, "rb") as f:
+            blob = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
+    if len(blob) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB")
+    try:
+        doc = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
     try:
         return parse_config(doc)
     except ConfigError as e:

@@ -9,7 +9,6 @@ after action i.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 
@@ -18,6 +17,30 @@ import numpy as np
 
 class DataError(ValueError):
     pass
+
+
+def dataset_episodes(root: str) -> int:
+    """the episode count of root/dataset.json, which the writers put down last, once every episode is whole."""
+    path = os.path.join(root, "dataset.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            desc = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing: not a dataset, or one whose writing did not finish") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read it: {e}") from None
+    n = desc.get("episodes") if isinstance(desc, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise DataError(f"{path}: 'episodes' must be a positive integer")
+    return n
+
+
+def load_npy(path: str) -> np.ndarray:
+    """a memory-mapped .npy array: its header is checked against the file's size before any allocation."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read it as .npy: {e}") from None
 
 
 class EpisodeData:
@@ -40,16 +63,20 @@ class EpisodeData:
 
     @classmethod
     def load(cls, root: str, max_episodes: int | None = None) -> "EpisodeData":
-        dirs = sorted(d for d in glob.glob(os.path.join(root, "episode_*")) if os.path.isdir(d))
+        """the episodes that root/dataset.json counts; raises DataError for anything missing or damaged."""
+        dirs = [os.path.join(root, f"episode_{e:05d}") for e in range(dataset_episodes(root))]
         if max_episodes:
             dirs = dirs[:max_episodes]
-        if not dirs:
-            raise DataError(f"{root}: no episode_* folders")
+        for d in dirs:
+            if not os.path.isdir(d):
+                raise DataError(f"{d}: missing, though dataset.json counts it")
         frames, actions, lengths = [], [], []
         shape = None
         for d in dirs:
-            fr = np.load(os.path.join(d, "frames.npy"), mmap_mode="r")
-            ac = np.load(os.path.join(d, "actions.npy"))
+            fr = load_npy(os.path.join(d, "frames.npy"))
+            ac = load_npy(os.path.join(d, "actions.npy"))
+            if ac.dtype.kind not in "fiu":
+                raise DataError(f"{d}/actions.npy: need numbers, got {ac.dtype}")
             if fr.dtype != np.uint8 or fr.ndim != 4:
                 raise DataError(f"{d}/frames.npy: need uint8 [F, H, W, C], got {fr.dtype} {fr.shape}")
             if ac.ndim != 2 or ac.shape[0] != fr.shape[0]:
@@ -76,6 +103,8 @@ class EpisodeData:
         if not np.all((bits == 0) | (bits == 1)):
             raise DataError("key columns must be 0 or 1")
         mouse = self.actions[:, k:]
+        if not np.all(np.isfinite(mouse)):
+            raise DataError("a mouse value is not finite")
         if mouse.size and float(np.abs(mouse).max()) > cfg.mouse_limit:
             raise DataError(f"a mouse value exceeds mouse_limit {cfg.mouse_limit}")
 

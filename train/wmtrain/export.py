@@ -10,7 +10,7 @@ import os
 import numpy as np
 import torch
 
-from .config import ModelConfig, load_config, parse_config
+from .config import ConfigError, ModelConfig, load_config, parse_config
 from .model import CLDiT
 from .safetensors import load_file, save_file
 
@@ -150,8 +150,14 @@ def main(argv=None) -> None:
     if a.name:
         doc["name"] = a.name
     if a.sigmas:
-        doc["sampling"]["sigmas"] = [float(s) for s in a.sigmas.split(",")]
-    cfg = parse_config(doc)
+        try:
+            doc["sampling"]["sigmas"] = [float(s) for s in a.sigmas.split(",")]
+        except ValueError:
+            ap.error(f"--sigmas {a.sigmas!r}: not a comma-separated list of numbers")
+    try:
+        cfg = parse_config(doc)
+    except ConfigError as e:
+        ap.error(str(e))
     dtype = "F16" if a.f16 else "BF16" if a.bf16 else "F32"
     path = export_model(state, cfg, a.out, dtype=dtype, metadata={"step": ck.get("step", 0), "weights": "raw" if a.raw else "ema"},
                         split_bytes=int(a.split_mib * 1024 * 1024))

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from .config import load_config, parse_config, replace_sampling
-from .data import ClipSampler, EpisodeData, make_synthetic
+from .config import ConfigError, load_config, parse_config, replace_sampling
+from .data import ClipSampler, DataError, EpisodeData, make_synthetic
 from .export import export_info, export_model, load_checkpoint
 from .model import CLDiT, action_input, clip_mask, param_count, patchify
 from .sample import evaluate
@@ -31,7 +31,7 @@ CLEAN_SIGMA = 0.05  # frames below this noise level count as "clean context" for
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="train a cldit world model")
     ap.add_argument("--config", required=True, help="model config.json")
-    ap.add_argument("--data", help="dataset folder (episode_*/frames.npy, actions.npy)")
+    ap.add_argument("--data", help="dataset folder (dataset.json, episode_*/frames.npy, actions.npy)")
     ap.add_argument("--synthetic", type=int, default=0, metavar="EPISODES",
                     help="generate this many synthetic episodes into OUT/data when --data is not given")
     ap.add_argument("--synthetic-frames", type=int, default=96)
@@ -196,8 +196,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     log = Logger(os.path.join(args.out, "train_log.jsonl"))
+    # a bad config or dataset is one line and exit 2, as the engine's tools say it
     try:
         return run(args, log)
+    except (ConfigError, DataError) as e:
+        print(f"wmtrain: error: {e}", file=sys.stderr)
+        return 2
     finally:
         log.close()
 
