@@ -6,6 +6,7 @@ import shutil
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 
@@ -146,6 +147,11 @@ class BrokenData(unittest.TestCase):
     def test_stale_episodes_beyond_dataset_json_are_ignored(self):
         shutil.copytree(self.ep, os.path.join(self.dir, "episode_00007"))
         self.assertEqual(EpisodeData.load(self.dir).episodes, 3)
+
+    def test_dataset_larger_than_memory_is_refused_before_copying(self):
+        with mock.patch("wmtrain.data.available_memory", return_value=100_000):
+            self.assert_refused("more than 80% of the")
+        EpisodeData.load(self.dir).check(self.cfg)
 
 
 if __name__ == "__main__":

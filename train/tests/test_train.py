@@ -1,5 +1,7 @@
 """trainer plumbing end to end on a tiny synthetic run: log, checkpoint, resume, export, reload, evaluation."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -81,10 +83,94 @@ class TrainSmoke(unittest.TestCase):
         ck = export_mod.load_checkpoint(os.path.join(out2, "ckpt.pt"))
         self.assertEqual(ck["step"], 6)
 
+    def _fails(self, fn, argv, *words):
+        """fn(argv) ends with exit status 2 and one line on stderr holding every word, and no traceback."""
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = fn(argv)
+            except SystemExit as e:
+                rc = e.code
+        text = err.getvalue()
+        self.assertEqual(rc, 2, f"{argv}: {text}")
+        self.assertNotIn("Traceback", text)
+        for w in words:
+            self.assertIn(w, text, argv)
+        return text
+
+    def test_export_refuses_damaged_checkpoints(self):
+        bad = os.path.join(self.out, "bad")
+        os.makedirs(bad, exist_ok=True)
+        good = os.path.join(self.out, "ckpt.pt")
+        blob = _read(good)
+        cases = {"garbage.pt": b"not a checkpoint\n", "cut.pt": blob[: len(blob) // 2], "short.pt": blob[:-64]}
+        for name, data in cases.items():
+            with open(os.path.join(bad, name), "wb") as f:
+                f.write(data)
+        torch.save({"x": 1}, os.path.join(bad, "foreign.pt"))
+        torch.save([1, 2], os.path.join(bad, "list.pt"))
+        ck = export_mod.load_checkpoint(good)
+        ck["ema"] = dict(ck["ema"], **{"head.bias": torch.zeros(3)})
+        torch.save(ck, os.path.join(bad, "shape.pt"))
+        ck = export_mod.load_checkpoint(good)
+        ck["config"] = dict(ck["config"], dim=-1)
+        torch.save(ck, os.path.join(bad, "config.pt"))
+        expect = {"missing.pt": "cannot read it", "garbage.pt": "damaged", "cut.pt": "damaged", "short.pt": "damaged",
+                  "foreign.pt": "not a wmtrain checkpoint", "list.pt": "not a wmtrain checkpoint",
+                  "shape.pt": "head.bias", "config.pt": "its config"}
+        for name, word in expect.items():
+            path = os.path.join(bad, name)
+            self._fails(export_mod.main, ["--ckpt", path, "--out", os.path.join(bad, "model")], path, word)
+        self._fails(export_mod.main, ["--ckpt", bad, "--out", os.path.join(bad, "model")], "Is a directory")
+        self.assertFalse(os.path.exists(os.path.join(bad, "model", "model.safetensors")))
+        # flags and the output folder
+        self._fails(export_mod.main, ["--ckpt", good, "--out", "/dev/null/model"], "--out")
+        self._fails(export_mod.main, ["--ckpt", good, "--out", os.path.join(bad, "m"), "--split-mib", "-1"], "--split-mib")
+        self._fails(export_mod.main, ["--ckpt", good, "--out", os.path.join(bad, "m"), "--name", ""], "name")
+        self._fails(export_mod.main, ["--ckpt", good, "--out", os.path.join(bad, "m"), "--f16", "--bf16"], "--bf16")
+
+    def test_train_refuses_bad_flags_and_outputs_before_any_work(self):
+        data = os.path.join(self.out, "data")
+        out = os.path.join(self.out, "refused")
+        base = ["--config", CONFIG, "--data", data, "--out", out, "--batch", "2", "--clip-frames", "8", "--threads", "1"]
+        for extra, word in ((["--steps", "-1"], "--steps"), (["--steps", "1", "--batch", "0"], "--batch"),
+                            (["--steps", "1", "--lr", "nan"], "--lr"), (["--steps", "1", "--device", "tpu"], "--device"),
+                            ([], "--steps or --minutes"), (["--steps", "1", "--eval-horizons", "0"], "--eval-horizons"),
+                            (["--steps", "1", "--eval-sigmas", "1;x"], "--eval-sigmas"),
+                            (["--steps", "1", "--ema", "1.5"], "--ema")):
+            self._fails(train.main, base + extra, word)
+        # checked before training starts, so nothing is written
+        self._fails(train.main, base + ["--steps", "1", "--eval-sigmas", "0.5,1"], "--eval-sigmas", "start at 1")
+        self._fails(train.main, base + ["--steps", "1", "--ckpt", "/dev/null/ckpt.pt"], "--ckpt")
+        self._fails(train.main, base + ["--steps", "1", "--export-dir", "/dev/null/model"], "--export-dir")
+        self.assertFalse(os.path.exists(os.path.join(out, "ckpt.pt")))
+
+    def test_resume_refuses_damaged_or_foreign_checkpoints(self):
+        out = os.path.join(self.out, "refused_resume")
+        os.makedirs(out, exist_ok=True)
+        cut = os.path.join(out, "cut.pt")
+        with open(cut, "wb") as f:
+            f.write(_read(os.path.join(self.out, "ckpt.pt"))[:-64])
+        base = [a if a != self.out else out for a in self.args] + ["--steps", "6", "--eval-clips", "0",
+                                                                   "--data", os.path.join(self.out, "data")]
+        self._fails(train.main, base + ["--resume", cut], "--resume", cut, "damaged")
+        self._fails(train.main, base + ["--resume", os.path.join(out, "none.pt")], "--resume", "cannot read it")
+        ck = export_mod.load_checkpoint(os.path.join(self.out, "ckpt.pt"))
+        ck["config"] = dict(ck["config"], name="another")
+        other = os.path.join(out, "other.pt")
+        torch.save(ck, other)
+        self._fails(train.main, base + ["--resume", other], "--resume", "another config")
+        ck = export_mod.load_checkpoint(os.path.join(self.out, "ckpt.pt"))
+        ck["sampler"] = {"bit_generator": "nothing"}
+        odd = os.path.join(out, "odd.pt")
+        torch.save(ck, odd)
+        self._fails(train.main, base + ["--resume", odd], "--resume", "cannot resume")
+        self.assertFalse(os.path.exists(os.path.join(out, "ckpt.pt")))
+
 
 class NoiseScheme(unittest.TestCase):
     def test_sigma_sampling(self):
-        args = train.parse_args(["--config", CONFIG, "--out", "/tmp/unused"])
+        args = train.parse_args(["--config", CONFIG, "--out", "/tmp/unused", "--steps", "1"])
         g = torch.Generator().manual_seed(0)
         sched = torch.tensor([1.0, 0.7, 0.35])
         s = train.sample_sigmas(4000, 12, 2, args, sched, g, "cpu")
@@ -97,7 +183,7 @@ class NoiseScheme(unittest.TestCase):
         self.assertGreater(on_sched, 0.1)
 
     def test_lr_schedule(self):
-        args = train.parse_args(["--config", CONFIG, "--out", "/tmp/unused", "--warmup", "10", "--lr", "1e-3"])
+        args = train.parse_args(["--config", CONFIG, "--out", "/tmp/unused", "--steps", "1", "--warmup", "10", "--lr", "1e-3"])
         self.assertAlmostEqual(train.lr_at(0, 0.0, args), 1e-4)
         self.assertAlmostEqual(train.lr_at(10, 0.0, args), 1e-3)
         self.assertAlmostEqual(train.lr_at(100, 1.0, args), 1e-4)

@@ -43,6 +43,23 @@ def load_npy(path: str) -> np.ndarray:
         raise DataError(f"{path}: cannot read it as .npy: {e}") from None
 
 
+def available_memory() -> int:
+    """bytes the kernel says a new allocation can take (MemAvailable), or physical memory where it says nothing."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# the share of available memory the concatenated episodes may take: the
+# model, optimiser, batches and evaluation need the rest
+MEMORY_SHARE = 0.8
+
+
 class EpisodeData:
     """every episode in memory, concatenated: frames uint8 [total, H, W, C], actions float32 [total, A]."""
 
@@ -85,9 +102,16 @@ class EpisodeData:
                 shape = (fr.shape[1:], ac.shape[1])
             elif (fr.shape[1:], ac.shape[1]) != shape:
                 raise DataError(f"{d}: frame/action shape {fr.shape[1:]}, {ac.shape[1]} differs from {shape}")
-            frames.append(np.asarray(fr))
-            actions.append(ac.astype(np.float32))
+            frames.append(fr)
+            actions.append(ac)
             lengths.append(fr.shape[0])
+        # every episode is copied into one array: refuse a dataset that cannot fit before copying any
+        need = sum(f.nbytes + a.shape[0] * a.shape[1] * 4 for f, a in zip(frames, actions))
+        have = available_memory()
+        if need > MEMORY_SHARE * have:
+            raise DataError(f"{root}: its {len(dirs)} episodes take {need / 2**30:.2f} GiB in memory, more than "
+                            f"{MEMORY_SHARE:.0%} of the {have / 2**30:.2f} GiB available; give --max-episodes")
+        actions = [a.astype(np.float32) for a in actions]
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         return cls(np.concatenate(frames), np.concatenate(actions), starts, lengths, [os.path.basename(d) for d in dirs])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 
 import numpy as np
@@ -120,12 +121,52 @@ def load_model_dir(model_dir: str, device="cpu", dtype=torch.float32) -> CLDiT:
     return model.to(device=device, dtype=dtype).eval()
 
 
+CHECKPOINT_KEYS = ("model", "ema", "opt", "step", "elapsed", "sampler", "gen", "config")
+
+
+class CheckpointError(ValueError):
+    """a checkpoint that cannot be read, or that wmtrain.train did not write."""
+
+
 def load_checkpoint(path: str) -> dict:
-    """a trainer checkpoint (it holds RNG states and arguments, so not weights_only)."""
+    """a trainer checkpoint, checked: every key, its config, and both weight sets' names and shapes.
+
+    It is a pickle (RNG states and arguments ride along, and torch 1.13's
+    weights-only reader refuses their floats), so load only checkpoints you
+    made; a damaged or foreign file is a CheckpointError naming it."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except TypeError:  # a torch without weights_only
-        return torch.load(path, map_location="cpu")
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=False)
+        except TypeError:  # a torch without weights_only
+            ck = torch.load(path, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - torch's reader raises many kinds on a damaged file
+        raise CheckpointError(f"{path}: damaged, or not a checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(ck, dict):
+        raise CheckpointError(f"{path}: not a wmtrain checkpoint (it holds a {type(ck).__name__})")
+    missing = [k for k in CHECKPOINT_KEYS if k not in ck]
+    if missing:
+        raise CheckpointError(f"{path}: not a wmtrain checkpoint (no {', '.join(missing)})")
+    try:
+        cfg = parse_config(ck["config"])
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: its config: {e}") from None
+    for name in ("model", "ema"):
+        st = ck[name]
+        if not isinstance(st, dict) or not all(torch.is_tensor(v) for v in st.values()):
+            raise CheckpointError(f"{path}: '{name}' is not a set of tensors")
+        try:
+            check_state(cfg, st)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: '{name}' does not fit its config: {e}") from None
+    step = ck["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{path}: step {step!r} is not a count")
+    return ck
 
 
 def state_from_checkpoint(path: str, use_ema: bool = True) -> tuple:
@@ -134,22 +175,38 @@ def state_from_checkpoint(path: str, use_ema: bool = True) -> tuple:
     return (ck["ema"] if use_ema else ck["model"]), cfg, ck
 
 
+def _non_negative(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return v
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="export a training checkpoint as a wmserve model directory")
+    ap = argparse.ArgumentParser(prog="wmtrain.export", description="export a training checkpoint as a wmserve model directory")
     ap.add_argument("--ckpt", required=True, help="checkpoint written by wmtrain.train")
     ap.add_argument("--out", required=True, help="model directory to write")
-    ap.add_argument("--f16", action="store_true", help="store F16 instead of F32")
-    ap.add_argument("--bf16", action="store_true", help="store BF16 instead of F32")
+    dt = ap.add_mutually_exclusive_group()
+    dt.add_argument("--f16", action="store_true", help="store F16 instead of F32")
+    dt.add_argument("--bf16", action="store_true", help="store BF16 instead of F32")
     ap.add_argument("--raw", action="store_true", help="export the raw weights instead of the EMA")
     ap.add_argument("--name", help="model name to put in config.json")
     ap.add_argument("--sigmas", help="comma-separated sampling sigmas to put in config.json")
-    ap.add_argument("--split-mib", type=float, default=0, help="also write parts of at most this many MiB")
+    ap.add_argument("--split-mib", type=_non_negative, default=0, help="also write parts of at most this many MiB")
     a = ap.parse_args(argv)
-    state, cfg, ck = state_from_checkpoint(a.ckpt, use_ema=not a.raw)
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        ap.error(f"--out {a.out}: exists and is not a directory")
+    try:
+        state, cfg, ck = state_from_checkpoint(a.ckpt, use_ema=not a.raw)
+    except CheckpointError as e:
+        ap.error(f"--ckpt {e}")
     doc = json.loads(cfg.to_json())
-    if a.name:
+    if a.name is not None:
         doc["name"] = a.name
-    if a.sigmas:
+    if a.sigmas is not None:
         try:
             doc["sampling"]["sigmas"] = [float(s) for s in a.sigmas.split(",")]
         except ValueError:
@@ -159,9 +216,13 @@ def main(argv=None) -> None:
     except ConfigError as e:
         ap.error(str(e))
     dtype = "F16" if a.f16 else "BF16" if a.bf16 else "F32"
-    path = export_model(state, cfg, a.out, dtype=dtype, metadata={"step": ck.get("step", 0), "weights": "raw" if a.raw else "ema"},
-                        split_bytes=int(a.split_mib * 1024 * 1024))
-    print(json.dumps({"exported": path, "dtype": dtype, "step": ck.get("step", 0)}))
+    try:
+        path = export_model(state, cfg, a.out, dtype=dtype,
+                            metadata={"step": ck["step"], "weights": "raw" if a.raw else "ema"},
+                            split_bytes=int(a.split_mib * 1024 * 1024))
+    except OSError as e:
+        ap.error(f"--out {a.out}: cannot write the model: {e.strerror or e}")
+    print(json.dumps({"exported": path, "dtype": dtype, "step": ck["step"]}))
 
 
 if __name__ == "__main__":

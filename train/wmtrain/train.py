@@ -21,62 +21,119 @@ import torch
 
 from .config import ConfigError, load_config, parse_config, replace_sampling
 from .data import ClipSampler, DataError, EpisodeData, make_synthetic
-from .export import export_info, export_model, load_checkpoint
+from .export import CheckpointError, export_info, export_model, load_checkpoint
 from .model import CLDiT, action_input, clip_mask, param_count, patchify
 from .sample import evaluate
 
 CLEAN_SIGMA = 0.05  # frames below this noise level count as "clean context" for the loss weight
 
 
+def _number(kind, lo=None, hi=None, lo_open=False):
+    """an argparse type: a finite `kind` within [lo, hi] ((lo, hi] with lo_open)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+            lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
+            hi_s = "" if hi is None else f"<= {hi}"
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range ({' and '.join(x for x in (lo_s, hi_s) if x)})")
+        return v
+    return parse
+
+
+COUNT = _number(int, 0, 1 << 31)
+POSITIVE = _number(int, 1, 1 << 31)
+FRACTION = _number(float, 0.0, 1.0)
+NON_NEGATIVE = _number(float, 0.0)
+
+
+def parse_horizons(text: str) -> tuple:
+    try:
+        hs = tuple(int(h) for h in text.split(","))
+    except ValueError:
+        hs = ()
+    if not hs or min(hs) < 1 or max(hs) > 100000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of frame counts in 1..100000")
+    return hs
+
+
+def parse_schedules(text: str) -> list:
+    """'1;1,0.5' -> [[1.0], [1.0, 0.5]]; each is checked against the model's config once it is loaded."""
+    out = []
+    for part in (s for s in text.split(";") if s.strip()):
+        try:
+            out.append([float(v) for v in part.split(",")])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a comma-separated list of sigmas") from None
+    return out
+
+
+def parse_device(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give auto, cpu, cuda or cuda:N")
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="train a cldit world model")
+    ap = argparse.ArgumentParser(prog="wmtrain", description="train a cldit world model")
     ap.add_argument("--config", required=True, help="model config.json")
     ap.add_argument("--data", help="dataset folder (dataset.json, episode_*/frames.npy, actions.npy)")
-    ap.add_argument("--synthetic", type=int, default=0, metavar="EPISODES",
+    ap.add_argument("--synthetic", type=COUNT, default=0, metavar="EPISODES",
                     help="generate this many synthetic episodes into OUT/data when --data is not given")
-    ap.add_argument("--synthetic-frames", type=int, default=96)
+    ap.add_argument("--synthetic-frames", type=POSITIVE, default=96)
     ap.add_argument("--out", required=True, help="output folder (log, checkpoint, model, summary)")
     ap.add_argument("--export-dir", help="model directory to write (default OUT/model)")
     ap.add_argument("--ckpt", help="checkpoint file to write (default OUT/ckpt.pt)")
     ap.add_argument("--name", help="model name for the exported config.json")
-    ap.add_argument("--minutes", type=float, default=0, help="training time budget (0: only --steps)")
-    ap.add_argument("--steps", type=int, default=0, help="maximum optimiser steps (0: only --minutes)")
-    ap.add_argument("--batch", type=int, default=8, help="clips per step")
-    ap.add_argument("--clip-frames", type=int, default=0, help="frames per clip (default 2*(W+S) rounded to B)")
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine decays to lr * this")
-    ap.add_argument("--warmup", type=int, default=200, help="warmup steps")
-    ap.add_argument("--weight-decay", type=float, default=0.01)
-    ap.add_argument("--grad-clip", type=float, default=1.0)
-    ap.add_argument("--ema", type=float, default=0.999)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    ap.add_argument("--minutes", type=NON_NEGATIVE, default=0, help="training time budget (0: only --steps)")
+    ap.add_argument("--steps", type=COUNT, default=0, help="maximum optimiser steps (0: only --minutes)")
+    ap.add_argument("--batch", type=POSITIVE, default=8, help="clips per step")
+    ap.add_argument("--clip-frames", type=COUNT, default=0, help="frames per clip (default 2*(W+S) rounded to B)")
+    ap.add_argument("--lr", type=_number(float, 0.0, lo_open=True), default=3e-4)
+    ap.add_argument("--min-lr-frac", type=FRACTION, default=0.1, help="cosine decays to lr * this")
+    ap.add_argument("--warmup", type=COUNT, default=200, help="warmup steps")
+    ap.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01)
+    ap.add_argument("--grad-clip", type=_number(float, 0.0, lo_open=True), default=1.0)
+    ap.add_argument("--ema", type=_number(float, 0.0, 0.999999), default=0.999)
+    ap.add_argument("--seed", type=_number(int, 0, (1 << 62)), default=0)
+    ap.add_argument("--device", type=parse_device, default="auto", help="auto, cpu, cuda or cuda:N")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (falls back to eager on error)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: default)")
+    ap.add_argument("--threads", type=_number(int, 0, 4096), default=0, help="CPU threads for torch (0: default)")
     # noise-level scheme
-    ap.add_argument("--ctx-prob", type=float, default=0.5, help="P(clip has a near-clean prefix + block-shared sigmas)")
-    ap.add_argument("--ctx-sigma-max", type=float, default=0.03, help="near-clean prefix sigma ~ U(0, this)")
-    ap.add_argument("--sched-prob", type=float, default=0.25, help="P(a sigma is drawn from the config's sigmas)")
-    ap.add_argument("--logit-mean", type=float, default=0.0)
-    ap.add_argument("--logit-std", type=float, default=1.0)
-    ap.add_argument("--shift", type=float, default=2.0, help="sigma = s t / (1 + (s - 1) t), s > 1 favours high noise")
-    ap.add_argument("--clean-loss-weight", type=float, default=0.1, help="loss weight of frames with sigma < 0.05")
-    ap.add_argument("--gap-prob", type=float, default=0.25, help="P(clip puts its sinks far back in the episode)")
+    ap.add_argument("--ctx-prob", type=FRACTION, default=0.5, help="P(clip has a near-clean prefix + block-shared sigmas)")
+    ap.add_argument("--ctx-sigma-max", type=FRACTION, default=0.03, help="near-clean prefix sigma ~ U(0, this)")
+    ap.add_argument("--sched-prob", type=FRACTION, default=0.25, help="P(a sigma is drawn from the config's sigmas)")
+    ap.add_argument("--logit-mean", type=_number(float, -20.0, 20.0), default=0.0)
+    ap.add_argument("--logit-std", type=_number(float, 0.0, 20.0, lo_open=True), default=1.0)
+    ap.add_argument("--shift", type=_number(float, 0.0, 1000.0, lo_open=True), default=2.0,
+                    help="sigma = s t / (1 + (s - 1) t), s > 1 favours high noise")
+    ap.add_argument("--clean-loss-weight", type=NON_NEGATIVE, default=0.1, help="loss weight of frames with sigma < 0.05")
+    ap.add_argument("--gap-prob", type=FRACTION, default=0.25, help="P(clip puts its sinks far back in the episode)")
     # bookkeeping
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--ckpt-every", type=int, default=500, help="save the checkpoint every this many steps")
-    ap.add_argument("--ckpt-every-s", type=float, default=300, help="... and at least every this many seconds")
-    ap.add_argument("--export-every-s", type=float, default=0, help="export the EMA model every this many seconds")
-    ap.add_argument("--split-mib", type=float, default=0, help="exports also write parts of at most this many MiB")
+    ap.add_argument("--log-every", type=POSITIVE, default=20)
+    ap.add_argument("--ckpt-every", type=POSITIVE, default=500, help="save the checkpoint every this many steps")
+    ap.add_argument("--ckpt-every-s", type=NON_NEGATIVE, default=300, help="... and at least every this many seconds")
+    ap.add_argument("--export-every-s", type=NON_NEGATIVE, default=0, help="export the EMA model every this many seconds")
+    ap.add_argument("--split-mib", type=NON_NEGATIVE, default=0, help="exports also write parts of at most this many MiB")
     ap.add_argument("--resume", help="checkpoint to resume from")
-    ap.add_argument("--holdout", type=int, default=4, help="episodes held out for evaluation")
-    ap.add_argument("--eval-clips", type=int, default=8)
-    ap.add_argument("--eval-horizons", default="1,8,32")
-    ap.add_argument("--eval-sigmas", default="", help="extra schedules to evaluate, e.g. '1;1,0.5;1,0.75,0.5,0.25'")
+    ap.add_argument("--holdout", type=COUNT, default=4, help="episodes held out for evaluation")
+    ap.add_argument("--eval-clips", type=COUNT, default=8)
+    ap.add_argument("--eval-horizons", type=parse_horizons, default="1,8,32")
+    ap.add_argument("--eval-sigmas", type=parse_schedules, default="",
+                    help="extra schedules to evaluate, e.g. '1;1,0.5;1,0.75,0.5,0.25'")
     ap.add_argument("--export-best", action="store_true",
                     help="evaluate the EMA and the raw weights at the end and export the better (default: EMA)")
-    ap.add_argument("--max-episodes", type=int, default=0)
-    return ap.parse_args(argv)
+    ap.add_argument("--max-episodes", type=COUNT, default=0)
+    args = ap.parse_args(argv)
+    if not args.steps and not args.minutes:
+        ap.error("give --steps or --minutes (or both): with neither there is nothing to train")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device")
+    if args.device.startswith("cuda:") and int(args.device[5:]) >= torch.cuda.device_count():
+        ap.error(f"--device {args.device}: there are {torch.cuda.device_count()} CUDA devices")
+    return args
 
 
 class Logger:
@@ -192,14 +249,40 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class OutputError(ValueError):
+    """an output path that cannot be written."""
+
+
+def prepare_outputs(args) -> None:
+    """makes --out and the folders of --ckpt and --export-dir before any work, so that a bad path
+    fails at once rather than at the first checkpoint."""
+    ckpt = args.ckpt or os.path.join(args.out, "ckpt.pt")
+    for flag, d in (("--out", args.out), ("--ckpt", os.path.dirname(os.path.abspath(ckpt))),
+                    ("--export-dir", args.export_dir or os.path.join(args.out, "model"))):
+        if os.path.exists(d) and not os.path.isdir(d):
+            raise OutputError(f"{flag}: {d} is not a folder")
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"{flag}: cannot make folder {d}: {e.strerror or e}") from None
+        if not os.access(d, os.W_OK):
+            raise OutputError(f"{flag}: folder {d} is not writable")
+    if os.path.isdir(ckpt):
+        raise OutputError(f"--ckpt {ckpt}: is a folder")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    # a bad config, dataset, checkpoint or output path is one line and exit 2, as the engine's tools say it
+    try:
+        prepare_outputs(args)
+    except OutputError as e:
+        print(f"wmtrain: error: {e}", file=sys.stderr)
+        return 2
     log = Logger(os.path.join(args.out, "train_log.jsonl"))
-    # a bad config or dataset is one line and exit 2, as the engine's tools say it
     try:
         return run(args, log)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, CheckpointError, OutputError) as e:
         print(f"wmtrain: error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -214,6 +297,11 @@ def run(args, log: Logger) -> int:
         doc = copy.deepcopy(cfg.raw)
         doc["name"] = args.name
         cfg = parse_config(doc)
+    for sig in args.eval_sigmas:
+        try:
+            replace_sampling(cfg, sigmas=sig)
+        except ConfigError as e:
+            raise ConfigError(f"--eval-sigmas {','.join(map(str, sig))}: {e}") from None
     device = resolve_device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -254,16 +342,21 @@ def run(args, log: Logger) -> int:
     gen = torch.Generator().manual_seed(args.seed + 1)
     step, elapsed_before = 0, 0.0
     if args.resume:
-        ck = load_checkpoint(args.resume)
+        try:
+            ck = load_checkpoint(args.resume)
+        except CheckpointError as e:
+            raise CheckpointError(f"--resume {e}") from None
         if ck["config"] != cfg.raw:
-            print("error: the checkpoint was made for another config", file=sys.stderr)
-            return 2
-        model.load_state_dict(ck["model"])
-        ema.shadow = {k: v.to(device) for k, v in ck["ema"].items()}
-        opt.load_state_dict(ck["opt"])
-        step, elapsed_before = ck["step"], ck["elapsed"]
-        sampler.set_state(ck["sampler"])
-        gen.set_state(ck["gen"])
+            raise CheckpointError(f"--resume {args.resume}: made for another config than {args.config}")
+        try:
+            model.load_state_dict(ck["model"])
+            ema.shadow = {k: v.to(device) for k, v in ck["ema"].items()}
+            opt.load_state_dict(ck["opt"])
+            step, elapsed_before = ck["step"], float(ck["elapsed"])
+            sampler.set_state(ck["sampler"])
+            gen.set_state(ck["gen"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"--resume {args.resume}: cannot resume from it ({type(e).__name__}: {str(e)[:200]})") from None
         log.log({"event": "resume", "from": args.resume, "step": step, "elapsed": elapsed_before})
     else:
         ema.shadow = {k: v.to(device) for k, v in ema.shadow.items()}
@@ -381,7 +474,7 @@ def run(args, log: Logger) -> int:
                "device": str(device), "torch": torch.__version__, "data": data_dir,
                "export": {"dir": export_dir, **exported}, "train_episodes": train_data.episodes, "train_frames": train_data.total_frames, "config": cfg.raw,
                "args": vars(args)}
-    horizons = tuple(int(h) for h in args.eval_horizons.split(","))
+    horizons = args.eval_horizons
     if held is not None and args.eval_clips > 0:
         t_eval = time.time()
         length = b * (1 + math.ceil(max(horizons) / b))
@@ -404,11 +497,9 @@ def run(args, log: Logger) -> int:
                     emodel.load_state_dict(model.state_dict())
                     log.log({"event": "export", "step": step, "dir": export_dir, "weights": "raw", **summary["export"]})
             extra = {}
-            for sched_s in [s for s in args.eval_sigmas.split(";") if s.strip()]:
-                sig = [float(v) for v in sched_s.split(",")]
-                replace_sampling(cfg, sigmas=sig)  # validates
+            for sig in args.eval_sigmas:  # checked against the config before training
                 r = evaluate(emodel, ef, ea, horizons, sigmas=sig)
-                extra[sched_s] = {"rollout": r["rollout"], "teacher_forced": r["teacher_forced"]}
+                extra[",".join(f"{v:g}" for v in sig)] = {"rollout": r["rollout"], "teacher_forced": r["teacher_forced"]}
             if extra:
                 summary["eval_schedules"] = extra
             summary["eval_seconds"] = round(time.time() - t_eval, 1)
