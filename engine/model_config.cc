@@ -1,7 +1,10 @@
 #include "engine/model_config.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -50,7 +53,9 @@ class Reader {
     if (v == nullptr) return error(path, "is missing");
     if (!v->is_number()) return error(path, "must be a number");
     const double x = v->get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi) return error(path, absl::StrCat("= ", x, " is outside [", lo, ", ", hi, "]"));
+    // quoted as written: six digits would print 9.9999e-13 as the bound 1e-12
+    if (!std::isfinite(x) || x < lo || x > hi)
+      return error(path, absl::StrCat("= ", v->dump(), " is outside [", lo, ", ", hi, "]"));
     *out = static_cast<float>(x);
     return absl::OkStatus();
   }
@@ -80,6 +85,18 @@ class Reader {
   std::string source_;
 };
 
+// a float as the shortest decimal that reads back as the same float: written
+// as its exact double, 1e-6f would read 9.99999997e-07 and fall below the
+// range the config was checked against
+double shortest_decimal(float f) {
+  char text[32];
+  for (int digits = 1; digits < 9; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(text, nullptr) == f) return std::strtod(text, nullptr);
+  }
+  return static_cast<double>(f);
+}
+
 }  // namespace
 
 int64_t ModelConfig::parameter_count() const {
@@ -93,6 +110,9 @@ int64_t ModelConfig::parameter_count() const {
 
 absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, const std::string& source) {
   if (json_text.size() > (1u << 20)) return absl::InvalidArgumentError(absl::StrCat(source, ": config larger than 1 MiB"));
+  // the parser takes a NUL for the end of its input: what follows would go unread
+  if (const size_t nul = json_text.find('\0'); nul != absl::string_view::npos)
+    return absl::InvalidArgumentError(absl::StrCat(source, ": holds a NUL byte at offset ", nul, " (damaged?)"));
   json j;
   try {
     j = json::parse(json_text);
@@ -194,11 +214,13 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["head_dim"] = c.head_dim;
   j["ffn"] = c.ffn;
   j["freq_dim"] = c.freq_dim;
-  j["norm_eps"] = c.norm_eps;
-  j["rope"] = {{"theta", c.rope_theta}, {"t_pairs", c.t_pairs}, {"h_pairs", c.h_pairs}, {"w_pairs", c.w_pairs}};
-  j["actions"] = {{"keys", c.actions.keys}, {"mouse", c.actions.mouse}, {"mouse_scale", c.actions.mouse_scale},
-                  {"mouse_limit", c.actions.mouse_limit}};
-  j["sampling"] = {{"frames_per_block", c.frames_per_block}, {"sigmas", c.sigmas}};
+  j["norm_eps"] = shortest_decimal(c.norm_eps);
+  j["rope"] = {{"theta", shortest_decimal(c.rope_theta)}, {"t_pairs", c.t_pairs}, {"h_pairs", c.h_pairs}, {"w_pairs", c.w_pairs}};
+  j["actions"] = {{"keys", c.actions.keys}, {"mouse", c.actions.mouse}, {"mouse_scale", shortest_decimal(c.actions.mouse_scale)},
+                  {"mouse_limit", shortest_decimal(c.actions.mouse_limit)}};
+  std::vector<double> sigmas;
+  for (float s : c.sigmas) sigmas.push_back(shortest_decimal(s));
+  j["sampling"] = {{"frames_per_block", c.frames_per_block}, {"sigmas", sigmas}};
   j["cache"] = {{"window_frames", c.window_frames}, {"sink_frames", c.sink_frames}};
   return j.dump(2) + "\n";
 }

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/half.h"
@@ -25,6 +26,10 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference implementation's limit
 constexpr int kMaxJsonDepth = 16;
+// about 9 values a tensor: 200k tensors, far above any model (a 256-layer one
+// has 4k), in about 250 MB of parsed header at most
+constexpr int64_t kMaxJsonValues = int64_t{1} << 21;
+constexpr size_t kMaxQuotedName = 64;
 constexpr int kMaxDims = 8;
 
 bool parse_dtype(absl::string_view s, DType* d) {
@@ -40,30 +45,73 @@ bool parse_dtype(absl::string_view s, DType* d) {
   return false;
 }
 
-// rejects deeply nested json before the recursive parser sees it
-bool json_depth_ok(absl::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
+// a first pass over the header in bounded time and memory, before any of it
+// is kept: the parsed tree costs up to ~100 bytes a value, and nlohmann's
+// callback parser scans every parent on each object's end (quadratic in the
+// number of tensors), so neither sees a header this pass has not accepted
+class HeaderScan final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  // why the header was refused; empty while it is accepted
+  const std::string& error() const { return error_; }
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return value() && nest();
   }
-  return true;
-}
+  // a key listed twice would silently keep its last entry
+  bool key(string_t& k) override {
+    if (keys_.back().insert(k).second) return true;
+    return refuse(absl::StrCat("header lists ", quote_tensor_name(k), " twice"));
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return value() && nest(); }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) override {
+    return refuse(absl::StrCat("header is not valid JSON (at byte ", position, ")"));
+  }
+
+ private:
+  bool refuse(std::string why) {
+    if (error_.empty()) error_ = std::move(why);
+    return false;
+  }
+  bool value() {
+    if (++values_ <= kMaxJsonValues) return true;
+    return refuse(absl::StrCat("header holds more than ", kMaxJsonValues, " JSON values"));
+  }
+  bool nest() {
+    if (++depth_ <= kMaxJsonDepth) return true;
+    return refuse("header JSON nested too deeply");
+  }
+
+  std::vector<std::set<std::string>> keys_;  // the keys of every open object, innermost last
+  int depth_ = 0;
+  int64_t values_ = 0;
+  std::string error_;
+};
 
 std::string shape_str(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
 }  // namespace
+
+std::string quote_tensor_name(absl::string_view name) {
+  if (name.size() <= kMaxQuotedName) return absl::StrCat("'", absl::CHexEscape(name), "'");
+  return absl::StrCat("'", absl::CHexEscape(name.substr(0, kMaxQuotedName)), "...' (", name.size(), " bytes)");
+}
 
 absl::string_view dtype_name(DType d) {
   switch (d) {
@@ -142,20 +190,14 @@ absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
   if (header_len > size - 8)
     return fail(absl::StrCat("header length ", header_len, " runs past the end of the ", size, "-byte file (truncated?)"));
   absl::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
-  if (!json_depth_ok(header)) return fail("header JSON nested too deeply");
-  // a name listed twice would silently keep its last entry: find it while parsing
-  std::string twice;
-  std::set<std::string> names;
-  const nlohmann::json::parser_callback_t note_names = [&](int depth, nlohmann::json::parse_event_t event,
-                                                            nlohmann::json& parsed) {
-    if (depth == 1 && event == nlohmann::json::parse_event_t::key && twice.empty() &&
-        !names.insert(parsed.get<std::string>()).second)
-      twice = parsed.get<std::string>();
-    return true;
-  };
-  nlohmann::json j = nlohmann::json::parse(header, note_names, /*allow_exceptions=*/false);
+  // the parser takes a NUL for the end of its input: what follows would go unread
+  if (const size_t nul = header.find('\0'); nul != absl::string_view::npos)
+    return fail(absl::StrCat("header holds a NUL byte at offset ", nul, " (damaged?)"));
+  HeaderScan scan;
+  if (!nlohmann::json::sax_parse(header.begin(), header.end(), &scan) || !scan.error().empty())
+    return fail(scan.error().empty() ? "header is not valid JSON" : scan.error());
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return fail("header is not valid JSON");
-  if (!twice.empty()) return fail(absl::StrCat("header lists '", twice.substr(0, 64), "' twice"));
   if (!j.is_object()) return fail("header is not a JSON object");
   const uint8_t* data = base + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
@@ -170,19 +212,20 @@ absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
     if (name == "__metadata__") {
       if (!it->is_object()) return fail("__metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) return fail(absl::StrCat("__metadata__ value for '", m.key(), "' is not a string"));
+        if (!m->is_string())
+          return fail(absl::StrCat("__metadata__ value for ", quote_tensor_name(m.key()), " is not a string"));
         metadata_[m.key()] = m->get<std::string>();
       }
       continue;
     }
-    auto tfail = [&](absl::string_view why) { return fail(absl::StrCat("tensor '", name, "': ", why)); };
+    auto tfail = [&](absl::string_view why) { return fail(absl::StrCat("tensor ", quote_tensor_name(name), ": ", why)); };
     const nlohmann::json& e = *it;
     if (!e.is_object()) return tfail("entry is not an object");
     if (!e.contains("dtype") || !e["dtype"].is_string()) return tfail("missing dtype");
     TensorView t;
     t.name = name;
     if (!parse_dtype(e["dtype"].get<std::string>(), &t.dtype))
-      return tfail(absl::StrCat("unsupported dtype ", e["dtype"].get<std::string>()));
+      return tfail(absl::StrCat("unsupported dtype ", quote_tensor_name(e["dtype"].get<std::string>())));
     if (!e.contains("shape") || !e["shape"].is_array()) return tfail("missing shape");
     if (e["shape"].size() > kMaxDims) return tfail("too many dimensions");
     uint64_t numel = 1;
@@ -210,11 +253,16 @@ absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
     ranges.push_back({begin, end, tensors_.size()});
     tensors_.push_back(std::move(t));
   }
+  // by start, each against the last non-empty one before it: an empty tensor
+  // (which holds no bytes) between two would otherwise hide their overlap
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].begin < ranges[i - 1].end && ranges[i].end > ranges[i].begin)
-      return fail(absl::StrCat("tensors '", tensors_[ranges[i - 1].index].name, "' and '",
-                               tensors_[ranges[i].index].name, "' overlap"));
+  const Range* last = nullptr;
+  for (const Range& r : ranges) {
+    if (r.end == r.begin) continue;
+    if (last != nullptr && r.begin < last->end)
+      return fail(absl::StrCat("tensors ", quote_tensor_name(tensors_[last->index].name), " and ",
+                               quote_tensor_name(tensors_[r.index].name), " overlap"));
+    last = &r;
   }
   std::sort(tensors_.begin(), tensors_.end(), [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
   return absl::OkStatus();

@@ -22,6 +22,10 @@ enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, u8 = 3, i32 = 4, i64 = 
 absl::string_view dtype_name(DType d);       // safetensors spelling: "F32", ...
 size_t dtype_size(DType d);
 
+// a name read from a file, as an error quotes it: escaped and cut short (a
+// hostile file's names can be megabytes long and hold terminal escapes)
+std::string quote_tensor_name(absl::string_view name);
+
 struct TensorView {
   std::string name;
   DType dtype = DType::f32;

@@ -83,7 +83,7 @@ absl::StatusOr<HostWeights> load_host_weights(const ModelConfig& c, const Safete
   for (const auto& t : file.tensors())
     if (!expected.count(t.name))
       return absl::InvalidArgumentError(
-          absl::StrCat(file.source(), ": tensor '", t.name, "' is not part of this config (wrong model?)"));
+          absl::StrCat(file.source(), ": tensor ", quote_tensor_name(t.name), " is not part of this config (wrong model?)"));
   // every tensor checked before anything is allocated: the config's sizes are
   // only trusted once the file holds tensors of exactly those shapes
   for (const auto& s : w.specs) WM_RETURN_IF_ERROR(file.check_f32(s.name, s.shape));

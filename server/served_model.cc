@@ -67,18 +67,36 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
   const double fp16 = static_cast<double>(engine.session_reservation("fp16"));
   for (const auto& [f, bytes] : m.reservation_bytes)
     m.compression_ratio[f] = fp16 > 0 ? fp16 / static_cast<double>(bytes) : 0.0;
-  // the model's own prompt images, used when a Start brings none
+  // the model's own prompt images, used when a Start brings none. Every
+  // *.jpg there is one (a directory, a FIFO or a broken link by that name
+  // included, which reading refuses), so that none is left out unnoticed
   const std::filesystem::path dir = std::filesystem::path(model_dir) / "prompts";
   std::error_code ec;
-  if (std::filesystem::is_directory(dir, ec)) {
+  if (std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) {
+    // a file, a loop or a broken link by that name is a mistake, not "no prompts"
+    if (!std::filesystem::is_directory(std::filesystem::status(dir, ec)))
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir.string(), ": not a directory", ec ? absl::StrCat(" (", ec.message(), ")") : ""));
     std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-      if (e.is_regular_file() && e.path().extension() == ".jpg") files.push_back(e.path().string());
+    std::filesystem::directory_iterator it(dir, ec);
+    for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+      if (it->path().extension() == ".jpg") files.push_back(it->path().string());
+    if (ec) return absl::InvalidArgumentError(absl::StrCat(dir.string(), ": cannot list: ", ec.message()));
     std::sort(files.begin(), files.end());
+    // the engine refuses image frames for a latent model: every Start
+    // without a prompt of its own would fail at open
+    if (!files.empty() && m.config.decoder != "pixels")
+      return absl::InvalidArgumentError(absl::StrCat(files.front(), ": model '", m.config.name, "' (decoder ",
+                                                     m.config.decoder, ") is a latent model and takes no prompt images"));
+    // a larger image is refused from its header, before it is decoded
+    const int64_t frame_pixels = static_cast<int64_t>(m.config.width) * m.config.height;
     for (const auto& f : files) {
       WM_ASSIGN_OR_RETURN(std::string bytes, read_file(f, 64 << 20));
-      auto img = jpeg_decode(bytes.data(), bytes.size());
-      if (!img.ok()) return absl::InvalidArgumentError(absl::StrCat(f, ": ", img.status().message()));
+      auto img = jpeg_decode(bytes.data(), bytes.size(), frame_pixels);
+      if (!img.ok())
+        return absl::InvalidArgumentError(absl::StrCat(f, ": ", img.status().message(), " (a prompt must be a ",
+                                                       m.config.width, "x", m.config.height,
+                                                       " JPEG, the model's frame size)"));
       if (img->width != m.config.width || img->height != m.config.height)
         return absl::InvalidArgumentError(absl::StrCat(f, ": prompt is ", img->width, "x", img->height,
                                                        ", the model makes ", m.config.width, "x",

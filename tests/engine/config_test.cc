@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <nlohmann/json.hpp>
 
 #include "common/image_io.h"
@@ -31,6 +33,31 @@ TEST(ModelConfig, RoundTripsThroughJson) {
   auto again = parse_model_config(model_config_to_json(*c), "y");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->parameter_count(), c->parameter_count());
+}
+
+// every float at the edges of its documented range reads back the same and
+// stays in range: written as its float's exact double, 1e-6 read back below 1e-6
+TEST(ModelConfig, EdgeValuesRoundTripThroughJson) {
+  auto doc = nlohmann::json::parse(base_text());
+  for (const auto& [norm_eps, theta, mouse] : {std::tuple{1e-12, 1.0001, 1e-6}, std::tuple{1.0, 1e9, 1e6},
+                                               std::tuple{0.3, 12345.678, 0.1}}) {
+    doc["norm_eps"] = norm_eps;
+    doc["rope"]["theta"] = theta;
+    doc["actions"]["mouse_scale"] = mouse;
+    doc["actions"]["mouse_limit"] = mouse;
+    doc["sampling"]["sigmas"] = {1.0, 0.9, 0.1, 1e-6};
+    auto c = parse_model_config(doc.dump(), "edges");
+    ASSERT_TRUE(c.ok()) << c.status();
+    const std::string written = model_config_to_json(*c);
+    auto again = parse_model_config(written, "written");
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << written;
+    EXPECT_EQ(again->norm_eps, c->norm_eps);
+    EXPECT_EQ(again->rope_theta, c->rope_theta);
+    EXPECT_EQ(again->actions.mouse_scale, c->actions.mouse_scale);
+    EXPECT_EQ(again->actions.mouse_limit, c->actions.mouse_limit);
+    EXPECT_EQ(again->sigmas, c->sigmas);
+    EXPECT_EQ(model_config_to_json(*again), written);
+  }
 }
 
 TEST(ModelConfig, RejectsBadFieldsNamingThem) {
@@ -99,6 +126,19 @@ TEST(ModelConfig, QuotesOutOfRangeIntegersAsWritten) {
     auto r = parse_model_config(j.dump(), "cfg.json");
     ASSERT_FALSE(r.ok());
     EXPECT_NE(std::string(r.status().message()).find(c.message), std::string::npos) << r.status();
+  }
+}
+
+// the parser stops at a NUL as at the end of its input: a config damaged
+// after its closing brace (a NUL, then anything) must not read as whole
+TEST(ModelConfig, RefusesNulBytes) {
+  const std::string text = base_text();
+  for (const std::string& damaged : {text + std::string(1, '\0'), text + std::string("\0{\"dim\": 1}", 11)}) {
+    auto r = parse_model_config(damaged, "cfg.json");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.status().message()).find("cfg.json: holds a NUL byte at offset " + std::to_string(text.size())),
+              std::string::npos)
+        << r.status();
   }
 }
 

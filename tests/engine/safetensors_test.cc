@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/image_io.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
@@ -93,6 +94,62 @@ TEST(Safetensors, RejectsDamagedFiles) {
   expect_error(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                          floats({1, 2})),
                "lists 'a' twice");
+}
+
+// an empty tensor holds no bytes, so it overlaps nothing, but it must not
+// hide the overlap of the tensors either side of it
+TEST(Safetensors, EmptyTensorsDoNotHideOverlaps) {
+  expect_error(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                         R"("e":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},)"
+                         R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                         floats({1, 2})),
+               "tensors 'a' and 'b' overlap");
+  // empty tensors anywhere, and tensors that only touch, are fine
+  auto ok = SafetensorsFile::parse(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                             R"("e":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},)"
+                                             R"("f":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]},)"
+                                             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                             floats({1, 2})),
+                                   "mem");
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// the JSON parser stops at a NUL as at the end of its input: what follows
+// would go unread, so a damaged header could pass
+TEST(Safetensors, RefusesNulBytesInTheHeader) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  expect_error(make_file(header + std::string("\0\0  ", 4), floats({1})), "NUL byte at offset 54");
+  expect_error(make_file(header + std::string("\0,\"b\":{}}", 9), floats({1})), "NUL byte at offset 54");
+}
+
+// a header is parsed in time and memory linear in its size and bounded by a
+// count of values, whatever its shape: many tensors (which the callback
+// parser took quadratic time over) or a dense array (~100 bytes a value)
+TEST(Safetensors, HeaderSizeIsBoundedByItsValues) {
+  std::string many = "{";
+  for (int i = 0; i < 60000; ++i)
+    absl::StrAppend(&many, i > 0 ? "," : "", "\"t", i, R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})");
+  many += "}";
+  auto parsed = SafetensorsFile::parse(make_file(many, ""), "many.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ((*parsed)->tensors().size(), 60000u);
+  std::string dense = "{\"a\":[0";
+  for (int i = 0; i < (1 << 21); ++i) dense += ",0";
+  dense += "]}";
+  expect_error(make_file(dense, ""), "header holds more than 2097152 JSON values");
+}
+
+// names come from the file: an error quotes them escaped and cut short
+TEST(Safetensors, ErrorsQuoteNamesEscapedAndShort) {
+  const std::string name = "\\u001b[2J" + std::string(100000, 'x');
+  auto st = SafetensorsFile::parse(
+      make_file("{\"" + name + R"(":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})", floats({1})), "bad.safetensors");
+  ASSERT_FALSE(st.ok());
+  const std::string message(st.status().message());
+  EXPECT_NE(message.find("tensor '\\x1b[2Jxxx"), std::string::npos) << message.substr(0, 300);
+  EXPECT_NE(message.find("...' (100004 bytes): unsupported dtype 'Q4'"), std::string::npos) << message.substr(0, 300);
+  EXPECT_EQ(message.find('\x1b'), std::string::npos);
+  EXPECT_LT(message.size(), 400u);
 }
 
 // model files are regular files: a FIFO (no writer) or a directory is refused

@@ -24,6 +24,8 @@
 #include "clients/play_client.h"
 #include "clients/stats.h"
 #include "common/image_io.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "tests/server/server_process.h"
 
@@ -476,6 +478,36 @@ TEST(ServerIntegration, PromptsFromTheStartOrTheModelDirectory) {
   ASSERT_EQ(r.frames.size(), expected0.size());
   EXPECT_EQ(r.frames[0].jpeg, expected0[0]);
   EXPECT_NE(r.frames[0].jpeg, expected[0]);
+}
+
+// a latent model takes no image frames: prompt images beside one would fail
+// every Start that brings none, so the server does not start with them
+TEST(ServerIntegration, ALatentModelsPromptImagesStopTheServer) {
+  const std::string model = testing::fresh_dir("tiny_latent_prompts");
+  auto config = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->decoder = "latent_preview";
+  ASSERT_TRUE(save_checkpoint(*config, random_host_weights(*config, 1), model).ok());
+  std::filesystem::create_directories(model + "/prompts");
+  const std::vector<uint8_t> px(32 * 32 * 3, 128);
+  const std::string jpeg = *jpeg_encode(px.data(), 32, 32, 95);
+  ASSERT_TRUE(write_file(model + "/prompts/p0.jpg", jpeg.data(), jpeg.size()).ok());
+  // (under timeout: a server that starts anyway is a failure, not a hang)
+  std::string log;
+  EXPECT_EQ(testing::run_program({"/usr/bin/timeout", "60", WMSERVE_BIN, "--model=" + model, "--host=127.0.0.1", "--port=0",
+                                  "--metrics_port=-1"}, &log),
+            1)
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "prompts/p0.jpg: model 'tiny-test' (decoder latent_preview) is a latent model "
+                                     "and takes no prompt images"))
+      << log;
+  // without them it serves
+  std::filesystem::remove_all(model + "/prompts");
+  auto server = ServerProcess::start(model);
+  ASSERT_NE(server, nullptr);
+  PlayResult r = client::play(channel(*server), per_action(1, script_actions()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.frames.size(), script_actions().size());
 }
 
 TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {

@@ -4,6 +4,7 @@
 // (no abort, no hang, no allocation the input asks for).
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/image_io.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
@@ -554,6 +556,73 @@ TEST_F(ToolsCli, CheckpointInitKeepsAnExistingModel) {
   const ToolRun again = run_tool({WMCKPT_BIN, "init", "--config=" + config, "--seed=1", "--out=" + dir});
   EXPECT_EQ(again.code, 0) << again.log;
   EXPECT_EQ(read_text(dir + "/model.safetensors"), before);
+}
+
+// a copy of the tiny model (config and weights) in a fresh directory
+std::string copy_of_model(const std::string& from, const std::string& name) {
+  const std::string dir = temp_dir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* file : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(from + "/" + file, dir + "/" + file);
+  return dir;
+}
+
+// a damaged model is refused with one message naming the file, within the
+// child's time and memory limits
+TEST_F(ToolsCli, CheckRefusesDamagedModelsNamingTheFile) {
+  const std::string nul = copy_of_model(model_, "check_nul");
+  write_text(nul + "/config.json", read_text(nul + "/config.json") + std::string("\0{}", 3));
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "check", "--model=" + nul}), 1, nul + "/config.json: holds a NUL byte");
+  // a header of millions of values: refused from a count, not parsed whole
+  const std::string dense = copy_of_model(model_, "check_dense");
+  std::string header = "{\"a\":[0";
+  for (int i = 0; i < (4 << 20); ++i) header += ",0";
+  header += "]}";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  write_text(dense + "/model.safetensors", file + header);
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "check", "--model=" + dense}, 20), 1,
+                 dense + "/model.safetensors: header holds more than 2097152 JSON values");
+}
+
+// every prompts/*.jpg is read at start-up: one that is no JPEG file of the
+// frame size stops wmserve with a message naming it, never a crash, a silent
+// skip, or a decode of an image larger than a frame
+TEST_F(ToolsCli, ServerRefusesBadPrompts) {
+  struct Case {
+    std::string name;
+    std::function<void(const std::string& prompts)> make;
+    std::string message;
+  };
+  const std::vector<uint8_t> big(2048 * 2048 * 3, 128);
+  const std::string big_jpeg = *jpeg_encode(big.data(), 2048, 2048, 90);
+  const std::vector<Case> cases = {
+      {"loop", [](const std::string& p) { std::filesystem::create_symlink("x.jpg", p + "/x.jpg"); },
+       "prompts/x.jpg: Too many levels of symbolic links"},
+      {"dir", [](const std::string& p) { std::filesystem::create_directory(p + "/x.jpg"); },
+       "prompts/x.jpg is a directory"},
+      {"fifo", [](const std::string& p) { ASSERT_EQ(::mkfifo((p + "/x.jpg").c_str(), 0600), 0); },
+       "prompts/x.jpg is not a regular file"},
+      {"dangling", [](const std::string& p) { std::filesystem::create_symlink("gone.jpg", p + "/x.jpg"); },
+       "prompts/x.jpg: No such file or directory"},
+      {"file", [](const std::string& p) {
+         std::filesystem::remove(p);
+         write_text(p, "not a directory");
+       }, "prompts: not a directory"},
+      {"big", [&](const std::string& p) { write_text(p + "/x.jpg", big_jpeg); },
+       "prompts/x.jpg: jpeg decode: image 2048x2048 is too large (a prompt must be a 32x32 JPEG"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = copy_of_model(model_, "prompts_" + c.name);
+    std::filesystem::create_directories(dir + "/prompts");
+    c.make(dir + "/prompts");
+    EXPECT_REFUSED(run_tool({WMSERVE_BIN, "--model=" + dir, "--device=cpu", "--threads=1", "--port=0",
+                             "--metrics_port=-1"},
+                            20),
+                   1, c.message);
+  }
 }
 
 }  // namespace
