@@ -194,8 +194,13 @@ absl::Status kv_format_check(absl::string_view format, const KvGeometry& geometr
 absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format, const KvGeometry& geometry,
                                                        const KvFormatOptions& options = {});
 // the most bytes a session in this format can ever hold (admission reserves
-// it); 0 for an unknown name or options the format rejects
+// it); 0 for an unknown name or options the format rejects. The low-bit
+// formats' answer comes from a replay of their bookkeeping (seconds on long
+// windows), kept for the process: a second question with the same format,
+// geometry and options replays nothing
 int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& geometry, const KvFormatOptions& options = {});
+// how many replays kv_format_max_bytes has run in this process
+int64_t kv_format_max_bytes_replays();
 // the fixed bytes a CPU cache of this format allocates beside what bytes()
 // and the reservation count: the span formats' query statistics, a lower
 // triangle of doubles per (layer, head) (qvg2 holds them too, unused); 0 for

@@ -1,6 +1,8 @@
 // The format registry: names, the options a name implies, construction and
 // the worst-case bytes admission reserves.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <numeric>
 
 #include "absl/strings/match.h"
@@ -143,19 +145,32 @@ absl::StatusOr<std::unique_ptr<KvCache>> make_kv_cache(absl::string_view format,
   return absl::InternalError("unreachable");
 }
 
-int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const KvFormatOptions& options) {
-  auto p = parse(format, options);
-  if (!p.ok() || !validate(*p, g).ok()) return 0;
-  const int64_t values = g.values_per_frame() * g.max_frames();
-  if (p->family == Family::fp32) return values * 4;
-  if (p->family == Family::fp16) return values * 2;
-  // every layer holds the same frames: replay one layer's ledger over a
-  // session long enough to reach every state and read the bytes held between
-  // appends (the transient inside one append -- a span's fp16 frames while
-  // they are coded -- is never held between engine calls). The engine
-  // appends whole blocks, except that a prompt's last chunk may be shorter:
-  // every position and length of that one short append is replayed too.
-  const int64_t horizon = horizon_frames(p->family, g, p->options);
+namespace {
+
+// every field the worst case may depend on; a new option must join it
+std::string max_bytes_key(Family family, const KvGeometry& g, const KvFormatOptions& o) {
+  static_assert(sizeof(KvFormatOptions) == 72, "a new KvFormatOptions field must join max_bytes_key");
+  return absl::StrCat(static_cast<int>(family), " ", g.layers, " ", g.heads, " ", g.head_dim, " ", g.tokens_per_frame,
+                      " ", g.window_frames, " ", g.sink_frames, " ", g.frames_per_block, " ", o.kivi_group, " ",
+                      o.kivi_residual, " ", o.span_frames, " ", o.centroids, " ", o.tokens_per_centroid, " ", o.block,
+                      " ", o.kmeans_iters, " ", o.kmeans_seed, " ", o.quantize_sinks, " ", o.qsac, " ", o.psac, " ",
+                      o.psac_rank, " ", o.psac_bits, " ", o.psac_refresh_frames, " ", o.qsac_candidates, " ",
+                      o.qsac_weight_floor, " ", o.quantize_keys, " ", o.quantize_values);
+}
+
+// the worst case of a parsed, validated low-bit format. Every layer holds
+// the same frames: replay one layer's ledger over a session long enough to
+// reach every state and read the bytes held between appends (the transient
+// inside one append -- a span's fp16 frames while they are coded -- is never
+// held between engine calls). The engine appends whole blocks, except that a
+// prompt's last chunk may be shorter: every position and length of that one
+// short append is replayed too.
+std::mutex replay_mutex;
+std::map<std::string, int64_t> replayed;  // max_bytes_key -> bytes, under replay_mutex
+int64_t replays = 0;                      // under replay_mutex
+
+int64_t replay_max_bytes(const Parsed& p, const KvGeometry& g) {
+  const int64_t horizon = horizon_frames(p.family, g, p.options);
   const int B = g.frames_per_block;
   std::vector<std::vector<int>> patterns;
   for (int r = 0; r < B; ++r)
@@ -167,15 +182,15 @@ int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const
   int64_t most = 0;
   for (const auto& prefix : patterns) {
     auto call_size = [&](size_t i) { return i < prefix.size() ? prefix[i] : B; };
-    if (p->family == Family::kivi) {
-      KiviLedger ledger(kivi_plan(g, p->options));
+    if (p.family == Family::kivi) {
+      KiviLedger ledger(kivi_plan(g, p.options));
       for (size_t i = 0; ledger.frames_appended() < horizon; ++i) {
         for (int f = 0; f < call_size(i); ++f) ledger.add_frame(ledger.frames_appended());
         most = std::max(most, ledger.bytes().total());
       }
     } else {
       // with PSAC the worst case has a basis from the first span on
-      SpanLedger ledger(span_plan(g, p->options, p->family == Family::quantwm));
+      SpanLedger ledger(span_plan(g, p.options, p.family == Family::quantwm));
       for (size_t i = 0; ledger.frames_appended() < horizon; ++i) {
         for (int f = 0; f < call_size(i); ++f) ledger.add_frame(ledger.frames_appended());
         ledger.end_append(/*queries_seen=*/true);
@@ -184,6 +199,37 @@ int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const
     }
   }
   return most * g.layers;
+}
+
+}  // namespace
+
+int64_t kv_format_max_bytes(absl::string_view format, const KvGeometry& g, const KvFormatOptions& options) {
+  auto p = parse(format, options);
+  if (!p.ok() || !validate(*p, g).ok()) return 0;
+  const int64_t values = g.values_per_frame() * g.max_frames();
+  if (p->family == Family::fp32) return values * 4;
+  if (p->family == Family::fp16) return values * 2;
+  // a pure function of its arguments whose replay takes seconds on long
+  // windows (every short append's position over the whole horizon), and the
+  // engine asks at every session's open, on the server's engine thread: each
+  // answer is kept (a process sees a few geometries; the table is bounded)
+  const std::string key = max_bytes_key(p->family, g, p->options);
+  {
+    std::lock_guard<std::mutex> lk(replay_mutex);
+    if (auto it = replayed.find(key); it != replayed.end()) return it->second;
+  }
+  // replayed outside the lock: another thread's question waits for nothing
+  const int64_t most = replay_max_bytes(*p, g);
+  std::lock_guard<std::mutex> lk(replay_mutex);
+  ++replays;
+  if (replayed.size() >= 1024) replayed.clear();
+  replayed.emplace(key, most);
+  return most;
+}
+
+int64_t kv_format_max_bytes_replays() {
+  std::lock_guard<std::mutex> lk(replay_mutex);
+  return replays;
 }
 
 int64_t kv_format_statistics_bytes(absl::string_view format, const KvGeometry& g, const KvFormatOptions& options) {

@@ -112,5 +112,27 @@ TEST(KvFactory, UnknownFormatIsNotFound) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
 }
 
+// a low-bit format's worst case is replayed once per format, geometry and
+// options; the fp formats' is arithmetic, never replayed
+TEST(KvFactory, WorstCasesAreReplayedOncePerQuestion) {
+  KvGeometry g = geometry(64);
+  g.window_frames = 7;  // a geometry no other test here asks about
+  const int64_t before = kv_format_max_bytes_replays();
+  const int64_t q = kv_format_max_bytes("quantwm2", g);
+  ASSERT_GT(q, 0);
+  EXPECT_EQ(kv_format_max_bytes_replays(), before + 1);
+  EXPECT_EQ(kv_format_max_bytes("quantwm2", g), q);
+  EXPECT_GT(kv_format_max_bytes("fp16", g), 0);
+  EXPECT_EQ(kv_format_max_bytes_replays(), before + 1);
+  // any field of the question is a new one, with its own answer
+  KvFormatOptions o;
+  o.psac_bits = 4;
+  EXPECT_NE(kv_format_max_bytes("quantwm2", g, o), q);
+  EXPECT_EQ(kv_format_max_bytes_replays(), before + 2);
+  g.sink_frames = 2;
+  EXPECT_NE(kv_format_max_bytes("quantwm2", g), q);
+  EXPECT_EQ(kv_format_max_bytes_replays(), before + 3);
+}
+
 }  // namespace
 }  // namespace wm

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/noise.h"
+#include "quant/kv_cache.h"
 
 namespace wm {
 namespace {
@@ -223,6 +224,42 @@ TEST(Engine, AnAuditedSessionReservesItsShadow) {
   EXPECT_TRUE(e->open_session({2, "quantwm2", {}}).ok());
   ASSERT_TRUE(e->close_session(*a).ok());
   EXPECT_EQ(e->kv_reserved_bytes(), q);
+}
+
+// a session's worst case is replayed once per format, not at every open: on
+// a long window with blocks of 7 frames the replay takes a good part of a
+// second, and the server opens sessions on its engine thread, where every
+// other session's frames wait for it
+TEST(Engine, OpeningSessionsDoesNotReplayTheirReservation) {
+  const std::string dir = ::testing::TempDir() + "/wm_long_window";
+  std::filesystem::create_directories(dir);
+  std::ifstream in(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"frames_per_block\": 1", "\"frames_per_block\": 7"},
+           {"\"window_frames\": 4, \"sink_frames\": 1", "\"window_frames\": 400, \"sink_frames\": 200"}}) {
+    const size_t at = config.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    config.replace(at, from.size(), to);
+  }
+  std::ofstream(dir + "/config.json") << config;
+  EngineOptions o;
+  o.random_weights = true;
+  o.config_path = dir + "/config.json";
+  o.threads = 1;
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const int64_t q = (*e)->session_reservation("quantwm2");
+  ASSERT_GT(q, 0);
+  const int64_t replays = kv_format_max_bytes_replays();
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    auto id = (*e)->open_session({seed, "quantwm2", {}});
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ((*e)->session_info(*id)->kv_reserved, q);
+    ASSERT_TRUE((*e)->close_session(*id).ok());
+  }
+  EXPECT_EQ(kv_format_max_bytes_replays(), replays);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Engine, ReservingTheLargestBatchUpFrontChangesNoFrame) {
