@@ -56,19 +56,21 @@ namespace {
 absl::StatusOr<uint32_t> parse_keys(absl::string_view tok, const ActionSpace& space) {
   if (tok == "-") return 0u;
   uint32_t mask = 0;
+  const auto key_of = [&](char c) -> int {
+    for (size_t k = 0; k < space.keys.size(); ++k)
+      if (space.keys[k].size() == 1 && space.keys[k][0] == c) return static_cast<int>(k);
+    return -1;
+  };
   for (char ch : tok) {
-    bool found = false;
-    // through unsigned char: a byte above 0x7f (UTF-8) is negative as char
-    const char upper = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    for (size_t k = 0; k < space.keys.size(); ++k) {
-      if (space.keys[k].size() == 1 && (space.keys[k][0] == ch || space.keys[k][0] == upper)) {
-        mask |= 1u << k;
-        found = true;
-      }
-    }
+    // names are case-sensitive (a model may have both 'a' and 'A'): the
+    // upper case stands in only for a letter that names no key itself.
+    // Through unsigned char: a byte above 0x7f (UTF-8) is negative as char
+    int k = key_of(ch);
+    if (k < 0) k = key_of(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
     // escaped: a NUL or a control byte would cut or garble the message
-    if (!found)
+    if (k < 0)
       return absl::InvalidArgumentError(absl::StrCat("unknown key '", absl::CHexEscape(absl::string_view(&ch, 1)), "'"));
+    mask |= 1u << k;
   }
   return mask;
 }

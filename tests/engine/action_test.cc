@@ -34,6 +34,28 @@ TEST(ActionScript, ParsesKeysMouseAndRepeats) {
   EXPECT_EQ(*again, *a);
 }
 
+// key names are case-sensitive (a model may have both 'a' and 'A'): a letter
+// that names a key is that key alone; its upper case stands in only for a
+// letter that names none
+TEST(ActionScript, KeysThatDifferInCaseAreDistinct) {
+  ActionSpace s;
+  s.keys = {"a", "A", "W"};
+  auto a = parse_action_script("a\nA\naA\nw\n", s);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->size(), 4u);
+  EXPECT_EQ((*a)[0].keys, 1u);
+  EXPECT_EQ((*a)[1].keys, 2u);
+  EXPECT_EQ((*a)[2].keys, 3u);
+  EXPECT_EQ((*a)[3].keys, 4u);
+  for (uint32_t keys = 0; keys < 8; ++keys) {
+    std::vector<Action> one(1);
+    one[0].keys = keys;
+    auto again = parse_action_script(format_action_script(one, s), s);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ((*again)[0].keys, keys) << format_action_script(one, s);
+  }
+}
+
 TEST(ActionScript, RejectsBadLinesWithLineNumber) {
   const ActionSpace s = default_action_space();
   for (const char* bad : {"Q", "W x", "W 1 2 3", "W 99", "W *0", "W *abc", "W nan", "W 0 0 *2 *3", "W *3 0 0"}) {
