@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "clients/play_client.h"
@@ -130,6 +131,14 @@ int main(int argc, char** argv) {
   auto actions = wm::load_action_script(absl::GetFlag(FLAGS_script), to_space(model->action_space()));
   if (!actions.ok()) return fail(std::string(actions.status().message()));
   if (actions->empty()) return fail(absl::GetFlag(FLAGS_script) + ": the script has no actions");
+  // an Action carries the first two mouse axes (docs/API.md): a movement on
+  // a later one would be dropped, and the frames would differ from wmgen's
+  const auto& axes = model->action_space().mouse_axes();
+  for (size_t i = 0; i < actions->size(); ++i)
+    for (int k = 2; k < std::min<int>(axes.size(), wm::kMaxMouseAxes); ++k)
+      if ((*actions)[i].mouse[static_cast<size_t>(k)] != 0.0f)
+        return fail(absl::StrCat(absl::GetFlag(FLAGS_script), ": action ", i + 1, " moves mouse axis '", axes[k],
+                                 "', which a Play stream cannot carry (only the first two axes)"));
 
   wm::client::PlayConfig pc;
   pc.start.set_model(absl::GetFlag(FLAGS_model));

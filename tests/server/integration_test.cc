@@ -2061,6 +2061,33 @@ TEST(ServerIntegration, WmplayHeadlessOutputStaysConsistentWhenARunFails) {
   EXPECT_EQ(summary().value("frames", -1), 2) << summary();
 }
 
+// a Play stream carries the first two mouse axes: wmplay refuses a script
+// that moves a later axis of a model that has one (it used to drop the
+// movement, and the frames silently differed from wmgen's)
+TEST(ServerIntegration, WmplayRefusesMovementOnAxesAPlayStreamCannotCarry) {
+  const std::string model = testing::fresh_dir("tiny_four_axes");
+  auto config = load_model_config(std::string(WM_SOURCE_DIR) + "/configs/tiny-test.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->actions.mouse = {"yaw", "pitch", "roll", "zoom"};
+  ASSERT_TRUE(save_checkpoint(*config, random_host_weights(*config, 1), model).ok());
+  auto server = ServerProcess::start(model);
+  ASSERT_NE(server, nullptr);
+  const std::string dir = testing::fresh_dir("four_axes_play");
+  auto run = [&](const std::string& text) {
+    EXPECT_TRUE(write_file(dir + "/script.txt", text.data(), text.size()).ok());
+    std::string log;
+    const int rc = testing::run_program({WMPLAY_BIN, "--server=" + server->target(), "--headless",
+                                         "--script=" + dir + "/script.txt", "--out=" + dir + "/out"},
+                                        &log);
+    return std::make_pair(rc, log);
+  };
+  auto [rc, log] = run("W 1 2 0 0\nD 0 0 0 3\n");
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_TRUE(absl::StrContains(log, "action 2 moves mouse axis 'zoom', which a Play stream cannot carry")) << log;
+  std::tie(rc, log) = run("W 1 2 0 0\nD -1 0 0 0\n");
+  EXPECT_EQ(rc, 0) << log;
+}
+
 // a TCP socket listening on 127.0.0.1 at a free port (*port), never
 // accepting: the kernel still completes connections up to `backlog`. With
 // reuse_port another socket may bind the same port. -1 on failure
