@@ -1,7 +1,9 @@
 // wmgen: an offline rollout through the engine API.
 //   wmgen --model DIR --seed S --script actions.txt --out DIR [--format fp16] [--prompt a.jpg,...]
-// Writes frame_%05d.jpg for every generated frame and summary.json; the same
-// seed, prompt and actions give the same frames.
+// Writes frame_%05d.jpg for every generated frame (numbered from 0; wmplay
+// numbers by session index, after the prompt's frames) and summary.json, in
+// place of an earlier run's; the same seed, prompt and actions give the same
+// frames.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -90,6 +92,15 @@ int main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return fail(absl::UnavailableError("cannot create " + out));
+  // an earlier run's frames and summary go first: a longer run's later
+  // frames would otherwise sit beside this run's as if they were its own
+  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if ((name == "summary.json" || (name.starts_with("frame_") && name.ends_with(".jpg"))) &&
+        !e.is_directory(ec) && !std::filesystem::remove(e.path(), ec))
+      return fail(absl::UnavailableError(absl::StrCat("cannot remove ", e.path().string(), ": ", ec.message())));
+  }
+  if (ec) return fail(absl::UnavailableError(absl::StrCat("cannot list ", out, ": ", ec.message())));
 
   const int B = cfg.frames_per_block;
   wm::OpTimes ops;

@@ -437,6 +437,23 @@ TEST_F(ToolsCli, GenQualityIsCheckedBeforeTheRun) {
   }
 }
 
+// a run into a folder that holds an earlier, longer run's frames leaves
+// exactly its own frames and summary there
+TEST_F(ToolsCli, GenReplacesAnEarlierRunsFrames) {
+  const std::string out = temp_dir() + "/gen_again";
+  const std::string six = temp_dir() + "/six.txt";
+  write_text(six, "D 0 0 *6\n");
+  ASSERT_EQ(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + six, "--out=" + out}).code, 0);
+  write_text(out + "/notes.txt", "kept");
+  ASSERT_EQ(run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + out}).code, 0);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(out)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"frame_00000.jpg", "frame_00001.jpg", "frame_00002.jpg", "notes.txt",
+                                             "summary.json"}));
+  EXPECT_EQ(nlohmann::json::parse(read_text(out + "/summary.json")).value("frames", -1), 3);
+}
+
 // wmeval: a format named twice ran twice and pooled both sessions' counts
 // under its name; an output that cannot be written failed only after the
 // run. Both are refused at once: the run asked for here would take hours.
