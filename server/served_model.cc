@@ -10,6 +10,12 @@
 #include "quant/kv_options.h"
 
 namespace wm::server {
+namespace {
+
+constexpr int64_t kMaxModelPrompts = 1024;
+constexpr int64_t kMaxModelPromptBytes = int64_t{1} << 30;
+
+}  // namespace
 
 absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const std::string& model_dir,
                                                   const std::string& default_format) {
@@ -90,6 +96,14 @@ absl::StatusOr<ServedModel> describe_served_model(const Engine& engine, const st
                                                      m.config.decoder, ") is a latent model and takes no prompt images"));
     // a larger image is refused from its header, before it is decoded
     const int64_t frame_pixels = static_cast<int64_t>(m.config.width) * m.config.height;
+    // every image is kept decoded for the server's life: their count is
+    // bounded, and so are the bytes they take
+    const int64_t most = std::min<int64_t>(kMaxModelPrompts, std::max<int64_t>(1, kMaxModelPromptBytes / (3 * frame_pixels)));
+    if (static_cast<int64_t>(files.size()) > most)
+      return absl::InvalidArgumentError(absl::StrCat(dir.string(), ": ", files.size(), " images; at most ", most, " of ",
+                                                     m.config.width, "x", m.config.height, " are kept (",
+                                                     kMaxModelPrompts, ", and ", kMaxModelPromptBytes >> 20,
+                                                     " MiB decoded)"));
     for (const auto& f : files) {
       WM_ASSIGN_OR_RETURN(std::string bytes, read_file(f, 64 << 20));
       auto img = jpeg_decode(bytes.data(), bytes.size(), frame_pixels);

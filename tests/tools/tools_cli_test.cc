@@ -629,6 +629,9 @@ TEST_F(ToolsCli, ServerRefusesBadPrompts) {
        }, "prompts: not a directory"},
       {"big", [&](const std::string& p) { write_text(p + "/x.jpg", big_jpeg); },
        "prompts/x.jpg: jpeg decode: image 2048x2048 is too large (a prompt must be a 32x32 JPEG"},
+      {"many", [](const std::string& p) {
+         for (int i = 0; i <= 1024; ++i) write_text(p + "/" + std::to_string(i) + ".jpg", "");
+       }, "prompts: 1025 images; at most 1024 of 32x32 are kept"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
