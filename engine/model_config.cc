@@ -129,10 +129,20 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
   int version = 0;
   WM_RETURN_IF_ERROR(r.get_int("version", 1, 1, &version));
   WM_RETURN_IF_ERROR(r.get_string("name", &c.name));
-  if (c.name.empty() || c.name.size() > 64) return r.error("name", "must have 1..64 characters");
-  // it goes into logs, metric labels and status messages
-  for (const char ch : c.name)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) return r.error("name", "holds a control character");
+  if (c.name.empty() || c.name.size() > 64) return r.error("name", "must have 1..64 bytes of UTF-8");
+  // it goes into logs, metric labels, status messages and terminals: no
+  // C0 or C1 control, and no bidirectional control that reorders the text
+  // around it (the parser has checked the UTF-8)
+  for (size_t i = 0; i < c.name.size();) {
+    const auto b = static_cast<unsigned char>(c.name[i]);
+    const int len = b < 0x80 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
+    uint32_t cp = len == 1 ? b : b & (0x7f >> len);
+    for (int k = 1; k < len && i + k < c.name.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(c.name[i + k]) & 0x3f);
+    i += static_cast<size_t>(len);
+    if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return r.error("name", "holds a control character");
+    if (cp == 0x061c || cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069))
+      return r.error("name", "holds a bidirectional control character");
+  }
   WM_RETURN_IF_ERROR(r.get_int("frame.channels", 1, 64, &c.channels));
   WM_RETURN_IF_ERROR(r.get_int("frame.patch", 1, 32, &c.patch));
   WM_RETURN_IF_ERROR(r.get_int("frame.height", 1, 2048, &c.height));

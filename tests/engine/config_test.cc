@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "common/image_io.h"
 
 namespace wm {
@@ -33,6 +37,29 @@ TEST(ModelConfig, RoundTripsThroughJson) {
   auto again = parse_model_config(model_config_to_json(*c), "y");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->parameter_count(), c->parameter_count());
+}
+
+// the name is 1..64 bytes of UTF-8 (as the trainer counts it) without C0, C1
+// or bidirectional controls
+TEST(ModelConfig, NamesAreShortPrintableUtf8) {
+  auto doc = nlohmann::json::parse(base_text());
+  const std::string e_acute = "\xc3\xa9";
+  std::string ok32, bad33;
+  for (int i = 0; i < 32; ++i) ok32 += e_acute;
+  bad33 = ok32 + e_acute;
+  for (const auto& [name, error] : std::vector<std::pair<std::string, std::string>>{
+           {ok32, ""}, {"caf" + e_acute + " \xe2\x98\x95", ""}, {bad33, "1..64 bytes"},
+           {"a\xc2\x85" "b", "control character"}, {"a\xc2\x9b" "2J", "control character"}, {"a\x7f", "control character"},
+           {"evil\xe2\x80\xaegpj.exe", "bidirectional"}, {"x\xe2\x81\xa6y", "bidirectional"}}) {
+    doc["name"] = name;
+    auto c = parse_model_config(doc.dump(), "n");
+    if (error.empty()) {
+      EXPECT_TRUE(c.ok()) << c.status();
+    } else {
+      ASSERT_FALSE(c.ok()) << absl::CHexEscape(name);
+      EXPECT_NE(std::string(c.status().message()).find(error), std::string::npos) << c.status();
+    }
+  }
 }
 
 // every float at the edges of its documented range reads back the same and

@@ -41,6 +41,22 @@ class ConfigLimits(unittest.TestCase):
         bad(lambda d: d["cache"].update(sink_frames=1001))
         bad(lambda d: d.update(name="bad\nname"))
 
+    def test_names_as_the_engine_reads_them(self):
+        # 1..64 bytes of UTF-8 (the engine counts bytes), no C0/C1/bidirectional controls
+        def name_ok(name):
+            doc = copy.deepcopy(self.doc)
+            doc["name"] = name
+            try:
+                parse_config(doc)
+                return True
+            except ConfigError:
+                return False
+        self.assertTrue(name_ok("\u00e9" * 32))
+        self.assertTrue(name_ok("caf\u00e9 \u2615"))
+        self.assertFalse(name_ok("\u00e9" * 33))
+        for bad in ("a\u0085b", "a\u009b2J", "a\x7f", "evil\u202egpj.exe", "x\u2066y", "x\ud800y"):
+            self.assertFalse(name_ok(bad), repr(bad))
+
     def test_unreadable_files(self):
         with tempfile.TemporaryDirectory() as tmp:
             cases = {"missing.json": None, "folder.json": "dir", "latin1.json": b"\xff\xfe{",

@@ -11,6 +11,7 @@ from typing import Any
 FORMAT = "wmserve-cldit"
 VERSION = 1
 DECODERS = ("pixels", "latent_preview")
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class ConfigError(ValueError):
@@ -113,8 +114,12 @@ def parse_config(doc: Any) -> ModelConfig:
     _need(doc.get("version") == VERSION and not isinstance(doc.get("version"), bool),
           f"version must be {VERSION}, got {doc.get('version')!r}")
     name = doc.get("name")
-    _need(isinstance(name, str) and 0 < len(name) <= 64, "name must be a non-empty string of <= 64 chars")
-    _need(all(ord(ch) >= 0x20 and ord(ch) != 0x7f for ch in name), "name must hold no control characters")
+    _need(isinstance(name, str) and 0 < len(name.encode("utf-8", "surrogatepass")) <= 64,
+          "name must be a non-empty string of <= 64 bytes of UTF-8")
+    # the engine's rule: no C0 or C1 control, no bidirectional control
+    _need(all(ord(ch) >= 0x20 and not 0x7f <= ord(ch) <= 0x9f for ch in name), "name must hold no control characters")
+    _need(not any(ch in BIDI_CONTROLS for ch in name), "name must hold no bidirectional control characters")
+    _need(not any(0xD800 <= ord(ch) <= 0xDFFF for ch in name), "name must hold no lone surrogate (not UTF-8)")
 
     fr = _obj(doc, "frame")
     channels = _int(fr, "channels", "frame", 1, 64)
