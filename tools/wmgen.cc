@@ -93,11 +93,12 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(out, ec);
   if (ec) return fail(absl::UnavailableError("cannot create " + out));
   // an earlier run's frames and summary go first: a longer run's later
-  // frames would otherwise sit beside this run's as if they were its own
+  // frames would otherwise sit beside this run's as if they were its own.
+  // Only the regular files a run writes: a link there is the user's
   for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
     if ((name == "summary.json" || (name.starts_with("frame_") && name.ends_with(".jpg"))) &&
-        !e.is_directory(ec) && !std::filesystem::remove(e.path(), ec))
+        e.symlink_status(ec).type() == std::filesystem::file_type::regular && !std::filesystem::remove(e.path(), ec))
       return fail(absl::UnavailableError(absl::StrCat("cannot remove ", e.path().string(), ": ", ec.message())));
   }
   if (ec) return fail(absl::UnavailableError(absl::StrCat("cannot list ", out, ": ", ec.message())));
