@@ -1,7 +1,6 @@
 #include "engine/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,6 +142,22 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+namespace {
+
+// the little-endian length before the header, checked against the file's size
+absl::StatusOr<uint64_t> header_length(const std::string& source, const uint8_t* first8, uint64_t size) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
+  if (n > kMaxHeaderBytes)
+    return absl::InvalidArgumentError(absl::StrCat(source, ": header length ", n, " exceeds the 100 MiB limit"));
+  if (n > size - 8)
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": header length ", n, " runs past the end of the ", size, "-byte file (truncated?)"));
+  return n;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->source_ = path;
@@ -150,22 +165,22 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
   // waiting forever for a writer
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  f->fd_ = fd;
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8)
     return absl::InvalidArgumentError(absl::StrCat(path, ": file is ", size, " bytes, shorter than the 8-byte header length"));
-  }
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
-  f->map_ = map;
-  f->map_size_ = size;
-  if (auto st2 = f->init(static_cast<const uint8_t*>(map), size); !st2.ok()) return st2;
+  // read, never mapped: a file cut short while it loads (a copy over it) is
+  // then a short read and an error, where a mapping's missing pages would be
+  // SIGBUS
+  uint8_t len[8];
+  WM_RETURN_IF_ERROR(f->read_at(0, 8, len));
+  WM_ASSIGN_OR_RETURN(const uint64_t header_len, header_length(path, len, size));
+  std::string header(static_cast<size_t>(header_len), '\0');
+  WM_RETURN_IF_ERROR(f->read_at(8, header_len, reinterpret_cast<uint8_t*>(header.data())));
+  if (auto st2 = f->init(header, size - 8 - header_len); !st2.ok()) return st2;
   return f;
 }
 
@@ -173,23 +188,45 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(absl::st
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->source_ = std::move(source);
   f->owned_.assign(bytes.data(), bytes.size());
-  if (auto st = f->init(reinterpret_cast<const uint8_t*>(f->owned_.data()), f->owned_.size()); !st.ok()) return st;
+  const uint64_t size = f->owned_.size();
+  if (size < 8)
+    return absl::InvalidArgumentError(
+        absl::StrCat(f->source_, ": file is ", size, " bytes, shorter than the 8-byte header length"));
+  WM_ASSIGN_OR_RETURN(const uint64_t header_len,
+                      header_length(f->source_, reinterpret_cast<const uint8_t*>(f->owned_.data()), size));
+  if (auto st = f->init(absl::string_view(f->owned_).substr(8, header_len), size - 8 - header_len); !st.ok()) return st;
   return f;
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) munmap(map_, map_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
-absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
+absl::Status SafetensorsFile::read_at(uint64_t offset, uint64_t n, uint8_t* out) const {
+  if (fd_ < 0) {
+    if (offset > owned_.size() || n > owned_.size() - offset)
+      return absl::InternalError(absl::StrCat(source_, ": read past the end of the image"));
+    std::memcpy(out, owned_.data() + offset, n);
+    return absl::OkStatus();
+  }
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, 1u << 30));
+    const ssize_t got = ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      return absl::DataLossError(absl::StrCat(source_, ": read failed at byte ", offset + done, ": ", std::strerror(errno)));
+    if (got == 0)
+      return absl::DataLossError(absl::StrCat(source_, ": the file ends at byte ", offset + done, ", short of the ",
+                                              offset + n, " its header promised (cut short while loading?)"));
+    done += static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsFile::init(absl::string_view header, uint64_t data_size) {
   auto fail = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(source_, ": ", why)); };
-  if (size < 8) return fail(absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
-  if (header_len > kMaxHeaderBytes) return fail(absl::StrCat("header length ", header_len, " exceeds the 100 MiB limit"));
-  if (header_len > size - 8)
-    return fail(absl::StrCat("header length ", header_len, " runs past the end of the ", size, "-byte file (truncated?)"));
-  absl::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
+  data_begin_ = 8 + header.size();
   // the parser takes a NUL for the end of its input: what follows would go unread
   if (const size_t nul = header.find('\0'); nul != absl::string_view::npos)
     return fail(absl::StrCat("header holds a NUL byte at offset ", nul, " (damaged?)"));
@@ -199,8 +236,6 @@ absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
   nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return fail("header is not valid JSON");
   if (!j.is_object()) return fail("header is not a JSON object");
-  const uint8_t* data = base + 8 + header_len;
-  const uint64_t data_size = size - 8 - header_len;
 
   struct Range {
     uint64_t begin, end;
@@ -248,7 +283,7 @@ absl::Status SafetensorsFile::init(const uint8_t* base, size_t size) {
     if (end - begin != expect)
       return tfail(absl::StrCat("holds ", end - begin, " bytes but ", dtype_name(t.dtype), " ", shape_str(t.shape),
                                 " needs ", expect));
-    t.data = data + begin;
+    t.offset = begin;
     t.bytes = static_cast<size_t>(expect);
     ranges.push_back({begin, end, tensors_.size()});
     tensors_.push_back(std::move(t));
@@ -307,7 +342,16 @@ absl::Status SafetensorsFile::read_f32(absl::string_view name, const std::vector
                                        float* out) const {
   WM_RETURN_IF_ERROR(check_f32(name, expected_shape));
   const TensorView* t = find(name);
-  convert_to_f32(t->dtype, t->data, t->numel(), out);
+  // in pieces: a whole tensor's raw bytes would double its memory for a moment
+  const size_t width = dtype_size(t->dtype);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / static_cast<int64_t>(width));
+  std::vector<uint8_t> raw(static_cast<size_t>(std::min<int64_t>(chunk, t->numel())) * width);
+  for (int64_t i = 0; i < t->numel(); i += chunk) {
+    const int64_t n = std::min(chunk, t->numel() - i);
+    WM_RETURN_IF_ERROR(read_at(data_begin_ + t->offset + static_cast<uint64_t>(i) * width,
+                               static_cast<uint64_t>(n) * width, raw.data()));
+    convert_to_f32(t->dtype, raw.data(), n, out + i);
+  }
   return absl::OkStatus();
 }
 

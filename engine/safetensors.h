@@ -1,4 +1,4 @@
-// Safetensors reading (validated, memory-mapped) and writing.
+// Safetensors reading (validated; tensors read on demand) and writing.
 //
 // Every check a hostile or damaged file can fail returns an error naming the
 // file, the tensor and the reason: header length, JSON syntax and nesting,
@@ -30,14 +30,14 @@ struct TensorView {
   std::string name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
-  const uint8_t* data = nullptr;   // points into the mapped file
+  uint64_t offset = 0;             // of its first byte, within the data area
   size_t bytes = 0;
   int64_t numel() const;
 };
 
 class SafetensorsFile {
  public:
-  // maps and validates the whole file
+  // reads and validates the header; tensors are read by read_f32 / read_bytes
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
   // validates an in-memory image (copied); `source` names it in errors
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> parse(absl::string_view bytes, std::string source);
@@ -54,15 +54,21 @@ class SafetensorsFile {
   absl::Status check_f32(absl::string_view name, const std::vector<int64_t>& expected_shape) const;
   // copies a tensor into fp32 after checking its shape; errors name file and tensor
   absl::Status read_f32(absl::string_view name, const std::vector<int64_t>& expected_shape, float* out) const;
+  // a tensor's raw bytes (t.bytes of them); a file cut short since it was
+  // opened is a DataLossError, not a crash
+  absl::Status read_bytes(const TensorView& t, uint8_t* out) const {
+    return read_at(data_begin_ + t.offset, t.bytes, out);
+  }
 
  private:
   SafetensorsFile() = default;
-  absl::Status init(const uint8_t* base, size_t size);
+  absl::Status init(absl::string_view header, uint64_t data_size);
+  absl::Status read_at(uint64_t offset, uint64_t n, uint8_t* out) const;
 
   std::string source_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
-  std::string owned_;
+  int fd_ = -1;           // the file, or
+  std::string owned_;     // the image parse() was given
+  uint64_t data_begin_ = 0;
   std::vector<TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -22,7 +22,8 @@ std::vector<float> tensor(const SafetensorsFile& f, const std::string& name) {
   EXPECT_NE(t, nullptr) << name;
   if (t == nullptr) return {};
   std::vector<float> v(static_cast<size_t>(t->numel()));
-  convert_to_f32(t->dtype, t->data, t->numel(), v.data());
+  const absl::Status st = f.read_f32(name, t->shape, v.data());
+  EXPECT_TRUE(st.ok()) << st;
   return v;
 }
 

@@ -152,6 +152,43 @@ TEST(Safetensors, ErrorsQuoteNamesEscapedAndShort) {
   EXPECT_LT(message.size(), 400u);
 }
 
+// tensors are read from the file when asked for, in pieces: values that span
+// several pieces come back whole, and a file cut short after it was opened (a
+// copy over a model while it loads) is an error naming the file, not SIGBUS
+TEST(Safetensors, ReadsInPiecesAndSurvivesAFileCutShort) {
+  const ScratchDir scratch(::testing::TempDir() + "/cut_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch.path);
+  const std::string path = scratch.path + "/model.safetensors";
+  const int64_t n = 3'000'001;  // F32: about 2.9 pieces of 4 MiB; BF16: 1.4
+  std::vector<float> a(static_cast<size_t>(n));
+  std::vector<uint16_t> b(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    a[static_cast<size_t>(i)] = static_cast<float>(i % 1000) - 500.0f;
+    b[static_cast<size_t>(i)] = 0x3f80 + static_cast<uint16_t>(i % 64);  // 1.0, 1.0078125, ...
+  }
+  ASSERT_TRUE(write_safetensors(path, {{"a", DType::f32, {n}, a.data()}, {"b", DType::bf16, {n}, b.data()}}).ok());
+  auto f = SafetensorsFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::vector<float> out(static_cast<size_t>(n), -1.0f);
+  ASSERT_TRUE((*f)->read_f32("a", {n}, out.data()).ok());
+  EXPECT_EQ(out, a);
+  ASSERT_TRUE((*f)->read_f32("b", {n}, out.data()).ok());
+  for (int64_t i : {int64_t{0}, int64_t{63}, int64_t{2'097'151}, int64_t{2'097'152}, n - 1})
+    EXPECT_EQ(out[static_cast<size_t>(i)], 1.0f + static_cast<float>(i % 64) / 128.0f) << i;
+  // cut inside "a": both tensors now end past the file
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 4);
+  for (const char* name : {"a", "b"}) {
+    const absl::Status st = (*f)->read_f32(name, {n}, out.data());
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << name << ": " << st;
+    EXPECT_NE(std::string(st.message()).find(path + ": the file ends at byte"), std::string::npos) << st;
+    EXPECT_NE(std::string(st.message()).find("cut short while loading"), std::string::npos) << st;
+  }
+  // opened again, the shortened file is refused by its header's offsets
+  auto again = SafetensorsFile::open(path);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(std::string(again.status().message()).find("truncated?"), std::string::npos) << again.status();
+}
+
 // model files are regular files: a FIFO (no writer) or a directory is refused
 // at once instead of blocking the loader
 TEST(Safetensors, OnlyRegularFilesOpen) {

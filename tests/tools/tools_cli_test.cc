@@ -107,6 +107,20 @@ class ToolsCli : public ::testing::Test {
 
   static void TearDownTestSuite() { std::filesystem::remove_all(temp_dir()); }
 
+  // every tensor of `file` as it is to be written again, its bytes held in `bytes`
+  static std::vector<TensorToWrite> read_tensors(const SafetensorsFile& file, std::vector<std::vector<uint8_t>>* bytes) {
+    std::vector<TensorToWrite> tensors;
+    bytes->assign(file.tensors().size(), {});
+    for (size_t i = 0; i < file.tensors().size(); ++i) {
+      const TensorView& t = file.tensors()[i];
+      (*bytes)[i].resize(t.bytes);
+      const absl::Status st = file.read_bytes(t, (*bytes)[i].data());
+      EXPECT_TRUE(st.ok()) << st;
+      tensors.push_back({t.name, t.dtype, t.shape, (*bytes)[i].data()});
+    }
+    return tensors;
+  }
+
   // a copy of the dump whose metadata `edit` changed (tensors kept)
   static std::string mutated_dump(const std::string& name, const std::function<void(nlohmann::json* geometry,
                                                                                     nlohmann::json* events)>& edit) {
@@ -118,8 +132,8 @@ class ToolsCli : public ::testing::Test {
     edit(&geometry, &events);
     meta["wmquant.geometry"] = geometry.dump();
     meta["wmquant.events"] = events.dump();
-    std::vector<TensorToWrite> tensors;
-    for (const TensorView& t : (*file)->tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.data});
+    std::vector<std::vector<uint8_t>> bytes;
+    const std::vector<TensorToWrite> tensors = read_tensors(**file, &bytes);
     const std::string path = temp_dir() + "/" + name + ".safetensors";
     const absl::Status st = write_safetensors(path, tensors, meta);
     EXPECT_TRUE(st.ok()) << st;
@@ -130,18 +144,16 @@ class ToolsCli : public ::testing::Test {
   static std::string poisoned_dump(const std::string& name, const std::string& suffix, float value) {
     auto file = SafetensorsFile::open(dump_);
     EXPECT_TRUE(file.ok()) << file.status();
-    std::vector<TensorToWrite> tensors;
-    std::vector<float> poisoned;
-    for (const TensorView& t : (*file)->tensors()) {
-      tensors.push_back({t.name, t.dtype, t.shape, t.data});
-      if (!poisoned.empty() || !t.name.ends_with(suffix)) continue;
-      EXPECT_EQ(t.dtype, DType::f32);
-      poisoned.resize(static_cast<size_t>(t.numel()));
-      std::memcpy(poisoned.data(), t.data, poisoned.size() * sizeof(float));
-      poisoned[0] = value;
-      tensors.back().data = poisoned.data();
+    std::vector<std::vector<uint8_t>> bytes;
+    const std::vector<TensorToWrite> tensors = read_tensors(**file, &bytes);
+    bool poisoned = false;
+    for (size_t i = 0; i < tensors.size() && !poisoned; ++i) {
+      if (!tensors[i].name.ends_with(suffix)) continue;
+      EXPECT_EQ(tensors[i].dtype, DType::f32);
+      std::memcpy(bytes[i].data(), &value, sizeof(float));
+      poisoned = true;
     }
-    EXPECT_FALSE(poisoned.empty()) << "no tensor " << suffix;
+    EXPECT_TRUE(poisoned) << "no tensor " << suffix;
     const std::string path = temp_dir() + "/" + name + ".safetensors";
     const absl::Status st = write_safetensors(path, tensors, (*file)->metadata());
     EXPECT_TRUE(st.ok()) << st;
