@@ -4,10 +4,14 @@ import contextlib
 import io
 import json
 import os
+import pickle
+import pickletools
 import shutil
 import sys
 import tempfile
 import unittest
+import zipfile
+from unittest import mock
 
 import numpy as np
 import torch
@@ -21,9 +25,31 @@ from wmtrain.safetensors import load_file, load_metadata  # noqa: E402
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.json")
 
 
+# the opcodes torch 1.13's weights-only reader takes (floats, for one, it refuses)
+WEIGHTS_ONLY_OPS = {"APPEND", "APPENDS", "BINGET", "BININT", "BININT1", "BININT2", "BINPERSID", "BINPUT", "BINUNICODE",
+                    "BUILD", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_SET", "EMPTY_TUPLE", "GLOBAL", "LONG1", "LONG_BINGET",
+                    "LONG_BINPUT", "MARK", "NEWFALSE", "NEWTRUE", "NEWOBJ", "NONE", "PROTO", "REDUCE", "SETITEM",
+                    "SETITEMS", "SHORT_BINSTRING", "STOP", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"}
+
+
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def _pickle_of(path):
+    with zipfile.ZipFile(path) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+
+
+class _WritesMarker:
+    """an object whose unpickling runs code: it creates the file `path`."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
 
 
 class TrainSmoke(unittest.TestCase):
@@ -111,10 +137,10 @@ class TrainSmoke(unittest.TestCase):
         torch.save([1, 2], os.path.join(bad, "list.pt"))
         ck = export_mod.load_checkpoint(good)
         ck["ema"] = dict(ck["ema"], **{"head.bias": torch.zeros(3)})
-        torch.save(ck, os.path.join(bad, "shape.pt"))
+        export_mod.write_checkpoint(os.path.join(bad, "shape.pt"), ck)
         ck = export_mod.load_checkpoint(good)
         ck["config"] = dict(ck["config"], dim=-1)
-        torch.save(ck, os.path.join(bad, "config.pt"))
+        export_mod.write_checkpoint(os.path.join(bad, "config.pt"), ck)
         expect = {"missing.pt": "cannot read it", "garbage.pt": "damaged", "cut.pt": "damaged", "short.pt": "damaged",
                   "foreign.pt": "not a wmtrain checkpoint", "list.pt": "not a wmtrain checkpoint",
                   "shape.pt": "head.bias", "config.pt": "its config"}
@@ -158,14 +184,112 @@ class TrainSmoke(unittest.TestCase):
         ck = export_mod.load_checkpoint(os.path.join(self.out, "ckpt.pt"))
         ck["config"] = dict(ck["config"], name="another")
         other = os.path.join(out, "other.pt")
-        torch.save(ck, other)
+        export_mod.write_checkpoint(other, ck)
         self._fails(train.main, base + ["--resume", other], "--resume", "another config")
         ck = export_mod.load_checkpoint(os.path.join(self.out, "ckpt.pt"))
         ck["sampler"] = {"bit_generator": "nothing"}
         odd = os.path.join(out, "odd.pt")
-        torch.save(ck, odd)
+        export_mod.write_checkpoint(odd, ck)
         self._fails(train.main, base + ["--resume", odd], "--resume", "cannot resume")
         self.assertFalse(os.path.exists(os.path.join(out, "ckpt.pt")))
+
+    def test_checkpoint_holds_tensors_and_plain_data_only(self):
+        good = os.path.join(self.out, "ckpt.pt")
+        doc = torch.load(good, map_location="cpu", weights_only=True)
+        self.assertEqual((doc["format"], doc["version"]), ("wmtrain-checkpoint", 2))
+        self.assertEqual(json.loads(doc["meta"])["step"], 4)
+        self.assertTrue(all(torch.is_tensor(v) for st in doc["opt_state"].values() for v in st.values()))
+        ops = [(op.name, arg) for op, arg, _ in pickletools.genops(_pickle_of(good))]
+        self.assertLessEqual({name for name, _ in ops}, WEIGHTS_ONLY_OPS)
+        for name, arg in ops:
+            if name == "GLOBAL":
+                self.assertTrue(arg in ("torch._utils _rebuild_tensor_v2", "collections OrderedDict") or
+                                (arg.startswith("torch ") and arg.endswith("Storage")), arg)
+        ck = export_mod.load_checkpoint(good)
+        self.assertEqual(ck["opt"]["param_groups"][0]["betas"], (0.9, 0.99))
+        self.assertEqual(ck["step"], 4)
+        self.assertIsInstance(ck["elapsed"], float)
+
+    def test_resume_continues_identically(self):
+        """3 steps and a resume to 6 end where 6 steps in one run end (the warmup keeps the lr off --steps)."""
+        def run(out, *extra):
+            argv = ["--config", CONFIG, "--data", os.path.join(self.out, "data"), "--out", out, "--batch", "2",
+                    "--clip-frames", "8", "--warmup", "10", "--holdout", "2", "--eval-clips", "0", "--threads", "1",
+                    "--seed", "3", "--gap-prob", "0.5"]
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(train.main(argv + list(extra)), 0)
+            return export_mod.load_checkpoint(os.path.join(out, "ckpt.pt"))
+
+        whole = run(os.path.join(self.out, "whole"), "--steps", "6")
+        part = os.path.join(self.out, "part")
+        self.assertEqual(run(part, "--steps", "3")["step"], 3)
+        resumed = run(part, "--steps", "6", "--resume", os.path.join(part, "ckpt.pt"))
+        self.assertEqual(resumed["step"], 6)
+        for name in ("model", "ema"):
+            self.assertEqual(set(whole[name]), set(resumed[name]))
+            for k, v in whole[name].items():
+                self.assertTrue(torch.equal(v, resumed[name][k]), f"{name} {k}")
+        self.assertEqual(set(whole["opt"]["state"]), set(resumed["opt"]["state"]))
+        for i, st in whole["opt"]["state"].items():
+            for k, v in st.items():
+                self.assertTrue(torch.equal(v, resumed["opt"]["state"][i][k]), f"opt {i} {k}")
+        self.assertEqual(whole["opt"]["param_groups"], resumed["opt"]["param_groups"])
+        self.assertEqual(whole["sampler"], resumed["sampler"])
+        self.assertTrue(torch.equal(whole["gen"], resumed["gen"]))
+
+    def test_older_format_is_refused_unread(self):
+        good = os.path.join(self.out, "ckpt.pt")
+        old = os.path.join(self.out, "old.pt")
+        torch.save(export_mod.load_checkpoint(good), old)  # the former layout: this dict pickled whole
+        with self.assertRaises(export_mod.CheckpointError) as cm:
+            export_mod.load_checkpoint(old)
+        self.assertIn(old, str(cm.exception))
+        self.assertIn("older wmtrain format", str(cm.exception))
+        self._fails(export_mod.main, ["--ckpt", old, "--out", os.path.join(self.out, "old_model")], old, "older")
+
+    def test_refuses_code_in_a_checkpoint_without_running_it(self):
+        good = os.path.join(self.out, "ckpt.pt")
+        d = tempfile.mkdtemp(dir=self.out)
+        control = os.path.join(d, "control")
+        pickle.loads(pickle.dumps(_WritesMarker(control))).close()
+        self.assertTrue(os.path.exists(control))  # unpickled, the object does run code
+        marker = os.path.join(d, "ran")
+        doc = torch.load(good, map_location="cpu", weights_only=True)
+        paths = [os.path.join(d, n) for n in ("top.pt", "meta.pt", "proto4.pt", "old.pt", "torchscript.pt")]
+        torch.save(_WritesMarker(marker), paths[0])
+        torch.save(dict(doc, meta=_WritesMarker(marker)), paths[1])
+        torch.save(dict(doc, meta=_WritesMarker(marker)), paths[2], pickle_protocol=4)
+        torch.save(dict(export_mod.load_checkpoint(good), args=_WritesMarker(marker)), paths[3])
+        with zipfile.ZipFile(good) as src, zipfile.ZipFile(paths[4], "w") as dst:
+            for info in src.infolist():
+                dst.writestr(info, src.read(info))
+            dst.writestr(src.namelist()[0].split("/")[0] + "/constants.pkl", pickle.dumps(_WritesMarker(marker)))
+        for p in paths:
+            with self.assertRaises(export_mod.CheckpointError, msg=p) as cm:
+                export_mod.load_checkpoint(p)
+            self.assertIn(p, str(cm.exception))
+            self.assertNotIn("\n", str(cm.exception))
+            self._fails(export_mod.main, ["--ckpt", p, "--out", os.path.join(d, "model")], "--ckpt", p)
+        self.assertIn("TorchScript", str(cm.exception))
+        base = ["--config", CONFIG, "--data", os.path.join(self.out, "data"), "--out", os.path.join(d, "out"),
+                "--batch", "2", "--clip-frames", "8", "--threads", "1", "--steps", "1", "--eval-clips", "0"]
+        self._fails(train.main, base + ["--resume", paths[1]], "--resume", paths[1])
+        # torch's weights-only reader refuses them too, without the scan before it
+        with mock.patch.object(export_mod, "_scan_pickle", return_value=(set(), set())):
+            for p in paths[:4]:
+                with self.assertRaises(export_mod.CheckpointError, msg=p):
+                    export_mod.load_checkpoint(p)
+        self.assertFalse(os.path.exists(marker))
+        self.assertFalse(os.path.exists(os.path.join(d, "model", "model.safetensors")))
+
+    def test_refuses_to_load_with_a_torch_without_weights_only(self):
+        def load(f, map_location=None, pickle_module=None, **pickle_load_args):
+            raise AssertionError("an unrestricted torch.load was called")
+
+        with mock.patch.object(torch, "load", load):
+            with self.assertRaises(export_mod.CheckpointError) as cm:
+                export_mod.load_checkpoint(os.path.join(self.out, "ckpt.pt"))
+        self.assertIn("weights_only", str(cm.exception))
 
 
 class NoiseScheme(unittest.TestCase):

@@ -21,7 +21,7 @@ import torch
 
 from .config import ConfigError, load_config, parse_config, replace_sampling
 from .data import ClipSampler, DataError, EpisodeData, make_synthetic
-from .export import CheckpointError, export_info, export_model, load_checkpoint
+from .export import CheckpointError, export_info, export_model, load_checkpoint, write_checkpoint
 from .model import CLDiT, action_input, clip_mask, param_count, patchify
 from .sample import evaluate
 
@@ -216,13 +216,12 @@ def make_optimizer(model: torch.nn.Module, args) -> torch.optim.Optimizer:
 
 def save_checkpoint(path: str, model, ema: EMA, opt, step: int, elapsed: float, sampler: ClipSampler,
                     gen: torch.Generator, cfg, args) -> None:
+    """everything a --resume restores, in the layout of export.write_checkpoint (tensors and plain data only)."""
     ck = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
           "ema": {k: v.cpu() for k, v in ema.shadow.items()},
           "opt": opt.state_dict(), "step": step, "elapsed": elapsed, "sampler": sampler.state(),
           "gen": gen.get_state(), "config": cfg.raw, "args": vars(args)}
-    tmp = path + ".tmp"
-    torch.save(ck, tmp)
-    os.replace(tmp, path)
+    write_checkpoint(path, ck)
 
 
 def eval_clips(data: EpisodeData, n_clips: int, length: int, seed: int) -> tuple:
