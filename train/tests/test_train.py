@@ -135,6 +135,11 @@ class TrainSmoke(unittest.TestCase):
                 f.write(data)
         torch.save({"x": 1}, os.path.join(bad, "foreign.pt"))
         torch.save([1, 2], os.path.join(bad, "list.pt"))
+        # the same records deflated: a compressed record could inflate far past the file's size
+        with zipfile.ZipFile(good) as src, zipfile.ZipFile(os.path.join(bad, "deflated.pt"), "w",
+                                                           zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                dst.writestr(info.filename, src.read(info))
         ck = export_mod.load_checkpoint(good)
         ck["ema"] = dict(ck["ema"], **{"head.bias": torch.zeros(3)})
         export_mod.write_checkpoint(os.path.join(bad, "shape.pt"), ck)
@@ -143,7 +148,7 @@ class TrainSmoke(unittest.TestCase):
         export_mod.write_checkpoint(os.path.join(bad, "config.pt"), ck)
         expect = {"missing.pt": "cannot read it", "garbage.pt": "damaged", "cut.pt": "damaged", "short.pt": "damaged",
                   "foreign.pt": "not a wmtrain checkpoint", "list.pt": "not a wmtrain checkpoint",
-                  "shape.pt": "head.bias", "config.pt": "its config"}
+                  "shape.pt": "head.bias", "config.pt": "its config", "deflated.pt": "compressed record"}
         for name, word in expect.items():
             path = os.path.join(bad, name)
             self._fails(export_mod.main, ["--ckpt", path, "--out", os.path.join(bad, "model")], path, word)

@@ -181,6 +181,11 @@ def _scan_pickle(path: str) -> tuple:
             records = [i.filename.partition("/")[2] for i in infos]  # names below the archive's folder
             if any(r == "constants.pkl" or r.startswith("code/") for r in records):
                 raise CheckpointError(f"{path}: a TorchScript archive, not a checkpoint")
+            # torch writes every record stored: a compressed one could inflate far past the file's own size
+            packed = [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
+            if packed:
+                raise CheckpointError(f"{path}: not a checkpoint (compressed record {packed[0][:100]!r}; torch stores "
+                                      "its records uncompressed)")
             pkl = [i for i, r in zip(infos, records) if r == "data.pkl"]
             if len(pkl) != 1:
                 raise CheckpointError(f"{path}: damaged, or not a checkpoint (no data.pkl in the archive)")
