@@ -144,8 +144,12 @@ int64_t TensorView::numel() const {
 
 namespace {
 
-// the little-endian length before the header, checked against the file's size
+// the little-endian length before the header, checked against the file's
+// size (first8: the file's first min(size, 8) bytes)
 absl::StatusOr<uint64_t> header_length(const std::string& source, const uint8_t* first8, uint64_t size) {
+  if (size < 8)
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": file is ", size, " bytes, shorter than the 8-byte header length"));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
   if (n > kMaxHeaderBytes)
@@ -170,13 +174,11 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": file is ", size, " bytes, shorter than the 8-byte header length"));
   // read, never mapped: a file cut short while it loads (a copy over it) is
   // then a short read and an error, where a mapping's missing pages would be
   // SIGBUS
-  uint8_t len[8];
-  WM_RETURN_IF_ERROR(f->read_at(0, 8, len));
+  uint8_t len[8] = {};
+  WM_RETURN_IF_ERROR(f->read_at(0, std::min<uint64_t>(size, 8), len));
   WM_ASSIGN_OR_RETURN(const uint64_t header_len, header_length(path, len, size));
   std::string header(static_cast<size_t>(header_len), '\0');
   WM_RETURN_IF_ERROR(f->read_at(8, header_len, reinterpret_cast<uint8_t*>(header.data())));
@@ -189,9 +191,6 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::parse(absl::st
   f->source_ = std::move(source);
   f->owned_.assign(bytes.data(), bytes.size());
   const uint64_t size = f->owned_.size();
-  if (size < 8)
-    return absl::InvalidArgumentError(
-        absl::StrCat(f->source_, ": file is ", size, " bytes, shorter than the 8-byte header length"));
   WM_ASSIGN_OR_RETURN(const uint64_t header_len,
                       header_length(f->source_, reinterpret_cast<const uint8_t*>(f->owned_.data()), size));
   if (auto st = f->init(absl::string_view(f->owned_).substr(8, header_len), size - 8 - header_len); !st.ok()) return st;
