@@ -12,7 +12,10 @@ namespace wm::server {
 namespace v1 = ::wmserve::v1;
 
 absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedModel& model,
-                                        const ProtocolLimits& limits) {
+                                        const ProtocolLimits& limits, int* prompts_decoded) {
+  int decoded_scratch = 0;
+  int& decoded = prompts_decoded != nullptr ? *prompts_decoded : decoded_scratch;
+  decoded = 0;
   StartParams p;
   if (!start.model().empty() && start.model() != model.config.name)
     return absl::NotFoundError(absl::StrCat("unknown model '", client_text(start.model()), "'; this server serves '",
@@ -59,6 +62,7 @@ absl::StatusOr<StartParams> parse_start(const v1::Start& start, const ServedMode
                                                      limits.max_prompt_frames, " are accepted"));
     for (int i = 0; i < start.prompt_jpeg_size(); ++i) {
       const std::string& bytes = start.prompt_jpeg(i);
+      ++decoded;
       // refuse anything larger than the model's frame before decoding it
       auto img = jpeg_decode(bytes.data(), bytes.size(), int64_t{c.width} * c.height);
       if (!img.ok())

@@ -42,9 +42,11 @@ struct StartParams {
 
 // NOT_FOUND: unknown model or cache format; INVALID_ARGUMENT: bad pacing,
 // fps, quality or prompt. A resume token is not looked at: a resuming Start
-// never gets here (the service re-attaches the parked session instead)
+// never gets here (the service re-attaches the parked session instead).
+// `prompts_decoded` (if given) is how many prompt JPEGs were decoded, or
+// tried, whether the Start parsed or not: the work a refused Start cost.
 absl::StatusOr<StartParams> parse_start(const wmserve::v1::Start& start, const ServedModel& model,
-                                        const ProtocolLimits& limits);
+                                        const ProtocolLimits& limits, int* prompts_decoded = nullptr);
 
 // INVALID_ARGUMENT when the action is not in the model's action space
 // (unknown key bits, a mouse value not finite or beyond the limit, a mouse

@@ -40,6 +40,14 @@ absl::Status parse(grpc::ByteBuffer* bytes, M* out) {
 // a unary request's bytes parsed as M; on failure the call is finished with the reason and false returned
 template <class M>
 bool parse_unary(const grpc::ByteBuffer* request, M* out, grpc::ServerUnaryReactor* reactor) {
+  // a call that half-closed without a message has no buffer (an empty
+  // message is a valid one of 0 bytes)
+  if (request == nullptr || !request->Valid()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("the call ended without a request message: send one ",
+                                              M::descriptor()->full_name(), " (it may be empty)")));
+    return false;
+  }
   grpc::ByteBuffer bytes(*request);
   const absl::Status s = parse(&bytes, out);
   if (!s.ok()) reactor->Finish(to_grpc(s));
@@ -270,8 +278,12 @@ class PlayReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
         return false;
       }
     }
-    auto params = parse_start(start, service_->model(), service_->config().limits);
+    int prompts_decoded = 0;
+    auto params = parse_start(start, service_->model(), service_->config().limits, &prompts_decoded);
     if (!params.ok()) {
+      // its JPEGs were decoded all the same: they count against the ration,
+      // or a client could have the server decode prompts without end
+      service_->charge_prompt_frames(identity_, prompts_decoded, now);
       absl::string_view reason = "invalid_start";
       if (absl::IsNotFound(params.status()))
         reason = (!start.model().empty() && start.model() != service_->model().config.name) ? "unknown_model"
@@ -534,6 +546,11 @@ void PlayService::close_parked(const std::vector<SessionManager::Key>& keys, con
 absl::Status PlayService::check_prompt_frames(const std::string& client, int prompt_frames, TimePoint now) {
   std::lock_guard<std::mutex> lk(mu_);
   return manager_.check_prompt_frames(client, prompt_frames, now);
+}
+
+void PlayService::charge_prompt_frames(const std::string& client, int prompt_frames, TimePoint now) {
+  std::lock_guard<std::mutex> lk(mu_);
+  manager_.charge_prompt_frames(client, prompt_frames, now);
 }
 
 void PlayService::release(SessionManager::Key key) {

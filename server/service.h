@@ -133,6 +133,8 @@ class PlayService final : public RawWorldModelService {
                                             TimePoint now, std::string* token);
   // SessionManager::check_prompt_frames under the service's lock
   absl::Status check_prompt_frames(const std::string& client, int prompt_frames, TimePoint now);
+  // SessionManager::charge_prompt_frames under the service's lock
+  void charge_prompt_frames(const std::string& client, int prompt_frames, TimePoint now);
   void release(SessionManager::Key key);
   void touch(SessionManager::Key key, TimePoint now);
   std::string new_session_id();

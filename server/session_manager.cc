@@ -46,6 +46,10 @@ double SessionManager::prompt_frames_left(absl::string_view client, TimePoint no
   return prompt_frames_.left(client, now);
 }
 
+void SessionManager::charge_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now) {
+  prompt_frames_.take(client, prompt_frames, now);
+}
+
 absl::Status SessionManager::check_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now) const {
   if (config_.client_prompt_rate <= 0 || prompt_frames <= 0) return absl::OkStatus();
   const double left = prompt_frames_left(client, now);
@@ -54,7 +58,7 @@ absl::Status SessionManager::check_prompt_frames(absl::string_view client, int p
   return absl::ResourceExhaustedError(absl::StrFormat(
       "client %s: Starts and their prompt frames come faster than %s a second (--client_prompt_rate): this Start "
       "costs %d (its prompt frames, at least one), %d are left; retry in %.1f s",
-      client, exact_text(config_.client_prompt_rate), prompt_frames, static_cast<int>(left),
+      client, exact_text(config_.client_prompt_rate), prompt_frames, std::max(0, static_cast<int>(left)),
       std::max(0.1, std::ceil(wait_s * 10) / 10)));
 }
 

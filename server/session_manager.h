@@ -112,6 +112,9 @@ class SessionManager {
   absl::Status check_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now) const;
   // the prompt frames a client may send now (client_prompt_burst when the rate is off)
   double prompt_frames_left(absl::string_view client, TimePoint now) const;
+  // charges `prompt_frames` to the client's Start ration without admitting
+  // anything: a Start refused after its prompt JPEGs were decoded
+  void charge_prompt_frames(absl::string_view client, int prompt_frames, TimePoint now);
   // clients whose bucket is not full (the others are not stored)
   int prompt_buckets() const { return static_cast<int>(prompt_frames_.stored()); }
   const SessionManagerConfig& config() const { return config_; }

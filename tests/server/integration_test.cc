@@ -231,6 +231,40 @@ grpc::Status raw_unary_status(const ServerProcess& s, const std::string& method,
   return st;
 }
 
+// a call on `method` as a stream of `requests` (none: it half-closes at
+// once), the first response read and the status returned
+grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method,
+                               const std::vector<std::string>& requests) {
+  auto ch = channel(s);
+  grpc::GenericStub generic(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, method, &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto wait = [&] { EXPECT_TRUE(cq.Next(&tag, &ok)); };
+  call->StartCall(reinterpret_cast<void*>(1));
+  wait();
+  for (const std::string& r : requests) {
+    grpc::Slice slice(r);
+    call->Write(grpc::ByteBuffer(&slice, 1), reinterpret_cast<void*>(2));
+    wait();
+  }
+  call->WritesDone(reinterpret_cast<void*>(3));
+  wait();
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(4));
+  wait();
+  grpc::Status st;
+  call->Finish(&st, reinterpret_cast<void*>(5));
+  wait();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return st;
+}
+
 v1::PlayRequest start_req(std::function<void(v1::Start*)> edit = nullptr) {
   v1::PlayRequest r;
   r.mutable_start()->set_seed(1);
@@ -590,6 +624,17 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
       EXPECT_TRUE(absl::StrContains(u.error_message(), "does not parse")) << u.error_message();
     }
     EXPECT_TRUE(raw_unary_status(*server, "/wmserve.v1.WorldModel/GetServerInfo", "").ok());
+    // a unary call with no request message at all is told so (an empty
+    // message, 0 bytes, is a valid request)
+    for (const char* method : {"/wmserve.v1.WorldModel/ListModels", "/wmserve.v1.WorldModel/GetServerInfo"}) {
+      SCOPED_TRACE(method);
+      const grpc::Status none = raw_stream_status(*server, method, {});
+      EXPECT_EQ(none.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << none.error_message();
+      EXPECT_TRUE(absl::StrContains(none.error_message(), "the call ended without a request message"))
+          << none.error_message();
+      const grpc::Status empty = raw_stream_status(*server, method, {""});
+      EXPECT_TRUE(empty.ok()) << empty.error_message();
+    }
     // a compressed request is refused, not inflated (a small gzip could hold a GB)
     std::string padded("\x7a\x80\x08", 3);  // an unknown field 15 of 1024 bytes
     padded.append(1024, '\0');
@@ -876,6 +921,34 @@ TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
   while (a.read(&r)) {
   }
   EXPECT_TRUE(a.finish().ok());
+}
+
+// a Start refused for its prompt still had its JPEGs decoded: it costs the
+// ones decoded (up to and with the bad one), so bad prompts cannot make the
+// server decode without end; a Start refused before decoding costs nothing
+TEST(ServerIntegration, AStartRefusedForItsPromptCostsTheFramesDecoded) {
+  auto server = ServerProcess::start(
+      tiny_model(), {"--client_prompt_rate=0.01", "--client_prompt_burst=5", "--max_prompt_frames=3"});
+  ASSERT_NE(server, nullptr);
+  auto ch = channel(*server);
+  std::vector<uint8_t> px(32 * 32 * 3, 100);
+  const std::string jpeg = *jpeg_encode(px.data(), 32, 32, 90);
+  const std::string cut = jpeg.substr(0, jpeg.size() / 2);
+  auto start = [&](std::vector<std::string> prompt, const std::string& model = "") {
+    v1::Start s;
+    s.set_model(model);
+    for (const auto& p : prompt) s.add_prompt_jpeg(p);
+    client::PlayStream st(ch);
+    return st.start(s).error_code();
+  };
+  EXPECT_EQ(start({jpeg, jpeg, cut}), grpc::StatusCode::INVALID_ARGUMENT);  // 3 decoded: 2 left
+  EXPECT_EQ(start({jpeg, jpeg}, "no-such-model"), grpc::StatusCode::NOT_FOUND);  // none decoded
+  EXPECT_EQ(start({cut, jpeg}), grpc::StatusCode::INVALID_ARGUMENT);  // 1 decoded: 1 left
+  EXPECT_EQ(start({jpeg}), grpc::StatusCode::OK);                     // 0 left
+  EXPECT_EQ(start({jpeg}), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const auto m = scrape(*server);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"prompt_rate\"}"), 1);
+  EXPECT_EQ(m.at("wm_sessions_rejected_total{reason=\"invalid_start\"}"), 2);
 }
 
 // a test CA, a certificate for 127.0.0.1 and localhost signed by it, a

@@ -186,10 +186,22 @@ TEST(PlayProtocol, PromptsFromTheClientOrTheModel) {
   v1::Start s;
   s.add_prompt_jpeg(jpeg(16, 8, 50));
   s.add_prompt_jpeg(jpeg(16, 8, 200));
-  auto p = parse_start(s, m, {});
+  int decoded = -1;
+  auto p = parse_start(s, m, {}, &decoded);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->prompt.size(), 2u);
   EXPECT_NEAR(p->prompt[1].pixels[0], 200, 3);
+  EXPECT_EQ(decoded, 2);
+  // a refused Start says how many JPEGs it decoded: up to the bad one, or
+  // none when it was refused before them
+  v1::Start bad = s;
+  bad.add_prompt_jpeg("not a jpeg");
+  bad.add_prompt_jpeg(jpeg(16, 8, 50));
+  EXPECT_FALSE(parse_start(bad, m, {}, &decoded).ok());
+  EXPECT_EQ(decoded, 3);
+  bad.set_model("another");
+  EXPECT_EQ(parse_start(bad, m, {}, &decoded).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(decoded, 0);
   // none sent: the model's prompt number seed % count
   for (uint8_t v : {10, 20, 30}) {
     Rgb8Image img{16, 8, std::vector<uint8_t>(16 * 8 * 3, v)};
