@@ -144,6 +144,22 @@ struct SessionLog::State {
   }
 };
 
+namespace {
+
+// the log opened for appending without waiting: a FIFO with no reader is
+// refused (ENXIO) rather than blocking the caller, which is the main thread
+// with SIGTERM held; the fd stays non-blocking (write_line polls)
+int open_for_append(const std::string& path) {
+  return ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+}
+
+std::string open_error(int err) {
+  if (err == ENXIO) return "a FIFO that nobody reads (start its reader first)";
+  return std::strerror(err);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SessionLog>> SessionLog::open(const std::string& where, size_t max_queued) {
   if (where.empty()) return absl::InvalidArgumentError("--session_log: an empty path");
   auto state = std::make_shared<State>();
@@ -151,10 +167,10 @@ absl::StatusOr<std::unique_ptr<SessionLog>> SessionLog::open(const std::string& 
   if (where == "-") {
     state->fd = STDOUT_FILENO;
   } else {
-    state->fd = ::open(where.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    state->fd = open_for_append(where);
     if (state->fd < 0)
       return absl::InvalidArgumentError(absl::StrCat("--session_log ", where, ": cannot open for appending: ",
-                                                     std::strerror(errno)));
+                                                     open_error(errno)));
     struct stat st;
     if (::fstat(state->fd, &st) != 0 || S_ISDIR(st.st_mode)) {
       ::close(state->fd);
@@ -191,10 +207,10 @@ SessionLog::~SessionLog() {
 
 absl::Status SessionLog::reopen() {
   if (state_->path.empty()) return absl::OkStatus();
-  const int fd = ::open(state_->path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = open_for_append(state_->path);
   if (fd < 0)
     return absl::UnavailableError(absl::StrCat("--session_log ", state_->path, ": cannot open for appending: ",
-                                               std::strerror(errno), "; still writing the file it had open"));
+                                               open_error(errno), "; still writing the file it had open"));
   {
     std::lock_guard<std::mutex> lk(state_->mu);
     if (state_->next_fd >= 0) ::close(state_->next_fd);

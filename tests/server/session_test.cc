@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "common/image_io.h"
 #include "server/session_log.h"
 
@@ -356,6 +357,29 @@ TEST(SessionLog, AWriterThatCannotKeepUpDropsLinesAndNeverBlocksTheCaller) {
   }
   EXPECT_EQ(parks + dropped, kLines);
   EXPECT_EQ(reported, dropped);
+}
+
+// a FIFO with no reader is refused at once, at start-up and at a reopen
+// (SIGHUP): opening it would wait for a reader, on the main thread
+TEST(SessionLog, AFifoWithNoReaderIsRefusedNotWaitedFor) {
+  const std::string fifo = ::testing::TempDir() + "/session_log_noreader_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto none = SessionLog::open(fifo);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "a FIFO that nobody reads")) << none.status();
+  // with a reader it opens; once the reader is gone a reopen is refused and
+  // the log keeps what it had
+  int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  auto log = SessionLog::open(fifo);
+  ASSERT_TRUE(log.ok()) << log.status();
+  ::close(reader);
+  const absl::Status again = (*log)->reopen();
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(again.message(), "a FIFO that nobody reads")) << again;
+  log->reset();
+  ::unlink(fifo.c_str());
 }
 
 }  // namespace
