@@ -20,8 +20,16 @@ namespace v1 = ::wmserve::v1;
 
 absl::Status check_server_address(const std::string& target) {
   if (target.empty()) return absl::InvalidArgumentError("--server is empty (host:port)");
+  // a bracketed IPv6 address with no port: gRPC would dial port 0
+  if (target.front() == '[' && target.back() == ']')
+    return absl::InvalidArgumentError(
+        absl::StrCat("--server '", target.substr(0, 128), "': give a port after the address: ", target, ":50051"));
   const size_t colon = target.rfind(':');
   if (colon == std::string::npos) return absl::OkStatus();
+  // nothing after the last colon: gRPC would dial port 443
+  if (colon + 1 == target.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--server '", target.substr(0, 128), "': no port after the colon (host:port)"));
   // an IPv6 address without brackets: gRPC takes all of it (`fe80::1:50051`
   // too) for the address and connects to its default port, 443. What comes
   // before the last colon is such an address when it holds a colon and

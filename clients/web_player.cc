@@ -30,7 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/play_client.h"
 #include "clients/web_player_page.h"
-#include "common/http_stop.h"
+#include "common/http_server.h"
 
 namespace wm::client {
 
@@ -403,10 +403,9 @@ class WebPlayer {
   std::mt19937_64 rng_{std::random_device{}()};
 };
 
-// --web's HOST:PORT, checked before civetweb reads it: civetweb takes an
-// IPv4 address's four numbers unchecked and shifts them into place, so
-// 256.0.0.0 bound every interface and 127.0.0.257 bound 127.0.1.1 while the
-// typed address was printed; a bare port bound every interface too
+// --web's HOST:PORT, checked before civetweb reads it (check_http_host: an
+// IPv4 address's numbers went unchecked); a bare port bound every
+// interface
 absl::Status check_listen_address(const std::string& listen) {
   const absl::Status usage = absl::InvalidArgumentError(absl::StrCat(
       "--web must be HOST:PORT (HOST an IPv4 address, [an IPv6 address] or a host name; PORT 0..65535, 0: any "
@@ -428,21 +427,9 @@ absl::Status check_listen_address(const std::string& listen) {
           "--web ", listen, ": this wmplay's HTTP server (civetweb) has no IPv6; give an IPv4 address or a host name"));
     return absl::OkStatus();
   }
-  // a host that starts with a digit is an IPv4 address, strictly: four
-  // decimal numbers 0..255 (civetweb refuses host names that start so anyway)
-  if (!host.empty() && absl::ascii_isdigit(static_cast<unsigned char>(host[0]))) {
-    in_addr v4;
-    if (inet_pton(AF_INET, host.c_str(), &v4) != 1)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--web ", listen, ": ", host, " is not an IPv4 address (four decimal numbers 0..255, no leading zeros)"));
-    return absl::OkStatus();
-  }
-  // a host name, which civetweb resolves
-  const auto name_char = [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
-  };
-  if (host.empty() || !std::all_of(host.begin(), host.end(), name_char)) return usage;
-  return absl::OkStatus();
+  // an IPv4 address (strictly) or a host name, which civetweb resolves
+  if (host.empty()) return usage;
+  return check_http_host(host, absl::StrCat("--web ", listen, ":"));
 }
 
 class Handler final : public CivetHandler {

@@ -105,6 +105,15 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_window) < 1) return fail("--window must be at least 1");
   if (!wm::client::timeout_in_range(absl::GetFlag(FLAGS_timeout_s)))
     return fail("--timeout_s must be in (0, 604800]");
+  // bounded before anything is read: no wmserve takes more than 256 prompt
+  // frames (its --max_prompt_frames, 16 by default), and the whole Start is
+  // held in memory (a server takes 4 MiB by default, --max_request_bytes)
+  constexpr size_t kMaxPrompts = 256;
+  constexpr size_t kMaxPromptBytes = size_t{64} << 20;
+  const std::vector<std::string> prompts = absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',', absl::SkipEmpty());
+  if (prompts.size() > kMaxPrompts)
+    return fail(absl::StrCat("--prompt must name at most ", kMaxPrompts, " files (a server takes at most that many "
+                             "prompt frames, 16 by default), not ", prompts.size()));
 
   // --timeout_s bounds the whole run: the first call and the session share it
   const auto run_deadline =
@@ -157,9 +166,14 @@ int main(int argc, char** argv) {
     pc.start.set_pacing(v1::PACING_PER_ACTION);
     pc.window = absl::GetFlag(FLAGS_window);
   }
-  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',', absl::SkipEmpty())) {
-    auto bytes = wm::read_file(std::string(p), 64 << 20);
-    if (!bytes.ok()) return fail(std::string(bytes.status().message()));
+  size_t prompt_bytes = 0;
+  for (const std::string& p : prompts) {
+    auto bytes = wm::read_file(p, kMaxPromptBytes - prompt_bytes);
+    if (!bytes.ok())
+      return fail(prompt_bytes == 0 ? std::string(bytes.status().message())
+                                    : absl::StrCat(bytes.status().message(), " (the --prompt files together may be ",
+                                                   kMaxPromptBytes >> 20, " MiB at most)"));
+    prompt_bytes += bytes->size();
     pc.start.add_prompt_jpeg(*bytes);
   }
   pc.actions = std::move(*actions);

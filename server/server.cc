@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/http_stop.h"
+#include "common/http_server.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -198,6 +198,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
           absl::StrCat("cannot serve metrics on ", maddr,
                        ": the metrics endpoint listens on IPv4 only; give --metrics_host an IPv4 address "
                        "(e.g. 127.0.0.1) or --metrics_port -1"));
+    }
+    // civetweb would bind another address than a bad one typed (256.0.0.0:
+    // every interface)
+    if (absl::Status st = check_http_host(options.metrics_host, "--metrics_host"); !st.ok()) {
+      s->shutdown(std::chrono::seconds(0));
+      return absl::InvalidArgumentError(absl::StrCat("cannot serve metrics on ", maddr, ": ", st.message()));
     }
     try {
       // civetweb gives each connection a thread until its request is read:

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',', absl::SkipEmpty())) {
       auto bytes = wm::read_file(std::string(p), 64 << 20);
       if (!bytes.ok()) return fail(bytes.status());
-      auto img = wm::jpeg_decode(bytes->data(), bytes->size());
+      // anything larger than the model's frame is refused before it is decoded
+      auto img = wm::jpeg_decode(bytes->data(), bytes->size(), int64_t{cfg.width} * cfg.height);
       if (!img.ok()) return fail(absl::Status(img.status().code(), absl::StrCat(p, ": ", img.status().message())));
       so.prompt.push_back(std::move(*img));
     }

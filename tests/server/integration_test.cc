@@ -21,6 +21,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "clients/play_client.h"
 #include "clients/stats.h"
 #include "common/image_io.h"
@@ -1575,6 +1576,10 @@ TEST(ServerIntegration, AConnectionPastItsCallsPerSecondIsShutDown) {
   EXPECT_TRUE(absl::StrContains(v6->log(), "ipv6:[::]/64 is refused for 10 s")) << v6->log();
   // the metrics endpoint has no IPv6 (civetweb as Debian builds it): a clear refusal
   expect_server_refuses({"--host=::1", "--metrics_port=0"}, "the metrics endpoint listens on IPv4 only");
+  // an IPv4 address civetweb would bind as another (256.0.0.0: every interface)
+  for (const char* host : {"256.0.0.0", "127.0.0.256", "999.9.9.9", "127.1", "0x7f.1", "1.2.3.4.5", "a_b"})
+    expect_server_refuses({"--metrics_port=0", std::string("--metrics_host=") + host},
+                          "--metrics_host");
 }
 
 TEST(ServerIntegration, BadTokenFilesStopTheServerAndTheClientsWithAMessage) {
@@ -2049,7 +2054,14 @@ TEST(ServerIntegration, ClientsRefuseFlagValuesThatOverflowAClock) {
            {{WMHEALTH_BIN, "--server=[::1]:99999"}, "--server"},
            // an IPv6 address without brackets went to gRPC's default port, 443
            {{WMHEALTH_BIN, "--server=::1"}, "--server"},
-           {{WMBENCH_BIN, "--server=fe80::1:50051"}, "--server"}}) {
+           {{WMBENCH_BIN, "--server=fe80::1:50051"}, "--server"},
+           // no port: gRPC dialled 443 for a trailing colon and 0 for a bare [v6]
+           {{WMHEALTH_BIN, "--server=localhost:"}, "--server"},
+           {{WMHEALTH_BIN, "--server=[::1]"}, "--server"},
+           // prompts past what any server takes are refused before they are read
+           {{WMPLAY_BIN, "--server=127.0.0.1:9", "--headless", "--script=x", "--out=/nonexistent",
+             "--prompt=" + absl::StrJoin(std::vector<std::string>(257, "/nonexistent.jpg"), ",")},
+            "--prompt"}}) {
     std::string log;
     const int rc = testing::run_program(argv, &log);
     EXPECT_TRUE(rc == 1 || rc == 2) << argv[0] << " " << argv.back() << ":\n" << log;

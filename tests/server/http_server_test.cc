@@ -11,7 +11,8 @@
 
 #include <string>
 
-#include "common/http_stop.h"
+#include "absl/strings/match.h"
+#include "common/http_server.h"
 
 namespace wm {
 namespace {
@@ -37,6 +38,19 @@ bool stop_waits_for_a_connection(int listen_fd) {
   if (c < 0) return false;
   ::close(c);
   return true;
+}
+
+// civetweb shifts an address's four numbers into place unchecked: only a
+// strict IPv4 address or a host name reaches it
+TEST(HttpHost, StrictIpv4OrAHostName) {
+  for (const char* ok : {"127.0.0.1", "0.0.0.0", "255.255.255.255", "localhost", "metrics-1.example.org"})
+    EXPECT_TRUE(check_http_host(ok, "--flag").ok()) << ok;
+  for (const char* bad : {"256.0.0.0", "127.0.0.256", "999.9.9.9", "127.1", "0x7f.1", "1.2.3.4.5", "127.0.0.01",
+                          "", "a_b", "host name", "::1"}) {
+    const absl::Status st = check_http_host(bad, "--flag");
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StartsWith(st.message(), "--flag ")) << st;
+  }
 }
 
 TEST(HttpStop, ConnectsToTheListeningPortWhileTheStopRuns) {

@@ -1,4 +1,4 @@
-#include "common/http_stop.h"
+#include "common/http_server.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -7,10 +7,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 
 namespace wm {
 namespace {
@@ -39,6 +43,23 @@ in_addr wake_address(const std::string& host) {
 }
 
 }  // namespace
+
+absl::Status check_http_host(const std::string& host, absl::string_view what) {
+  if (!host.empty() && absl::ascii_isdigit(static_cast<unsigned char>(host[0]))) {
+    in_addr v4;
+    if (inet_pton(AF_INET, host.c_str(), &v4) != 1)
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", host, " is not an IPv4 address (four decimal numbers 0..255, no leading zeros)"));
+    return absl::OkStatus();
+  }
+  const auto name_char = [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
+  };
+  if (host.empty() || !std::all_of(host.begin(), host.end(), name_char))
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", host,
+                                                   "' is neither an IPv4 address nor a host name"));
+  return absl::OkStatus();
+}
 
 void stop_http_server(const std::function<void()>& stop, const std::string& host, int port) {
   std::atomic<bool> stopped{false};
