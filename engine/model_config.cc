@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/image_io.h"
+#include "common/json_scan.h"
 #include "common/status_macros.h"
 
 namespace wm {
@@ -120,12 +121,16 @@ absl::StatusOr<ModelConfig> parse_model_config(absl::string_view json_text, cons
     // e.what() names the byte and what was expected there
     return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON: ", e.what()));
   }
+  // nlohmann keeps the last of a key given twice: "dim" twice would load
+  // the second and blame a tensor's shape for it
+  WM_RETURN_IF_ERROR(scan_json(json_text, {int64_t{1} << 20, 64}, source));
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   Reader r(j, source);
   ModelConfig c;
   std::string format;
   WM_RETURN_IF_ERROR(r.get_string("format", &format));
-  if (format != "wmserve-cldit") return r.error("format", absl::StrCat("is '", format, "', expected 'wmserve-cldit'"));
+  if (format != "wmserve-cldit")
+    return r.error("format", absl::StrCat("is ", quote_text(format), ", expected 'wmserve-cldit'"));
   int version = 0;
   WM_RETURN_IF_ERROR(r.get_int("version", 1, 1, &version));
   WM_RETURN_IF_ERROR(r.get_string("name", &c.name));

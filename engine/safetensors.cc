@@ -10,14 +10,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/half.h"
+#include "common/json_scan.h"
 #include "common/status_macros.h"
 
 namespace wm {
@@ -44,73 +43,11 @@ bool parse_dtype(absl::string_view s, DType* d) {
   return false;
 }
 
-// a first pass over the header in bounded time and memory, before any of it
-// is kept: the parsed tree costs up to ~100 bytes a value, and nlohmann's
-// callback parser scans every parent on each object's end (quadratic in the
-// number of tensors), so neither sees a header this pass has not accepted
-class HeaderScan final : public nlohmann::json_sax<nlohmann::json> {
- public:
-  // why the header was refused; empty while it is accepted
-  const std::string& error() const { return error_; }
-
-  bool null() override { return value(); }
-  bool boolean(bool) override { return value(); }
-  bool number_integer(number_integer_t) override { return value(); }
-  bool number_unsigned(number_unsigned_t) override { return value(); }
-  bool number_float(number_float_t, const string_t&) override { return value(); }
-  bool string(string_t&) override { return value(); }
-  bool binary(binary_t&) override { return value(); }
-  bool start_object(std::size_t) override {
-    keys_.emplace_back();
-    return value() && nest();
-  }
-  // a key listed twice would silently keep its last entry
-  bool key(string_t& k) override {
-    if (keys_.back().insert(k).second) return true;
-    return refuse(absl::StrCat("header lists ", quote_tensor_name(k), " twice"));
-  }
-  bool end_object() override {
-    keys_.pop_back();
-    --depth_;
-    return true;
-  }
-  bool start_array(std::size_t) override { return value() && nest(); }
-  bool end_array() override {
-    --depth_;
-    return true;
-  }
-  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) override {
-    return refuse(absl::StrCat("header is not valid JSON (at byte ", position, ")"));
-  }
-
- private:
-  bool refuse(std::string why) {
-    if (error_.empty()) error_ = std::move(why);
-    return false;
-  }
-  bool value() {
-    if (++values_ <= kMaxJsonValues) return true;
-    return refuse(absl::StrCat("header holds more than ", kMaxJsonValues, " JSON values"));
-  }
-  bool nest() {
-    if (++depth_ <= kMaxJsonDepth) return true;
-    return refuse("header JSON nested too deeply");
-  }
-
-  std::vector<std::set<std::string>> keys_;  // the keys of every open object, innermost last
-  int depth_ = 0;
-  int64_t values_ = 0;
-  std::string error_;
-};
-
 std::string shape_str(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
 }  // namespace
 
-std::string quote_tensor_name(absl::string_view name) {
-  if (name.size() <= kMaxQuotedName) return absl::StrCat("'", absl::CHexEscape(name), "'");
-  return absl::StrCat("'", absl::CHexEscape(name.substr(0, kMaxQuotedName)), "...' (", name.size(), " bytes)");
-}
+std::string quote_tensor_name(absl::string_view name) { return quote_text(name, kMaxQuotedName); }
 
 absl::string_view dtype_name(DType d) {
   switch (d) {
@@ -229,9 +166,11 @@ absl::Status SafetensorsFile::init(absl::string_view header, uint64_t data_size)
   // the parser takes a NUL for the end of its input: what follows would go unread
   if (const size_t nul = header.find('\0'); nul != absl::string_view::npos)
     return fail(absl::StrCat("header holds a NUL byte at offset ", nul, " (damaged?)"));
-  HeaderScan scan;
-  if (!nlohmann::json::sax_parse(header.begin(), header.end(), &scan) || !scan.error().empty())
-    return fail(scan.error().empty() ? "header is not valid JSON" : scan.error());
+  // bounded before a tree is built: the tree costs up to ~100 bytes a
+  // value, and nlohmann's callback parser scans every parent on each
+  // object's end (quadratic in the number of tensors)
+  if (absl::Status st = scan_json(header, {kMaxJsonValues, kMaxJsonDepth}, "header"); !st.ok())
+    return fail(st.message());
   nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return fail("header is not valid JSON");
   if (!j.is_object()) return fail("header is not a JSON object");

@@ -41,6 +41,7 @@
 #include "common/cli.h"
 #include "common/half.h"
 #include "common/image_io.h"
+#include "common/json_scan.h"
 #include "common/status_macros.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -108,6 +109,10 @@ int print_and_write(const nlohmann::json& out, const std::string& md) {
   return 0;
 }
 
+// events a dump may list: a real one has a few per frame and layer (a
+// 300-frame rollout of 30 layers, some 30k); the bound keeps its parsed
+// metadata near 150 MB at most
+constexpr int64_t kMaxDumpEvents = int64_t{1} << 20;
 constexpr int kMaxBenchHeadDim = 512;  // kivi2's limit
 
 absl::Status flag_in_range(absl::string_view name, int64_t value, int64_t lo, int64_t hi, absl::string_view note = "") {
@@ -386,6 +391,14 @@ absl::StatusOr<Rollout> replay_dump(const std::string& path, KvObserver* observe
   if (!meta.count("wmquant.geometry") || !meta.count("wmquant.events"))
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a wmquant dump (metadata missing)"));
   Rollout r;
+  // bounded before a tree is built (a string of '[' cost GBs): the geometry
+  // is one flat object, the events an array of 6-integer arrays
+  const auto bounded = [&](const char* key, JsonLimits limits) -> absl::Status {
+    const absl::Status st = scan_json(meta.at(key), limits, key);
+    return st.ok() ? st : absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
+  };
+  WM_RETURN_IF_ERROR(bounded("wmquant.geometry", {256, 2}));
+  WM_RETURN_IF_ERROR(bounded("wmquant.events", {7 * kMaxDumpEvents + 1, 2}));
   const nlohmann::json geometry = nlohmann::json::parse(meta.at("wmquant.geometry"), nullptr, /*allow_exceptions=*/false);
   const nlohmann::json events = nlohmann::json::parse(meta.at("wmquant.events"), nullptr, /*allow_exceptions=*/false);
   if (geometry.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": wmquant.geometry is not JSON"));
@@ -477,7 +490,6 @@ int eval_main() {
   eo.fused = absl::GetFlag(FLAGS_fused);
   const KvFormatOptions fo = format_options();
   std::vector<std::string> formats = absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty());
-  absl::Status add_status;
   auto make = [&](const KvGeometry& g) -> absl::Status {
     // as a config's weights are checked against physical memory before they
     // are allocated: a geometry from a file can ask for any amount
@@ -491,8 +503,9 @@ int eval_main() {
           g.sink_frames, static_cast<double>(need) / kGiB, static_cast<double>(have) / kGiB));
     }
     ev = std::make_unique<KvEvaluator>(g, eo);
-    for (const auto& f : formats)
-      if (auto st = ev->add(f, fo); !st.ok() && add_status.ok()) add_status = st;
+    // a format the geometry cannot take (--span_frames past the window,
+    // say) stops the run before its rollout, not after it
+    for (const auto& f : formats) WM_RETURN_IF_ERROR(ev->add(f, fo));
     return absl::OkStatus();
   };
   struct Forward final : KvObserver {
@@ -507,7 +520,6 @@ int eval_main() {
   const auto t0 = Clock::now();
   absl::StatusOr<Rollout> r = absl::GetFlag(FLAGS_dump).empty() ? run_model(&fwd, make)
                                                                  : replay_dump(absl::GetFlag(FLAGS_dump), &fwd, make);
-  if (!add_status.ok()) return fail(add_status);
   if (!r.ok()) return fail(r.status());
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const KvGeometry& g = r->geometry;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "common/image_io.h"
 
 namespace wm {
@@ -124,6 +125,18 @@ TEST(ModelConfig, RejectsBadFieldsNamingThem) {
   auto syntax = parse_model_config("{\"dim\": 1e400}", "cfg.json");
   ASSERT_FALSE(syntax.ok());
   EXPECT_NE(std::string(syntax.status().message()).find("not valid JSON"), std::string::npos) << syntax.status();
+  // a key given twice would load its last value without a word
+  std::string twice = base_text();
+  twice.insert(twice.find('{') + 1, "\"dim\": 7, ");
+  auto dup = parse_model_config(twice, "cfg.json");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(std::string(dup.status().message()), "cfg.json lists 'dim' twice") << dup.status();
+  // a wrong format is quoted escaped: it goes to a terminal
+  nlohmann::json esc = nlohmann::json::parse(base_text());
+  esc["format"] = "\x1b]0;title\x07";
+  auto quoted = parse_model_config(esc.dump(), "cfg.json");
+  ASSERT_FALSE(quoted.ok());
+  EXPECT_TRUE(absl::StrContains(quoted.status().message(), "'\\x1b]0;title\\x07'")) << quoted.status();
   auto array = parse_model_config("[1]", "cfg.json");
   ASSERT_FALSE(array.ok());
   EXPECT_NE(std::string(array.status().message()).find("not a JSON object"), std::string::npos) << array.status();

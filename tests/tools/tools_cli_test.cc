@@ -401,6 +401,10 @@ TEST_F(ToolsCli, DumpEventsAreValidated) {
       {[](nlohmann::json* e) { (*e)[0][2] = 1 << 30; }, "has shape"},
       {[](nlohmann::json* e) { (*e)[0][5] = 2; }, "'q_from_previous' = 2 is outside"},
       {[](nlohmann::json* e) { *e = nlohmann::json::object(); }, "wmquant.events is not a JSON array"},
+      // refused by the bounded first pass, before a tree is built (a string
+      // of '[' used to cost GBs)
+      {[](nlohmann::json* e) { (*e)[0][0] = nlohmann::json::array({nlohmann::json::array()}); },
+       "wmquant.events JSON nested too deeply"},
   };
   for (size_t i = 0; i < std::size(cases); ++i) {
     SCOPED_TRACE(cases[i].message);
@@ -416,6 +420,12 @@ TEST_F(ToolsCli, DumpEventsAreValidated) {
       }
   });
   EXPECT_REFUSED(eval_dump(gap), 1, "appends frame 5 to layer 0 after 0 frames");
+  // a format the geometry cannot take is refused before the first event is
+  // replayed (it used to be said after the whole rollout): here the first
+  // event is broken too, and the format's reason comes first
+  const std::string broken = mutated_dump("broken", [](nlohmann::json*, nlohmann::json* e) { (*e)[0][0] = 7; });
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--dump=" + broken, "--formats=qvg2", "--span_frames=1024"}, 20), 1,
+                 "span_frames 1024 must be within");
 }
 
 TEST_F(ToolsCli, WriteErrorsFail) {
