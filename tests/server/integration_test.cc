@@ -232,40 +232,6 @@ grpc::Status raw_unary_status(const ServerProcess& s, const std::string& method,
   return st;
 }
 
-// a call on `method` as a stream of `requests` (none: it half-closes at
-// once), the first response read and the status returned
-grpc::Status raw_stream_status(const ServerProcess& s, const std::string& method,
-                               const std::vector<std::string>& requests) {
-  auto ch = channel(s);
-  grpc::GenericStub generic(ch);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  grpc::CompletionQueue cq;
-  auto call = generic.PrepareCall(&ctx, method, &cq);
-  void* tag = nullptr;
-  bool ok = false;
-  auto wait = [&] { EXPECT_TRUE(cq.Next(&tag, &ok)); };
-  call->StartCall(reinterpret_cast<void*>(1));
-  wait();
-  for (const std::string& r : requests) {
-    grpc::Slice slice(r);
-    call->Write(grpc::ByteBuffer(&slice, 1), reinterpret_cast<void*>(2));
-    wait();
-  }
-  call->WritesDone(reinterpret_cast<void*>(3));
-  wait();
-  grpc::ByteBuffer in;
-  call->Read(&in, reinterpret_cast<void*>(4));
-  wait();
-  grpc::Status st;
-  call->Finish(&st, reinterpret_cast<void*>(5));
-  wait();
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return st;
-}
-
 v1::PlayRequest start_req(std::function<void(v1::Start*)> edit = nullptr) {
   v1::PlayRequest r;
   r.mutable_start()->set_seed(1);
@@ -629,11 +595,12 @@ TEST(ServerIntegration, EveryBadInputGetsItsStatusAndHarmsNothing) {
     // message, 0 bytes, is a valid request)
     for (const char* method : {"/wmserve.v1.WorldModel/ListModels", "/wmserve.v1.WorldModel/GetServerInfo"}) {
       SCOPED_TRACE(method);
-      const grpc::Status none = raw_stream_status(*server, method, {});
+      std::vector<std::string> responses;
+      const grpc::Status none = raw_stream_status(*server, method, {}, &responses);
       EXPECT_EQ(none.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << none.error_message();
       EXPECT_TRUE(absl::StrContains(none.error_message(), "the call ended without a request message"))
           << none.error_message();
-      const grpc::Status empty = raw_stream_status(*server, method, {""});
+      const grpc::Status empty = raw_stream_status(*server, method, {""}, &responses);
       EXPECT_TRUE(empty.ok()) << empty.error_message();
     }
     // a compressed request is refused, not inflated (a small gzip could hold a GB)
@@ -871,16 +838,27 @@ TEST(ServerIntegration, AdmissionRefusesWhenTheBudgetOrTheClientCapIsFull) {
   EXPECT_EQ(reserved, 2.0 * bytes["fp16"]);
 }
 
+// a server whose clients have 5 prompt frames, refilled at 0.01 a second
+// (nothing refills within a test), and 3 per Start at most
+std::unique_ptr<ServerProcess> rationed_server() {
+  return ServerProcess::start(tiny_model(),
+                              {"--client_prompt_rate=0.01", "--client_prompt_burst=5", "--max_prompt_frames=3"});
+}
+
+// a prompt frame of the tiny model's size
+std::string tiny_prompt_jpeg() {
+  std::vector<uint8_t> px(32 * 32 * 3, 100);
+  return *jpeg_encode(px.data(), 32, 32, 90);
+}
+
 // a client that opens sessions with long prompts and drops them, in a loop,
 // would keep the engine thread busy with prompt passes: each client address
 // gets --client_prompt_burst prompt frames, then --client_prompt_rate a second
 TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
-  auto server = ServerProcess::start(
-      tiny_model(), {"--client_prompt_rate=0.01", "--client_prompt_burst=5", "--max_prompt_frames=3"});
+  auto server = rationed_server();
   ASSERT_NE(server, nullptr);
   auto ch = channel(*server);
-  std::vector<uint8_t> px(32 * 32 * 3, 100);
-  const std::string jpeg = *jpeg_encode(px.data(), 32, 32, 90);
+  const std::string jpeg = tiny_prompt_jpeg();
   auto with_prompt = [&](int frames) {
     v1::Start s;
     for (int i = 0; i < frames; ++i) s.add_prompt_jpeg(jpeg);
@@ -928,12 +906,10 @@ TEST(ServerIntegration, PromptFramesAreRationedPerClient) {
 // ones decoded (up to and with the bad one), so bad prompts cannot make the
 // server decode without end; a Start refused before decoding costs nothing
 TEST(ServerIntegration, AStartRefusedForItsPromptCostsTheFramesDecoded) {
-  auto server = ServerProcess::start(
-      tiny_model(), {"--client_prompt_rate=0.01", "--client_prompt_burst=5", "--max_prompt_frames=3"});
+  auto server = rationed_server();
   ASSERT_NE(server, nullptr);
   auto ch = channel(*server);
-  std::vector<uint8_t> px(32 * 32 * 3, 100);
-  const std::string jpeg = *jpeg_encode(px.data(), 32, 32, 90);
+  const std::string jpeg = tiny_prompt_jpeg();
   const std::string cut = jpeg.substr(0, jpeg.size() / 2);
   auto start = [&](std::vector<std::string> prompt, const std::string& model = "") {
     v1::Start s;
