@@ -1,11 +1,16 @@
 #include "engine/weights.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/image_io.h"
@@ -58,20 +63,57 @@ const std::vector<float>& HostWeights::get(const std::string& name) const {
   return empty;
 }
 
-int64_t physical_memory_bytes() {
+namespace {
+
+// a cgroup limit file's number; 0 for "max", an absent file, or a value so
+// large it means no limit (cgroup v1 writes about 2^63 for none)
+int64_t cgroup_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return 0;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(text, &v) || v <= 0 || v >= (int64_t{1} << 62)) return 0;
+  return v;
+}
+
+// this process's cgroup v2 directory under /sys/fs/cgroup ("" when not v2)
+std::string cgroup_v2_dir() {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);)
+    if (absl::StartsWith(line, "0::")) return line.substr(3);
+  return "";
+}
+
+}  // namespace
+
+MemoryLimit memory_limit() {
+  MemoryLimit m;
+  auto consider = [&](int64_t bytes, const char* what) {
+    if (bytes > 0 && (m.bytes == 0 || bytes < m.bytes)) m = {bytes, what};
+  };
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  if (pages > 0 && page > 0) consider(static_cast<int64_t>(pages) * page, "physical memory");
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    consider(static_cast<int64_t>(std::min<rlim_t>(as.rlim_cur, rlim_t{1} << 62)), "address-space limit (ulimit -v)");
+  constexpr const char* kContainer = "container memory limit (cgroup)";
+  consider(cgroup_limit("/sys/fs/cgroup/memory.max"), kContainer);
+  if (const std::string dir = cgroup_v2_dir(); !dir.empty() && dir != "/")
+    consider(cgroup_limit("/sys/fs/cgroup" + dir + "/memory.max"), kContainer);
+  consider(cgroup_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes"), kContainer);
+  return m;
 }
 
 absl::Status check_weights_fit_memory(const ModelConfig& c) {
   const int64_t need = c.parameter_count() * static_cast<int64_t>(sizeof(float));
-  const int64_t have = physical_memory_bytes();
-  if (have <= 0 || need <= have) return absl::OkStatus();
+  const MemoryLimit have = memory_limit();
+  if (have.bytes <= 0 || need <= have.bytes) return absl::OkStatus();
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "model '%s' has %d parameters: its fp32 weights need %.1f GiB (%d bytes), more than this machine's %.1f GiB "
-      "(%d bytes) of physical memory",
-      c.name, c.parameter_count(), static_cast<double>(need) / kGiB, need, static_cast<double>(have) / kGiB, have));
+      "model '%s' has %d parameters: its fp32 weights need %.1f GiB (%d bytes), more than the %.1f GiB (%d bytes) of "
+      "memory this process may use (%s)",
+      c.name, c.parameter_count(), static_cast<double>(need) / kGiB, need, static_cast<double>(have.bytes) / kGiB,
+      have.bytes, have.what));
 }
 
 absl::StatusOr<HostWeights> load_host_weights(const ModelConfig& c, const SafetensorsFile& file) {

@@ -28,9 +28,16 @@ struct HostWeights {
   const std::vector<float>& get(const std::string& name) const;
 };
 
-// the machine's physical memory in bytes (0 when unknown)
-int64_t physical_memory_bytes();
-// refuses a config whose fp32 weights exceed physical memory, before any is
+// how much memory this process may use: the least of the machine's physical
+// memory, its address-space limit (ulimit -v) and its container's memory
+// limit (cgroup v2 memory.max or v1 memory.limit_in_bytes); `what` names
+// the one that binds, for messages. bytes 0: none known
+struct MemoryLimit {
+  int64_t bytes = 0;
+  std::string what;
+};
+MemoryLimit memory_limit();
+// refuses a config whose fp32 weights exceed memory_limit(), before any is
 // allocated: a config can validate and still need terabytes
 absl::Status check_weights_fit_memory(const ModelConfig& c);
 

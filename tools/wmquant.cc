@@ -491,16 +491,18 @@ int eval_main() {
   const KvFormatOptions fo = format_options();
   std::vector<std::string> formats = absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty());
   auto make = [&](const KvGeometry& g) -> absl::Status {
-    // as a config's weights are checked against physical memory before they
-    // are allocated: a geometry from a file can ask for any amount
-    const int64_t need = kv_evaluation_bytes(g, formats, fo), have = physical_memory_bytes();
+    // as a config's weights are checked against memory before they are
+    // allocated: a geometry from a file can ask for any amount
+    const int64_t need = kv_evaluation_bytes(g, formats, fo);
+    const MemoryLimit limit = memory_limit();
+    const int64_t have = limit.bytes;
     if (have > 0 && need > have) {
       constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
       return absl::ResourceExhaustedError(absl::StrFormat(
           "evaluating %s over %d layers x %d heads x %d, %d tokens/frame, window %d + %d sink frames needs at least "
-          "%.1f GiB once the window is full, more than this machine's %.1f GiB of physical memory",
+          "%.1f GiB once the window is full, more than the %.1f GiB of memory this process may use (%s)",
           absl::StrJoin(formats, ","), g.layers, g.heads, g.head_dim, g.tokens_per_frame, g.window_frames,
-          g.sink_frames, static_cast<double>(need) / kGiB, static_cast<double>(have) / kGiB));
+          g.sink_frames, static_cast<double>(need) / kGiB, static_cast<double>(have) / kGiB, limit.what));
     }
     ev = std::make_unique<KvEvaluator>(g, eo);
     // a format the geometry cannot take (--span_frames past the window,

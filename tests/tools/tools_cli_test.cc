@@ -209,15 +209,45 @@ TEST_F(ToolsCli, WeightsAbovePhysicalMemoryAreRefused) {
   cfg->h_pairs = 42;
   cfg->w_pairs = 42;
   ASSERT_TRUE(parse_model_config(model_config_to_json(*cfg), "enormous").ok());
-  if (cfg->parameter_count() * 4 <= physical_memory_bytes()) GTEST_SKIP() << "this machine could hold the weights";
+  if (cfg->parameter_count() * 4 <= memory_limit().bytes) GTEST_SKIP() << "this machine could hold the weights";
   const std::string path = temp_dir() + "/enormous.json";
   write_text(path, model_config_to_json(*cfg));
   const std::string out = temp_dir() + "/enormous_model";
-  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + path, "--seed=1", "--out=" + out}), 1, "physical memory");
+  EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + path, "--seed=1", "--out=" + out}), 1, "of memory this process may use");
   EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors"));
-  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--config=" + path, "--script=" + script_}), 1, "physical memory");
+  EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--config=" + path, "--script=" + script_}), 1, "of memory this process may use");
   EXPECT_REFUSED(run_tool({WMQUANT_BIN, "dump", "--config=" + path, "--script=" + script_, "--out=" + out + ".st"}), 1,
-                 "physical memory");
+                 "of memory this process may use");
+}
+
+// the limit includes the process's address-space limit (and a container's):
+// under ulimit -v a model that fits the machine but not the limit is refused
+// with the message, not with an allocation failure
+TEST_F(ToolsCli, WeightsAreCheckedAgainstTheAddressSpaceLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
+#endif
+  auto cfg = load_model_config(source("configs/tiny-test.json"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  cfg->name = "large";
+  cfg->dim = 4096;
+  cfg->layers = 8;
+  cfg->heads = 32;
+  cfg->head_dim = 128;
+  cfg->ffn = 16384;
+  cfg->t_pairs = 24;
+  cfg->h_pairs = 20;
+  cfg->w_pairs = 20;
+  ASSERT_TRUE(parse_model_config(model_config_to_json(*cfg), "large").ok());
+  constexpr int64_t kLimitKiB = 1536 * 1024;  // 1.5 GiB; the weights need ~6 GiB
+  ASSERT_GT(cfg->parameter_count() * 4, 2 * kLimitKiB * 1024);
+  const std::string path = temp_dir() + "/large.json";
+  write_text(path, model_config_to_json(*cfg));
+  const std::string out = temp_dir() + "/large_model";
+  EXPECT_REFUSED(run_tool({"/bin/sh", "-c", absl::StrCat("ulimit -v ", kLimitKiB, " && exec \"$0\" \"$@\""),
+                           WMCKPT_BIN, "init", "--config=" + path, "--seed=1", "--out=" + out}),
+                 1, "address-space limit (ulimit -v)");
+  EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors"));
 }
 
 TEST_F(ToolsCli, WmbenchFramesAreBounded) {
@@ -326,7 +356,7 @@ TEST_F(ToolsCli, DumpGeometryBeyondMemoryIsRefused) {
     *e = nlohmann::json::array();
   });
   EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--dump=" + path, "--formats=qvg2", "--threads=1"}, 20), 1,
-                 "more than this machine's");
+                 "of memory this process may use");
 }
 
 // each flag names one source of K/V; the other was ignored without a word
