@@ -83,6 +83,28 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// the tiny test config grown to these sizes (rope pairs t, h, w), named
+// NAME; it must still validate
+struct ConfigSizes {
+  int dim, layers, heads, head_dim, ffn, t_pairs, h_pairs, w_pairs;
+};
+ModelConfig grown_config(const std::string& name, const ConfigSizes& z) {
+  auto cfg = load_model_config(source("configs/tiny-test.json"));
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  if (!cfg.ok()) return ModelConfig();
+  cfg->name = name;
+  cfg->dim = z.dim;
+  cfg->layers = z.layers;
+  cfg->heads = z.heads;
+  cfg->head_dim = z.head_dim;
+  cfg->ffn = z.ffn;
+  cfg->t_pairs = z.t_pairs;
+  cfg->h_pairs = z.h_pairs;
+  cfg->w_pairs = z.w_pairs;
+  EXPECT_TRUE(parse_model_config(model_config_to_json(*cfg), name).ok()) << name;
+  return *cfg;
+}
+
 // expects a refusal: this exit code (not a crash) and a message containing `what`
 #define EXPECT_REFUSED(r, exit_code, what)                                     \
   do {                                                                         \
@@ -197,21 +219,10 @@ TEST_F(ToolsCli, EmptyScriptsAndModelsAreRefused) {
 }
 
 TEST_F(ToolsCli, WeightsAbovePhysicalMemoryAreRefused) {
-  auto cfg = load_model_config(source("configs/tiny-test.json"));
-  ASSERT_TRUE(cfg.ok()) << cfg.status();
-  cfg->name = "enormous";
-  cfg->dim = 16384;
-  cfg->layers = 256;
-  cfg->heads = 256;
-  cfg->head_dim = 256;
-  cfg->ffn = 65536;
-  cfg->t_pairs = 44;
-  cfg->h_pairs = 42;
-  cfg->w_pairs = 42;
-  ASSERT_TRUE(parse_model_config(model_config_to_json(*cfg), "enormous").ok());
-  if (cfg->parameter_count() * 4 <= memory_limit().bytes) GTEST_SKIP() << "this machine could hold the weights";
+  const ModelConfig cfg = grown_config("enormous", {16384, 256, 256, 256, 65536, 44, 42, 42});
+  if (cfg.parameter_count() * 4 <= memory_limit().bytes) GTEST_SKIP() << "this machine could hold the weights";
   const std::string path = temp_dir() + "/enormous.json";
-  write_text(path, model_config_to_json(*cfg));
+  write_text(path, model_config_to_json(cfg));
   const std::string out = temp_dir() + "/enormous_model";
   EXPECT_REFUSED(run_tool({WMCKPT_BIN, "init", "--config=" + path, "--seed=1", "--out=" + out}), 1, "of memory this process may use");
   EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors"));
@@ -227,22 +238,11 @@ TEST_F(ToolsCli, WeightsAreCheckedAgainstTheAddressSpaceLimit) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
 #endif
-  auto cfg = load_model_config(source("configs/tiny-test.json"));
-  ASSERT_TRUE(cfg.ok()) << cfg.status();
-  cfg->name = "large";
-  cfg->dim = 4096;
-  cfg->layers = 8;
-  cfg->heads = 32;
-  cfg->head_dim = 128;
-  cfg->ffn = 16384;
-  cfg->t_pairs = 24;
-  cfg->h_pairs = 20;
-  cfg->w_pairs = 20;
-  ASSERT_TRUE(parse_model_config(model_config_to_json(*cfg), "large").ok());
+  const ModelConfig cfg = grown_config("large", {4096, 8, 32, 128, 16384, 24, 20, 20});
   constexpr int64_t kLimitKiB = 1536 * 1024;  // 1.5 GiB; the weights need ~6 GiB
-  ASSERT_GT(cfg->parameter_count() * 4, 2 * kLimitKiB * 1024);
+  ASSERT_GT(cfg.parameter_count() * 4, 2 * kLimitKiB * 1024);
   const std::string path = temp_dir() + "/large.json";
-  write_text(path, model_config_to_json(*cfg));
+  write_text(path, model_config_to_json(cfg));
   const std::string out = temp_dir() + "/large_model";
   EXPECT_REFUSED(run_tool({"/bin/sh", "-c", absl::StrCat("ulimit -v ", kLimitKiB, " && exec \"$0\" \"$@\""),
                            WMCKPT_BIN, "init", "--config=" + path, "--seed=1", "--out=" + out}),
