@@ -251,6 +251,7 @@ void EngineWorker::loop() {
           if (!e.opened || e.parked) continue;
           StepCandidate c;
           c.fixed_rate = fixed;
+          c.served_until = e.served_until;
           if (fixed) {
             c.ready = e.pacer->is_due(now);
             c.ready_since = c.next_due = e.pacer->due();
@@ -306,7 +307,12 @@ void EngineWorker::loop() {
       on_closed_(e.session, e.end_reason, e.opened);
     }
     for (SessionManager::Key key : opens) do_open(key);
-    if (!planned.empty()) do_step(planned);
+    if (!planned.empty()) {
+      do_step(planned);
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const Planned& p : planned)
+        if (auto it = entries_.find(p.key); it != entries_.end()) it->second.served_until = engine_free_since_;
+    }
     publish_gauges(queued);
   }
 }

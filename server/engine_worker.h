@@ -113,6 +113,7 @@ class EngineWorker {
     bool resume_broke = false;  // parked again by its resuming stream before activate()
     EndReason end_reason = EndReason::kClientClosed;
     TimePoint last_deadline_event;
+    TimePoint served_until;  // the end of its last step (StepCandidate::served_until)
   };
   struct Planned {
     SessionManager::Key key;

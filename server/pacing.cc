@@ -57,7 +57,7 @@ StepPlan plan_step(std::span<const StepCandidate> sessions, TimePoint now, Durat
   }
   if (expected == 0 || static_cast<int>(ready.size()) >= max_batch || now >= wait_end) {
     std::stable_sort(ready.begin(), ready.end(),
-                     [&](size_t a, size_t b) { return sessions[a].ready_since < sessions[b].ready_since; });
+                     [&](size_t a, size_t b) { return turn_since(sessions[a]) < turn_since(sessions[b]); });
     if (static_cast<int>(ready.size()) > max_batch) ready.resize(static_cast<size_t>(max_batch));
     plan.go = true;
     plan.batch = std::move(ready);

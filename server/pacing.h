@@ -5,6 +5,7 @@
 // Pure code, unit-tested with tables of times in tests/server/pacing_test.cc.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -44,11 +45,20 @@ struct StepCandidate {
   bool ready = false;         // has work now (queued actions, or its tick is due)
   TimePoint ready_since;      // ready: oldest queued action's arrival, or the tick's due time
   TimePoint next_due;         // fixed-rate and not ready: when its tick falls due
+  TimePoint served_until;     // the end of its last step (TimePoint{} before its first)
 };
+
+// where a ready session stands in line: the later of its readiness and the
+// end of its last step. A session that keeps actions queued stays ready
+// since its oldest one arrived, long ago; counted from its last step it
+// queues behind the sessions that became ready while it was served, so that
+// sessions with a backlog take turns with the others (and with each other)
+// instead of keeping the batch to themselves.
+inline TimePoint turn_since(const StepCandidate& c) { return std::max(c.ready_since, c.served_until); }
 
 struct StepPlan {
   bool go = false;                 // step now with `batch`
-  std::vector<size_t> batch;       // candidate indices, oldest ready first, at most max_batch
+  std::vector<size_t> batch;       // candidate indices, longest in line first (turn_since), at most max_batch
   TimePoint wake_at = TimePoint::max();  // !go: plan again at this time (or when woken)
 };
 

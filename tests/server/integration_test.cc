@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -411,6 +412,49 @@ TEST(ServerIntegration, BatchInvariantServerMatchesTheOfflineRolloutsByteForByte
 
 TEST(ServerIntegration, BatchInvariantSessionsMatchTheirOfflineRolloutsByteForByte) {
   expect_concurrent_sessions_match_offline(Invariance::kStart);
+}
+
+// With one session a step, a session that keeps many actions queued takes
+// turns with one that has a single action in flight, instead of being served
+// first while its backlog lasts (its oldest action is always the oldest).
+// The default model steps in tens of milliseconds here, long beside a
+// frame's way to the client and back, so the first session's queue never
+// runs dry while the second plays.
+TEST(ServerIntegration, ASessionWithABacklogTakesTurnsWithTheOthers) {
+  auto server = ServerProcess::start(std::string(WM_SOURCE_DIR) + "/models/default", {"--max_batch=1"});
+  ASSERT_NE(server, nullptr);
+  std::vector<Action> actions = script_actions();
+  while (actions.size() < 24) actions.push_back(actions[actions.size() % 8]);
+  actions.resize(24);
+  std::promise<void> first_frame;
+  std::atomic<bool> told{false};
+  PlayConfig deep = per_action(1, actions);
+  deep.window = 24;  // every action sent at once
+  deep.keep_jpeg = false;
+  deep.on_frame = [&](const v1::Frame&) {
+    if (!told.exchange(true)) first_frame.set_value();
+  };
+  auto deep_result = std::async(std::launch::async, [&] {
+    return client::play(client::make_channel(server->target(), {.own_connection = true}), deep);
+  });
+  ASSERT_EQ(first_frame.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  PlayConfig light = per_action(2, std::vector<Action>(actions.begin(), actions.begin() + 3));
+  light.keep_jpeg = false;
+  const PlayResult l = client::play(client::make_channel(server->target(), {.own_connection = true}), light);
+  const PlayResult d = deep_result.get();
+  ASSERT_TRUE(l.status.ok()) << l.status.error_message();
+  ASSERT_TRUE(d.status.ok()) << d.status.error_message();
+  ASSERT_EQ(l.frames.size(), 3u);
+  ASSERT_FALSE(d.frames.empty());
+  EXPECT_EQ(d.frames.back().last_action_seq, 24u);
+  // the deep session's actions served before the light one had all of its
+  // three frames: about two steps for each of them (the step under way when
+  // its action came, then its own), not the deep session's whole backlog
+  uint64_t before = 0;
+  for (const auto& f : d.frames)
+    if (f.received_us < l.frames.back().received_us) before = std::max(before, f.last_action_seq);
+  EXPECT_LT(before, 16u) << "the light session waited for " << before << " of the deep one's 24 actions";
+  for (const auto& f : l.frames) EXPECT_EQ(f.timings.batch_size(), 1);
 }
 
 TEST(ServerIntegration, BlocksOfFramesTakeQueuedActionsAndRepeatTheLast) {

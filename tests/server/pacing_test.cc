@@ -183,5 +183,61 @@ TEST(PlanStep, TheWaitStartsWhenTheEngineIsFree) {
   EXPECT_EQ(p.batch, (std::vector<size_t>{0, 1, 2}));
 }
 
+
+TEST(PlanStep, SessionsWithABacklogTakeTurnsWithTheOthers) {
+  // 8 per-action sessions, batches of 4, steps of 10 ms. Sessions 0-3 keep
+  // actions queued (ready since their first action, at 0 ms); sessions 4-7
+  // send their next action 1 ms after the step that served them ends (one
+  // action in flight). Counted from readiness alone, 0-3 would be the
+  // oldest at every step and 4-7 would never be served.
+  const Duration wait = milliseconds(2);
+  const TimePoint t0{};
+  std::vector<StepCandidate> s(8);
+  for (size_t i = 0; i < s.size(); ++i) {
+    s[i].ready = true;
+    s[i].ready_since = t0 + milliseconds(i < 4 ? 0 : 1);
+  }
+  std::vector<int> served(s.size(), 0);
+  TimePoint now = t0 + milliseconds(1);
+  for (int step = 0; step < 40; ++step) {
+    // sessions 4-7 answer their last frames within the step after it
+    for (size_t i = 4; i < s.size(); ++i)
+      if (!s[i].ready && s[i].served_until + milliseconds(1) <= now) {
+        s[i].ready = true;
+        s[i].ready_since = s[i].served_until + milliseconds(1);
+      }
+    const StepPlan plan = plan_step(s, now, wait, 4, now);
+    ASSERT_TRUE(plan.go) << "step " << step;
+    ASSERT_EQ(plan.batch.size(), 4u);
+    now += milliseconds(10);
+    for (size_t i : plan.batch) {
+      ++served[i];
+      s[i].served_until = now;
+      if (i >= 4) s[i].ready = false;  // its one action was taken
+    }
+  }
+  // 40 steps x 4 places: every session gets its 20, give or take one
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_GE(served[i], 19) << "session " << i;
+    EXPECT_LE(served[i], 21) << "session " << i;
+  }
+}
+
+TEST(PlanStep, ASessionJustServedQueuesBehindOnesThatWaitedThroughItsStep) {
+  // session 0 has had actions queued since 0 ms and was served by the step
+  // that ended at 100 ms; session 1's action came at 60 ms, during that step
+  std::vector<StepCandidate> s = {per_action(true, 0), per_action(true, 60)};
+  s[0].served_until = TimePoint{} + milliseconds(100);
+  const TimePoint now = TimePoint{} + milliseconds(100);
+  StepPlan p = plan_step(s, now, milliseconds(2), 1, now);
+  ASSERT_TRUE(p.go);
+  EXPECT_EQ(p.batch, (std::vector<size_t>{1}));
+  // before session 0's first step, its older action goes first
+  s[0].served_until = TimePoint{};
+  p = plan_step(s, now, milliseconds(2), 1, now);
+  ASSERT_TRUE(p.go);
+  EXPECT_EQ(p.batch, (std::vector<size_t>{0}));
+}
+
 }  // namespace
 }  // namespace wm::server
