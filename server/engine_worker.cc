@@ -398,6 +398,7 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
   if (metrics() != nullptr) {
     metrics()->step_duration->Observe(to_seconds(t_done - t_start));
     metrics()->batch_size->Observe(static_cast<double>(planned.size()));
+    for (const auto& p : planned) metrics()->step_wait->Observe(std::max(0.0, to_seconds(t_start - p.ready_since)));
   }
   if (!results.ok()) {
     std::fprintf(stderr, "wmserve: engine step of %zu sessions failed: %s\n", planned.size(),

@@ -182,6 +182,10 @@ Metrics::Metrics(const ServedModel& model, const std::string& version)
                                   {.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10});
   step_duration = histogram(r, "wm_step_duration_seconds", "one engine step (one block for every session in the batch)",
                             {.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5});
+  step_wait = histogram(r, "wm_step_wait_seconds",
+                        "from a session having work (its oldest queued action, or its tick falling due) to the "
+                        "start of the engine step that serves it",
+                        {.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5});
   batch_size = histogram(r, "wm_batch_size", "sessions per engine step", {1, 2, 4, 8, 16, 32, 64, 128, 256});
   jpeg_encode = histogram(r, "wm_jpeg_encode_seconds", "JPEG encoding of one frame",
                           {.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05});

@@ -77,6 +77,7 @@ class Metrics {
   prometheus::Histogram* action_to_frame;
   prometheus::Histogram* time_to_first_frame;
   prometheus::Histogram* step_duration;
+  prometheus::Histogram* step_wait;
   prometheus::Histogram* batch_size;
   prometheus::Histogram* jpeg_encode;
   prometheus::Histogram* inter_frame_interval;

@@ -455,6 +455,12 @@ TEST(ServerIntegration, ASessionWithABacklogTakesTurnsWithTheOthers) {
     if (f.received_us < l.frames.back().received_us) before = std::max(before, f.last_action_seq);
   EXPECT_LT(before, 16u) << "the light session waited for " << before << " of the deep one's 24 actions";
   for (const auto& f : l.frames) EXPECT_EQ(f.timings.batch_size(), 1);
+  // every step served one session: 27 waits observed
+  int code = 0;
+  const auto m = testing::parse_prometheus(testing::http_get(server->metrics_port(), "/metrics", &code));
+  ASSERT_EQ(code, 200);
+  EXPECT_EQ(m.at("wm_step_wait_seconds_count"), 27);
+  EXPECT_EQ(m.at("wm_step_duration_seconds_count"), 27);
 }
 
 TEST(ServerIntegration, BlocksOfFramesTakeQueuedActionsAndRepeatTheLast) {
@@ -2011,6 +2017,8 @@ TEST(ServerIntegration, MetricsAreScrapedOverHttp) {
   EXPECT_EQ(m.at("wm_time_to_first_frame_seconds_count"), 1);
   EXPECT_EQ(m.at("wm_inter_frame_interval_seconds_count"), frames - 1);
   EXPECT_EQ(m.at("wm_step_duration_seconds_count"), frames);
+  EXPECT_EQ(m.at("wm_step_wait_seconds_count"), frames);  // one session, one frame a step
+  EXPECT_GE(m.at("wm_step_wait_seconds_sum"), 0);
   EXPECT_EQ(m.at("wm_batch_size_sum"), frames);
   EXPECT_EQ(m.at("wm_action_to_frame_seconds_bucket{le=\"+Inf\"}"), frames);
   EXPECT_EQ(m.at("wm_kv_cache_bytes_capacity"), 5000000);
