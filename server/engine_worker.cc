@@ -398,7 +398,6 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
   if (metrics() != nullptr) {
     metrics()->step_duration->Observe(to_seconds(t_done - t_start));
     metrics()->batch_size->Observe(static_cast<double>(planned.size()));
-    for (const auto& p : planned) metrics()->step_wait->Observe(std::max(0.0, to_seconds(t_start - p.ready_since)));
   }
   if (!results.ok()) {
     std::fprintf(stderr, "wmserve: engine step of %zu sessions failed: %s\n", planned.size(),
@@ -416,6 +415,9 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
     auto info = engine_->session_info(p.engine_id);
     const int64_t kv = info.ok() ? info->kv.total() : 0;
     const bool late = p.tick.has_value() && t_done > p.tick->deadline;
+    // from the session having work to this step: its frames' queue_us, and the step-wait histogram
+    const int64_t queue_us = std::max<int64_t>(0, to_us(t_start - p.ready_since));
+    if (metrics() != nullptr) metrics()->step_wait->Observe(static_cast<double>(queue_us) / 1e6);
     std::vector<OutFrame> frames;
     frames.reserve(r.frames.size());
     for (size_t b = 0; b < r.frames.size(); ++b) {
@@ -424,7 +426,7 @@ void EngineWorker::do_step(std::vector<Planned>& planned) {
       f.client_time_us = p.block.client_time_us[b];
       f.arrival = p.block.arrival[b];
       f.fresh = p.block.fresh[b];
-      f.queue_us = std::max<int64_t>(0, to_us(t_start - p.ready_since));
+      f.queue_us = queue_us;
       f.model_us = model_us;
       f.batch_size = static_cast<int32_t>(planned.size());
       f.kv_cache_bytes = kv;

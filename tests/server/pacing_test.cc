@@ -183,7 +183,6 @@ TEST(PlanStep, TheWaitStartsWhenTheEngineIsFree) {
   EXPECT_EQ(p.batch, (std::vector<size_t>{0, 1, 2}));
 }
 
-
 TEST(PlanStep, SessionsWithABacklogTakeTurnsWithTheOthers) {
   // 8 per-action sessions, batches of 4, steps of 10 ms. Sessions 0-3 keep
   // actions queued (ready since their first action, at 0 ms); sessions 4-7
