@@ -227,6 +227,16 @@ class Backend {
   }
 };
 
+// The CPU backend on `threads` threads (OpenMP's loops and OpenBLAS's
+// GEMMs), 0 for the libraries' default: every core.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// The threads the CPU backend runs for `threads` asked (0: every core): as
+// many, but never more than the cores this process may run on
+// (omp_get_num_procs, which follows the affinity mask). More would only
+// contend for them, and OpenBLAS reserves a 128 MiB buffer for each thread
+// it starts: under an address-space or data limit (ulimit -v) its allocator
+// then fails and retries without end (128 threads ask for 16 GiB).
+int cpu_threads_used(int threads);
 
 }  // namespace wm

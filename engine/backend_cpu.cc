@@ -21,8 +21,9 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
     if (threads > 0) {
-      omp_set_num_threads(threads);
-      blas::set_threads(threads);
+      const int n = cpu_threads_used(threads);
+      omp_set_num_threads(n);
+      blas::set_threads(n);
     }
   }
   ~CpuBackend() override {
@@ -215,6 +216,11 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+int cpu_threads_used(int threads) {
+  const int cores = std::max(1, omp_get_num_procs());
+  return threads <= 0 ? cores : std::min(threads, cores);
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 

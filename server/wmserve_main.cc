@@ -22,6 +22,7 @@
 #include "common/cli.h"
 #include "common/image_io.h"
 #include "common/tls_files.h"
+#include "engine/backend.h"
 #include "engine/blas.h"
 #include "quant/kv_options.h"
 #include "server/auth.h"
@@ -426,7 +427,8 @@ int main(int argc, char** argv) {
               m.config.height, m.config.frames_per_block, m.device.c_str(), m.default_format.c_str(),
               static_cast<long long>(m.kv_capacity_bytes));
   if (!m.device_note.empty()) std::printf("wmserve: device: %s\n", m.device_note.c_str());
-  std::printf("wmserve: host GEMMs: %s\n", wm::blas::describe().c_str());
+  std::printf("wmserve: host GEMMs: %s, %d thread(s)\n", wm::blas::describe().c_str(),
+              wm::cpu_threads_used(o.worker.engine.threads));
   std::printf("wmserve: listening on %s:%d%s", o.host.c_str(), (*server)->port(),
               o.tls.enabled() ? (o.tls.client_ca.empty() ? " (TLS)" : " (TLS, client certificates required)") : "");
   if ((*server)->metrics_port() >= 0)

@@ -66,6 +66,18 @@ TEST(CpuOps, ThreadedLinearMatchesLoop) {
   make_cpu_backend(before);  // the tests after this one get the threads they had
 }
 
+// more threads than cores run as many as there are cores (OpenBLAS's
+// 128 MiB a thread would otherwise be reserved for each of them)
+TEST(CpuOps, ThreadsBeyondTheCoresRunOnTheCores) {
+  const int before = omp_get_max_threads(), cores = omp_get_num_procs();
+  EXPECT_EQ(cpu_threads_used(0), cores);
+  EXPECT_EQ(cpu_threads_used(1), 1);
+  EXPECT_EQ(cpu_threads_used(1024), cores);
+  make_cpu_backend(1024);
+  EXPECT_EQ(omp_get_max_threads(), cores);
+  make_cpu_backend(before);
+}
+
 // where Debian's OpenMP build of OpenBLAS is installed (tools/install-deps.sh)
 // the engine runs its GEMMs on it, not on the pthreads build (engine/blas.cc)
 TEST(Blas, TheOpenMpBuildIsTheOneLoadedWhereInstalled) {

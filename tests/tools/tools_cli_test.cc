@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -203,6 +204,18 @@ TEST_F(ToolsCli, ThreadsOutsideTheServersRangeAreRefused) {
     EXPECT_REFUSED(run_tool({WMEVAL_BIN, "--model=" + model_, "--episodes=1", "--frames=2", flag}), 2, msg);
     EXPECT_REFUSED(run_tool({WMQUANT_BIN, "eval", "--model=" + model_, "--script=" + script_, flag}), 2, msg);
   }
+}
+
+// more threads than cores run as many as there are cores: OpenBLAS reserves
+// 128 MiB for each thread it starts, and under the children's data cap its
+// allocator retried for ever at 1024 threads
+TEST_F(ToolsCli, ThreadsBeyondTheCoresRunOnTheCores) {
+  if (std::thread::hardware_concurrency() > 16)
+    GTEST_SKIP() << "16 cores' buffers are 2 GiB of the 4 GiB cap; more would not fit it";
+  const std::string out = temp_dir() + "/gen_many_threads";
+  const ToolRun r = run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + out, "--threads=1024"});
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_TRUE(std::filesystem::exists(out + "/frame_00000.jpg")) << r.log;
 }
 
 // the largest config that validates: terabytes of weights, refused before any is allocated
