@@ -227,11 +227,13 @@ class Backend {
   }
 };
 
-// The CPU backend on `threads` threads (OpenMP's loops and OpenBLAS's
-// GEMMs), 0 for the libraries' default: every core.
+// The CPU backend on cpu_threads_used(threads) threads (OpenMP's loops
+// and OpenBLAS's GEMMs), set for the calling thread: OpenMP's thread count
+// is per thread, so a backend is made on the thread that runs it.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
-// The threads the CPU backend runs for `threads` asked (0: every core): as
+// The threads the CPU backend runs for `threads` asked, 0 for OpenMP's
+// default on the calling thread (OMP_NUM_THREADS, else every core): as
 // many, but never more than the cores this process may run on
 // (omp_get_num_procs, which follows the affinity mask). More would only
 // contend for them, and OpenBLAS reserves a 128 MiB buffer for each thread

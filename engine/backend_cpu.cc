@@ -20,11 +20,9 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
-    if (threads > 0) {
-      const int n = cpu_threads_used(threads);
-      omp_set_num_threads(n);
-      blas::set_threads(n);
-    }
+    const int n = cpu_threads_used(threads);
+    omp_set_num_threads(n);
+    if (blas::load().ok()) blas::set_threads(n);  // (the engine refuses to start without it)
   }
   ~CpuBackend() override {
     for (float* w : weights_) delete[] w;
@@ -219,7 +217,7 @@ class CpuBackend final : public Backend {
 
 int cpu_threads_used(int threads) {
   const int cores = std::max(1, omp_get_num_procs());
-  return threads <= 0 ? cores : std::min(threads, cores);
+  return std::min(threads > 0 ? threads : std::max(1, omp_get_max_threads()), cores);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }

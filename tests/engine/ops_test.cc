@@ -70,11 +70,17 @@ TEST(CpuOps, ThreadedLinearMatchesLoop) {
 // 128 MiB a thread would otherwise be reserved for each of them)
 TEST(CpuOps, ThreadsBeyondTheCoresRunOnTheCores) {
   const int before = omp_get_max_threads(), cores = omp_get_num_procs();
-  EXPECT_EQ(cpu_threads_used(0), cores);
   EXPECT_EQ(cpu_threads_used(1), 1);
   EXPECT_EQ(cpu_threads_used(1024), cores);
   make_cpu_backend(1024);
   EXPECT_EQ(omp_get_max_threads(), cores);
+  // 0 is OpenMP's default on this thread, within the cores as well
+  omp_set_num_threads(1024);
+  EXPECT_EQ(cpu_threads_used(0), cores);
+  make_cpu_backend(0);
+  EXPECT_EQ(omp_get_max_threads(), cores);
+  omp_set_num_threads(1);
+  EXPECT_EQ(cpu_threads_used(0), 1);
   make_cpu_backend(before);
 }
 

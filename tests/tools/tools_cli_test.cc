@@ -216,6 +216,12 @@ TEST_F(ToolsCli, ThreadsBeyondTheCoresRunOnTheCores) {
   const ToolRun r = run_tool({WMGEN_BIN, "--model=" + model_, "--script=" + script_, "--out=" + out, "--threads=1024"});
   EXPECT_EQ(r.code, 0) << r.log;
   EXPECT_TRUE(std::filesystem::exists(out + "/frame_00000.jpg")) << r.log;
+  // --threads 0 takes OpenMP's default, which the environment may set as high
+  const std::string env_out = temp_dir() + "/gen_many_env_threads";
+  const ToolRun e = run_tool({"/usr/bin/env", "OMP_NUM_THREADS=1024", WMGEN_BIN, "--model=" + model_,
+                              "--script=" + script_, "--out=" + env_out});
+  EXPECT_EQ(e.code, 0) << e.log;
+  EXPECT_TRUE(std::filesystem::exists(env_out + "/frame_00000.jpg")) << e.log;
 }
 
 // the largest config that validates: terabytes of weights, refused before any is allocated
