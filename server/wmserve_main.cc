@@ -213,14 +213,21 @@ int wait_signal(const sigset_t& set, int ms) {
 }
 
 // The OpenMP runtime reads OMP_WAIT_POLICY when it loads, before main. Its
-// default lets the CPU engine's idle workers spin, which starves the gRPC,
-// JPEG and OpenBLAS threads on a busy machine (10-50x slower steps,
-// docs/PERFORMANCE.md). So when the environment does not choose, wmserve
-// runs itself again with the passive policy; an explicit choice is kept.
-// Returns only if that failed (the server then runs with the default).
+// default lets the CPU engine's idle workers spin for milliseconds, which
+// starves the gRPC, JPEG and OpenBLAS threads on a busy machine (10-50x
+// slower steps, docs/PERFORMANCE.md). Not spinning at all costs the other
+// way: a step's loops come microseconds apart, and a worker woken from
+// sleep for each one made the default model's steps 1.3x slower. So when
+// the environment does not choose, wmserve runs itself again with the
+// passive policy and a brief spin (GNU OpenMP's GOMP_SPINCOUNT, about
+// 0.1 ms; other runtimes ignore it), which keeps the workers between the
+// loops of a step and lets them sleep between steps. An explicit choice is
+// kept. Returns only if that failed (the server then runs with the default).
+constexpr char kSpinCount[] = "10000";
 void reexec_with_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  if (setenv("GOMP_SPINCOUNT", kSpinCount, /*overwrite=*/0) != 0) return;
   execv("/proc/self/exe", argv);
   std::fprintf(stderr, "wmserve: could not restart with OMP_WAIT_POLICY=passive (%s); OpenMP's default applies\n",
                std::strerror(errno));

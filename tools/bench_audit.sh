@@ -13,6 +13,8 @@ out=${OUT:-out/bench_audit}
 mkdir -p "$out"
 # OpenMP workers sleep when idle (this machine is shared: spinning is ruinous)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# and spin briefly between a step's loops, as wmserve chooses for itself (server/wmserve_main.cc)
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 
 metrics() {  # port: the exposition, over plain HTTP/1.0 (no curl needed)
   exec 3<>"/dev/tcp/127.0.0.1/$1"

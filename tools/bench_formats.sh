@@ -11,6 +11,8 @@ frames=${3:-24}
 out=${OUT:-out/bench_formats}
 mkdir -p "$out"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# and spin briefly between a step's loops, as wmserve chooses for itself (server/wmserve_main.cc)
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 rm -f "$out/ports.json"
 "$build/server/wmserve" --model models/default --host 127.0.0.1 --port 0 --metrics_port 0 \
   --port_file "$out/ports.json" --idle_ttl_s 0 >"$out/wmserve.log" 2>&1 &

@@ -14,6 +14,8 @@ out=${OUT:-out/bench}
 mkdir -p "$out"
 # OpenMP workers sleep when idle (this machine is shared: spinning is ruinous)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# and spin briefly between a step's loops, as wmserve chooses for itself (server/wmserve_main.cc)
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 model=models/default
 if [ ! -f "$model/model.safetensors" ]; then
   model=$out/random-default

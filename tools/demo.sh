@@ -21,10 +21,10 @@ fi
 out=out/demo
 rm -rf "$out"
 mkdir -p "$out"
-# any free ports: the server writes the ones it got to ports.json. OpenMP
-# threads sleep instead of spinning when they wait: on a machine that also
-# runs other work, spinning workers slow every step down many times over
-OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} ./build/server/wmserve --model "$model" --host 127.0.0.1 --port 0 --metrics_port 0 \
+# any free ports: the server writes the ones it got to ports.json. It
+# chooses OpenMP's wait policy itself where the environment does not (a
+# brief spin, then sleep: docs/API.md)
+./build/server/wmserve --model "$model" --host 127.0.0.1 --port 0 --metrics_port 0 \
   --port_file "$out/ports.json" >"$out/wmserve.log" 2>&1 &
 server=$!
 trap 'kill -KILL $server 2>/dev/null || true' EXIT

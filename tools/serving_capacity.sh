@@ -44,6 +44,8 @@ out=${OUT:-out/capacity}
 budget=${BUDGET_S:-0}
 mkdir -p "$out"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# and spin briefly between a step's loops, as wmserve chooses for itself (server/wmserve_main.cc)
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 t_start=$(date +%s)
 frames=$(python3 -c "print(max(2, round($fps * $secs)))")
 top=0

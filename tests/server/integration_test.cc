@@ -2367,30 +2367,52 @@ bool has(const std::vector<std::string>& vars, const std::string& var) {
 }
 
 TEST(ServerIntegration, OpenMpWaitsPassivelyUnlessTheEnvironmentChooses) {
-  const char* outer = std::getenv("OMP_WAIT_POLICY");
-  const std::optional<std::string> saved = outer != nullptr ? std::optional<std::string>(outer) : std::nullopt;
+  auto saved = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
+  };
+  const std::optional<std::string> policy = saved("OMP_WAIT_POLICY"), spin = saved("GOMP_SPINCOUNT");
   unsetenv("OMP_WAIT_POLICY");
-  {  // not chosen: the server restarts itself with the passive policy (a plain setenv would not reach
-     // the OpenMP runtime, nor /proc/PID/environ)
+  unsetenv("GOMP_SPINCOUNT");
+  {  // not chosen: the server restarts itself with the passive policy and a brief spin (a plain setenv
+     // would not reach the OpenMP runtime, nor /proc/PID/environ)
     auto server = ServerProcess::start(tiny_model());
     ASSERT_NE(server, nullptr);
-    EXPECT_TRUE(has(environment_of(server->pid()), "OMP_WAIT_POLICY=passive"));
+    const auto vars = environment_of(server->pid());
+    EXPECT_TRUE(has(vars, "OMP_WAIT_POLICY=passive"));
+    EXPECT_TRUE(has(vars, "GOMP_SPINCOUNT=10000"));
     const PlayResult r = client::play(channel(*server), per_action(3, script_actions()));
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   }
+  setenv("GOMP_SPINCOUNT", "0", 1);
+  {  // a spin count chosen without a policy: the policy is added, the spin count kept
+    auto server = ServerProcess::start(tiny_model());
+    ASSERT_NE(server, nullptr);
+    const auto vars = environment_of(server->pid());
+    EXPECT_TRUE(has(vars, "OMP_WAIT_POLICY=passive"));
+    EXPECT_TRUE(has(vars, "GOMP_SPINCOUNT=0"));
+    EXPECT_FALSE(has(vars, "GOMP_SPINCOUNT=10000"));
+  }
+  unsetenv("GOMP_SPINCOUNT");
   setenv("OMP_WAIT_POLICY", "active", 1);
-  {  // chosen: kept
+  {  // a policy chosen: kept, and nothing added
     auto server = ServerProcess::start(tiny_model());
     ASSERT_NE(server, nullptr);
     const auto vars = environment_of(server->pid());
     EXPECT_TRUE(has(vars, "OMP_WAIT_POLICY=active"));
     EXPECT_FALSE(has(vars, "OMP_WAIT_POLICY=passive"));
+    EXPECT_FALSE(std::any_of(vars.begin(), vars.end(),
+                             [](const std::string& v) { return v.rfind("GOMP_SPINCOUNT=", 0) == 0; }));
   }
-  if (saved) {
-    setenv("OMP_WAIT_POLICY", saved->c_str(), 1);
-  } else {
-    unsetenv("OMP_WAIT_POLICY");
-  }
+  auto restore = [](const char* name, const std::optional<std::string>& v) {
+    if (v) {
+      setenv(name, v->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  };
+  restore("OMP_WAIT_POLICY", policy);
+  restore("GOMP_SPINCOUNT", spin);
 }
 
 TEST(ServerIntegration, SigtermDrainsRefusesNewSessionsAndExitsZero) {
