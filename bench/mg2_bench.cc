@@ -250,6 +250,7 @@ int run(int argc, char** argv) {
       const int64_t ffn0 = count("ffn.fused_calls"), inputs0 = count("attention.fused_input_calls"),
                     out16_0 = count("attention.bf16_output_calls");
       const int64_t downloads0 = count("query.gram_downloads");
+      const int64_t span_host0 = count("kv.span_append_host_us"), span_wait0 = count("kv.span_append_wait_us");
       double write_s = 0;  // the write passes' part (their coding, for a quantized format)
       double write_min_s = 1e30, write_max_s = 0;  // one that refreshes QuantWM-2's bases is the longest
       t0 = now_s();
@@ -303,6 +304,15 @@ int run(int argc, char** argv) {
         j["gemm_fallback_calls"] = count("gemm.fallback_calls") - fallback0;
         // QuantWM-2: the layers whose write pass stopped for the query statistics (a new PSAC basis)
         j["statistics_downloads_per_block"] = static_cast<double>(count("query.gram_downloads") - downloads0) / block_reps;
+        // the span formats: the host's time inside the write pass's appends per block, and of that the
+        // waits for the device (the statistics' downloads, the coder's checks). The rest (bookkeeping,
+        // PSAC bases, the coder's jobs) runs while the device has queued work, except after a wait
+        if (format == "qvg2" || format == "quantwm2") {
+          j["span_append_host_ms_per_block"] =
+              std::round(static_cast<double>(count("kv.span_append_host_us") - span_host0) / block_reps / 100) / 10;
+          j["span_append_wait_ms_per_block"] =
+              std::round(static_cast<double>(count("kv.span_append_wait_us") - span_wait0) / block_reps / 100) / 10;
+        }
         // feed-forward blocks with the GELU in the GEMM epilogue (every layer of every forward but
         // the write pass's last), and the forward without that fusion
         j["ffn_fused_per_block"] = static_cast<double>(count("ffn.fused_calls") - ffn0) / block_reps;

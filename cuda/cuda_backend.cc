@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +57,10 @@ absl::Status need(const void* p, const char* what) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
 
 FrameGeom frame_geom(const WmFrameShape& s) { return FrameGeom{s.height, s.width, s.channels, s.patch}; }
 
@@ -514,6 +519,8 @@ absl::StatusOr<int64_t> CudaBackend::counter(absl::string_view name) const {
   if (name == "attention.kivi_launches") return kivi_attention_launches_;
   if (name == "attention.span_launches") return span_attention_launches_;
   if (name == "kv.span_frames_coded") return span_appends_;
+  if (name == "kv.span_append_host_us") return span_append_ns_ / 1000;
+  if (name == "kv.span_append_wait_us") return span_append_wait_ns_ / 1000;
   if (name == "kv.span_encode_launches") return span_encode_launches_;
   if (name == "kv.span_jobs_host_coded") return span_jobs_host_coded_;
   // not a count: where the span formats are coded now (1 device, 2 host k-means, 3 host)
@@ -715,7 +722,10 @@ absl::Status CudaBackend::graph_launch() {
 
 absl::Status CudaBackend::synchronize() {
   if (recording_) return absl::FailedPreconditionError("a synchronization while a graph is recorded");
-  WM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const auto t0 = std::chrono::steady_clock::now();
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  if (in_span_append_) span_append_wait_ns_ += nanoseconds_since(t0);
+  WM_CUDA_RETURN_IF_ERROR(e);
   WM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -1314,6 +1324,16 @@ absl::Status CudaBackend::kv_append_span(int32_t layer, std::span<const KvWriteR
                                          const float* v) {
   if (recording_)
     return absl::FailedPreconditionError("kv append: span caches are booked on the host, which a graph cannot record");
+  // the host's time in here, and (synchronize) its waits for the device
+  struct Timed {
+    CudaBackend* b;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    explicit Timed(CudaBackend* backend) : b(backend) { b->in_span_append_ = true; }
+    ~Timed() {
+      b->in_span_append_ = false;
+      b->span_append_ns_ += nanoseconds_since(t0);
+    }
+  } timed(this);
   const PagedGeometry& g = writes[0].kv->pages.geometry();
   const SpanRowLayout& L = g.span;
   const int32_t T = g.tokens_per_frame, H = g.heads, D = g.head_dim, S = g.sink_frames;

@@ -312,6 +312,11 @@ class CudaBackend {
   int64_t probe_launches_ = 0;  // kv_probe calls that ran the kernels
   int64_t kivi_attention_launches_ = 0, span_attention_launches_ = 0;
   int64_t span_appends_ = 0;                  // window frames coded
+  // the host's time inside span appends (counters kv.span_append_host_us and
+  // kv.span_append_wait_us): the whole of it, and of that the waits for the
+  // device (the statistics' downloads, the checks', a host coder's rows)
+  int64_t span_append_ns_ = 0, span_append_wait_ns_ = 0;
+  bool in_span_append_ = false;  // synchronize() adds its wait to span_append_wait_ns_
   int64_t span_encode_launches_ = 0;
   // the span coder's scratch per launch (rows, centroids, k-means state:
   // some 1.4 MB per head and side of a Matrix-Game-2 block); a write pass

@@ -300,11 +300,13 @@ def summary(path):
     for m in r.get("mg2_quantwm2", []):
         if "fps_aggregate" in m:
             print("mg2 B=%s W=%s QuantWM-2 caches: %s ms/forward (%s from a graph), %s ms/block (write pass %s ms, "
-                  "%s-%s, %s statistics downloads a block), %s fps, %s KV bytes/session" % (
+                  "%s-%s, %s statistics downloads a block; host in the appends %s ms a block, %s of it waiting "
+                  "for the device), %s fps, %s KV bytes/session" % (
                       m.get("sessions_batched"), m.get("window_latent_frames"), m.get("forward_ms"),
                       m.get("forward_ms_graph"), m.get("block_ms"), m.get("write_pass_ms"),
                       m.get("write_pass_ms_min"), m.get("write_pass_ms_max"),
-                      m.get("statistics_downloads_per_block"), m.get("fps_aggregate"),
+                      m.get("statistics_downloads_per_block"), m.get("span_append_host_ms_per_block"),
+                      m.get("span_append_wait_ms_per_block"), m.get("fps_aggregate"),
                       m.get("kv_bytes_per_session_device")))
     for name in ("serving", "serving_graphs"):
         sv = r.get(name) or {}

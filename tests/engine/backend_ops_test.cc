@@ -1474,8 +1474,14 @@ void expect_span_codes_match(const SpanCase& cs, Backend* reference = nullptr) {
 TEST(CudaSpan, CodesAreTheCpuFormatsBitForBit) {
   WM_REQUIRE_CUDA();
   Tuning t(*backends().cuda, {{"span.coder", 1}});
+  const int64_t host0 = counter("kv.span_append_host_us"), wait0 = counter("kv.span_append_wait_us");
   for (const SpanCase& cs : span_cases()) expect_span_codes_match(cs);
   EXPECT_GT(counter("kv.span_frames_coded"), 0);
+  // the host's time in the appends, and of it the waits for the device (QuantWM-2's statistics)
+  const int64_t host = counter("kv.span_append_host_us") - host0, wait = counter("kv.span_append_wait_us") - wait0;
+  EXPECT_GT(host, 0);
+  EXPECT_GE(wait, 0);
+  EXPECT_LE(wait, host);
   ASSERT_TRUE(backends().cuda->status().ok()) << backends().cuda->status();
 }
 
